@@ -1,0 +1,57 @@
+# colocate — build, test, demo.  `make demo` and `make test` work on a fresh clone.
+PYTHON  ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+NVCC    ?= nvcc
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(shell command -v $(NVCC))))
+# sm_90 for the H100/H200 we validate on, plus PTX so newer GPUs JIT it.
+NVCC_ARCH ?= -gencode arch=compute_90,code=[sm_90,compute_90]
+NVCCFLAGS ?= -O2 -cudart shared $(NVCC_ARCH) -I shim/simgpu
+TWINFLAGS := -O2 -g -fPIC -shared -Wall -I shim/simgpu
+
+PROGS   := $(notdir $(wildcard bench/progs/*))
+BINS    := $(addprefix bench/bin/,$(PROGS)) $(addprefix bench/bin/,$(addsuffix .twins.so,$(PROGS)))
+TESTPROGS := $(patsubst tests/progs/%.c,bench/bin/test-%,$(wildcard tests/progs/*.c))
+# one default-static-cudart build, for the real-GPU check of driver-level hooks
+STATIC  := bench/bin/vecadd-static
+
+.PHONY: all build native progs test demo clean
+all: build
+
+build: $(VENV)/.installed native progs
+
+$(VENV)/.installed: pyproject.toml setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel cffi
+	$(BIN)/pip install -q --no-build-isolation -e '.[test]'
+	touch $@
+
+native: $(VENV)/.installed
+	$(BIN)/python -m shim.build
+
+progs: $(BINS) $(TESTPROGS) $(STATIC)
+
+bench/bin/%: bench/progs/%/main.cu $(wildcard bench/progs/common/*.h)
+	@mkdir -p bench/bin
+	$(NVCC) $(NVCCFLAGS) -o $@ $<
+
+bench/bin/%.twins.so: bench/progs/%/twins.c shim/simgpu/simgpu_twin.h
+	@mkdir -p bench/bin
+	$(CC) $(TWINFLAGS) -o $@ $< -lm
+
+bench/bin/vecadd-static: bench/progs/vecadd/main.cu
+	@mkdir -p bench/bin
+	$(NVCC) -O2 $(NVCC_ARCH) -I shim/simgpu -o $@ $<
+
+bench/bin/test-%: tests/progs/%.c
+	@mkdir -p bench/bin
+	$(CC) -O2 -Wall -I $(CUDA_HOME)/include -o $@ $< -ldl -lpthread
+
+test: build
+	$(BIN)/python -m pytest -q
+
+demo: build
+	$(BIN)/colocate demo
+
+clean:
+	rm -rf bench/bin shim/lib shim/_ctlblock*.so build *.egg-info .pytest_cache

@@ -1,0 +1,141 @@
+"""Build step of the package: the cffi module for the control block and the
+native C libraries (libcolocate.so, simgpu's libcudart.so.13, the fake
+libcuda.so.1).
+
+setup.py hands `ffibuilder` to cffi (cffi_modules) and calls build_native()
+from its build_ext command; `python -m shim.build` does both in place, which
+is what `make build` runs after a C source changed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+LIB = HERE / "lib"
+
+CFLAGS = ["-O2", "-g", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+          "-fvisibility=hidden", "-pthread"]
+
+# --- cffi module: Python's view of the control block (same C source as the shim)
+ffibuilder = FFI()
+_hdr = (HERE / "ctlblock.h").read_text()
+ffibuilder.cdef("""
+#define CB_MAX_SLOTS 256
+#define CB_SLOT_FREE 0
+#define CB_SLOT_LIVE 1
+#define CB_SLOT_EXITED 2
+#define CB_ROUTE_LOCAL 0
+#define CB_VERSION 1
+struct cb_header { uint64_t magic; uint32_t version; uint32_t nslots; uint32_t slot_size;
+                   uint32_t controller_pid; uint64_t generation; uint64_t created_ns; ...; };
+struct cb_counters { uint64_t launches; uint64_t forwarded; uint64_t h2d_bytes; uint64_t d2h_bytes;
+                     int64_t allocs_live; int64_t alloc_bytes_live; uint64_t syncs;
+                     uint64_t last_sync_ns; };
+struct cb_control { uint32_t state; uint32_t pid; uint32_t route; uint32_t quota_pct;
+                    uint64_t route_epoch; uint64_t d2d_bytes; uint64_t registered_ns; ...; };
+struct cb_slot { struct cb_counters c; struct cb_control k; };
+struct cb_block { struct cb_header hdr; struct cb_slot slots[256]; };
+struct cb_block *cb_open(const char *path, int create);
+void cb_close(struct cb_block *cb);
+uint64_t cb_size(void);
+int  cb_claim_slot(struct cb_block *cb, uint32_t pid);
+void cb_release_slot(struct cb_block *cb, uint32_t idx);
+void cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route, uint32_t quota_pct);
+uint64_t cb_load64(const uint64_t *p);
+uint32_t cb_load32(const uint32_t *p);
+""")
+ffibuilder.set_source("shim._ctlblock", '#include "ctlblock.h"',
+                      sources=[str(HERE / "ctlblock.c")], include_dirs=[str(HERE)],
+                      extra_compile_args=["-std=gnu11"])
+
+
+def cuda_home() -> Path:
+    """The CUDA toolkit whose headers the hooks are checked against."""
+    for cand in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if cand and (Path(cand) / "include" / "cuda.h").exists():
+            return Path(cand)
+    nvcc = shutil.which("nvcc")
+    if nvcc and (Path(nvcc).resolve().parent.parent / "include" / "cuda.h").exists():
+        return Path(nvcc).resolve().parent.parent
+    raise SystemExit("shim build: CUDA 13 headers not found (no cuda.h); set CUDA_HOME")
+
+
+def _newer(out: Path, deps: list[Path]) -> bool:
+    return out.exists() and all(out.stat().st_mtime >= d.stat().st_mtime for d in deps)
+
+
+def _link(out: Path, sources: list[Path], extra: list[str], deps: list[Path]) -> None:
+    if _newer(out, sources + deps):
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cc = os.environ.get("CC", "cc")
+    cmd = [cc, *CFLAGS, f"-I{HERE}", f"-I{cuda_home() / 'include'}", "-shared",
+           "-o", str(out), *map(str, sources), *extra]
+    print(" ".join(cmd), file=sys.stderr)
+    subprocess.run(cmd, check=True)
+
+
+def _version_script(path: Path, node: str | None, names: list[str]) -> Path:
+    body = "".join(f"    {n};\n" for n in names)
+    text = f"{node or ''} {{\n  global:\n{body}  local: *;\n}};\n"
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def exported_names() -> list[str]:
+    """The symbols libcolocate.so exports, one per line in shim/exports.txt."""
+    lines = (HERE / "exports.txt").read_text().splitlines()
+    return [ln.split("#")[0].strip() for ln in lines if ln.split("#")[0].strip()]
+
+
+def build_native() -> None:
+    LIB.mkdir(exist_ok=True)
+    headers = sorted(HERE.glob("*.h")) + sorted((HERE / "simgpu").glob("*.h"))
+
+    # libcolocate.so: plain C, no Python, every symbol resolved at link time.
+    shim_src = sorted(HERE.glob("hook_*.c")) + sorted(HERE.glob("shim_*.c")) + [HERE / "ctlblock.c"]
+    vs = _version_script(LIB / "libcolocate.map", None, exported_names())
+    _link(LIB / "libcolocate.so", shim_src,
+          ["-Wl,-z,defs", f"-Wl,--version-script={vs}", "-Wl,-soname,libcolocate.so", "-ldl", "-lpthread"],
+          headers + [HERE / "exports.txt"])
+
+    # simgpu: the CPU test device, installed as libcudart.so.13 with its version node.
+    sim_src = sorted((HERE / "simgpu").glob("*.c"))
+    if sim_src:
+        vs = _version_script(LIB / "simgpu.map", "libcudart.so.13", ["*"])
+        out = LIB / "simgpu" / "libcudart.so.13"
+        _link(out, sim_src, ["-Wl,-z,defs", f"-Wl,--version-script={vs}", "-Wl,-soname,libcudart.so.13",
+                             "-ldl", "-lpthread", "-lm", "-lrt"], headers)
+        link = out.parent / "libcudart.so"
+        if not link.exists():
+            link.symlink_to(out.name)
+
+    # fake driver for the driver-hook tests (real cudart cannot run on it).
+    fake_src = sorted((HERE / "fakecuda").glob("*.c"))
+    if fake_src:
+        _link(LIB / "fakecuda" / "libcuda.so.1", fake_src,
+              ["-Wl,-z,defs", "-Wl,-soname,libcuda.so.1", "-ldl", "-lpthread"], headers)
+
+
+def build_inplace() -> None:
+    """Build the cffi module next to its package and the native libraries."""
+    import tempfile
+    build_native()
+    target = next(HERE.glob("_ctlblock*.so"), None)
+    if target is None or not _newer(target, [HERE / "ctlblock.c", HERE / "ctlblock.h", Path(__file__)]):
+        with tempfile.TemporaryDirectory() as tmp:
+            so = ffibuilder.compile(tmpdir=tmp, verbose=False)
+            for old in HERE.glob("_ctlblock*.so"):
+                old.unlink()
+            shutil.copy(so, HERE / Path(so).name)
+
+
+if __name__ == "__main__":
+    build_inplace()

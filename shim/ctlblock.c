@@ -1,0 +1,143 @@
+/*
+ * ctlblock.c - create, map and edit the shared control block (ctlblock.h).
+ * Compiled twice from this one file: into libcolocate.so (application side)
+ * and into the cffi module shim._ctlblock (controller side).
+ */
+#define _GNU_SOURCE
+#include "ctlblock.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t cb_size(void)
+{
+	return sizeof(struct cb_block);
+}
+
+static uint64_t now_realtime_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int header_ok(const struct cb_header *h)
+{
+	return h->magic == CB_MAGIC && h->version == CB_VERSION &&
+	       h->nslots == CB_MAX_SLOTS &&
+	       h->slot_size == sizeof(struct cb_slot);
+}
+
+struct cb_block *cb_open(const char *path, int create)
+{
+	struct cb_block *cb;
+	struct stat st;
+	int fd, saved;
+
+	fd = open(path, create ? (O_RDWR | O_CREAT | O_CLOEXEC) : (O_RDWR | O_CLOEXEC), 0600);
+	if (fd < 0)
+		return NULL;
+	if (fstat(fd, &st) < 0)
+		goto fail;
+	if (create) {
+		/* A fresh controller always starts from a zeroed block: slots of
+		 * a dead controller's applications are not trusted. */
+		if (ftruncate(fd, 0) < 0 || ftruncate(fd, (off_t)cb_size()) < 0)
+			goto fail;
+	} else if ((uint64_t)st.st_size != cb_size()) {
+		errno = EPROTO;
+		goto fail;
+	}
+	cb = mmap(NULL, cb_size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (cb == MAP_FAILED)
+		goto fail;
+	close(fd);
+	if (create) {
+		cb->hdr.version = CB_VERSION;
+		cb->hdr.nslots = CB_MAX_SLOTS;
+		cb->hdr.slot_size = sizeof(struct cb_slot);
+		cb->hdr.controller_pid = (uint32_t)getpid();
+		cb->hdr.generation = now_realtime_ns();
+		cb->hdr.created_ns = cb->hdr.generation;
+		/* magic last: a reader that sees it sees a complete header */
+		__atomic_store_n(&cb->hdr.magic, CB_MAGIC, __ATOMIC_RELEASE);
+	} else if (!header_ok(&cb->hdr)) {
+		munmap(cb, cb_size());
+		errno = EPROTO;
+		return NULL;
+	}
+	return cb;
+fail:
+	saved = errno;
+	close(fd);
+	errno = saved;
+	return NULL;
+}
+
+void cb_close(struct cb_block *cb)
+{
+	if (cb)
+		munmap(cb, cb_size());
+}
+
+int cb_claim_slot(struct cb_block *cb, uint32_t pid)
+{
+	uint32_t i, expected;
+
+	for (i = 0; i < CB_MAX_SLOTS; i++) {
+		struct cb_slot *s = &cb->slots[i];
+
+		expected = CB_SLOT_FREE;
+		if (!__atomic_compare_exchange_n(&s->k.state, &expected, CB_SLOT_LIVE,
+						 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+			continue;
+		memset(&s->c, 0, sizeof(s->c));
+		s->k.pid = pid;
+		s->k.route = CB_ROUTE_LOCAL;
+		s->k.quota_pct = 100;
+		s->k.route_epoch = 0;
+		s->k.d2d_bytes = 0;
+		s->k.registered_ns = now_realtime_ns();
+		__atomic_thread_fence(__ATOMIC_RELEASE);
+		return (int)i;
+	}
+	return -1;
+}
+
+void cb_release_slot(struct cb_block *cb, uint32_t idx)
+{
+	if (idx >= CB_MAX_SLOTS)
+		return;
+	cb->slots[idx].k.pid = 0;
+	__atomic_store_n(&cb->slots[idx].k.state, CB_SLOT_FREE, __ATOMIC_RELEASE);
+}
+
+void cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route,
+		  uint32_t quota_pct)
+{
+	struct cb_control *k;
+
+	if (idx >= CB_MAX_SLOTS)
+		return;
+	k = &cb->slots[idx].k;
+	__atomic_store_n(&k->quota_pct, quota_pct, __ATOMIC_RELAXED);
+	__atomic_store_n(&k->route, route, __ATOMIC_RELAXED);
+	/* the epoch publishes the pair: readers load it with acquire */
+	__atomic_fetch_add(&k->route_epoch, 1, __ATOMIC_RELEASE);
+}
+
+uint64_t cb_load64(const uint64_t *p)
+{
+	return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+
+uint32_t cb_load32(const uint32_t *p)
+{
+	return __atomic_load_n(p, __ATOMIC_RELAXED);
+}

@@ -1,0 +1,111 @@
+/*
+ * ctlblock.h - the shared-memory control block between the controller and
+ * every application running under the shim.
+ *
+ * One file, $COLOCATE_RUNTIME_DIR/ctlblock, created by `colocate serve` and
+ * mmap'ed MAP_SHARED by the controller (through the cffi module shim._ctlblock,
+ * built from ctlblock.c) and by libcolocate.so in each application.  The same
+ * C source defines the layout for both sides, so they cannot drift apart.
+ *
+ * Each application owns one slot, assigned by the controller in its reply to
+ * the "register" message.  A slot is two cache lines:
+ *
+ *   line 0 (counters)  written only by the application, read by the controller.
+ *                      On its own line so that an application's per-launch
+ *                      atomic increment never bounces a line another process
+ *                      writes (a shared global atomic costs ~20x under
+ *                      contention).
+ *   line 1 (control)   written only by the controller (route, quota), read by
+ *                      the application with relaxed atomic loads on the launch
+ *                      path.  No lock and no syscall is ever taken there.
+ *
+ * Versioning: the header carries a magic and CB_VERSION; a reader that finds
+ * another version refuses the block and the application runs natively.
+ */
+#ifndef COLOCATE_CTLBLOCK_H
+#define COLOCATE_CTLBLOCK_H
+
+#include <stdint.h>
+
+#define CB_MAGIC     0x455441434f4c4f43ULL /* "COLOCATE" little-endian */
+#define CB_VERSION   1u
+#define CB_MAX_SLOTS 256u
+#define CB_LINE      64u
+
+/* slot states (control line, cb_slot.state) */
+#define CB_SLOT_FREE   0u  /* unused                                      */
+#define CB_SLOT_LIVE   1u  /* assigned to a live process                  */
+#define CB_SLOT_EXITED 2u  /* process gone; controller collects the final */
+
+/* route values (cb_slot.route): 0 = run locally (natively), otherwise the
+ * id of a process-pool worker (the process-pool issue gives them meaning). */
+#define CB_ROUTE_LOCAL 0u
+
+struct cb_header {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t nslots;
+	uint32_t slot_size;          /* sizeof(struct cb_slot), checked by readers */
+	uint32_t controller_pid;
+	uint64_t generation;         /* bumped by each `colocate serve` start      */
+	uint64_t created_ns;         /* CLOCK_REALTIME, for `colocate quotas`      */
+	uint8_t  pad[CB_LINE - 40];
+};
+
+struct cb_counters {             /* exactly one cache line */
+	uint64_t launches;           /* kernel/graph launches issued               */
+	uint64_t forwarded;          /* of those, forwarded to a pool worker       */
+	uint64_t h2d_bytes;          /* host-to-device bytes copied                */
+	uint64_t d2h_bytes;          /* device-to-host bytes copied                */
+	int64_t  allocs_live;        /* device allocations not yet freed           */
+	int64_t  alloc_bytes_live;   /* bytes in those allocations (when known)    */
+	uint64_t syncs;              /* synchronisation calls                      */
+	uint64_t last_sync_ns;       /* CLOCK_MONOTONIC of the last sync returning */
+};
+
+struct cb_control {              /* exactly one cache line */
+	uint32_t state;              /* CB_SLOT_*                                  */
+	uint32_t pid;
+	uint32_t route;              /* CB_ROUTE_LOCAL or a worker id              */
+	uint32_t quota_pct;          /* SM share the policy decided, 1..100        */
+	uint64_t route_epoch;        /* bumped by the controller on each change    */
+	uint64_t d2d_bytes;          /* device-to-device bytes (app-written; here  */
+	                             /* because line 0 is full and it is rare)     */
+	uint64_t registered_ns;      /* CLOCK_REALTIME at registration             */
+	uint8_t  pad[CB_LINE - 40];
+};
+
+struct cb_slot {
+	struct cb_counters c __attribute__((aligned(CB_LINE)));
+	struct cb_control  k __attribute__((aligned(CB_LINE)));
+};
+
+struct cb_block {
+	struct cb_header hdr __attribute__((aligned(CB_LINE)));
+	struct cb_slot   slots[CB_MAX_SLOTS];
+};
+
+_Static_assert(sizeof(struct cb_header) == CB_LINE, "header is one line");
+_Static_assert(sizeof(struct cb_counters) == CB_LINE, "counters are one line");
+_Static_assert(sizeof(struct cb_control) == CB_LINE, "control is one line");
+_Static_assert(sizeof(struct cb_slot) == 2 * CB_LINE, "slot is two lines");
+
+/*
+ * Open (and with create != 0, create and initialise) the block at path.
+ * Returns the mapping or NULL with errno set (EPROTO: bad magic/version/size).
+ */
+struct cb_block *cb_open(const char *path, int create);
+void cb_close(struct cb_block *cb);
+uint64_t cb_size(void);
+
+/* Controller side helpers (also used by tests through cffi). */
+int  cb_claim_slot(struct cb_block *cb, uint32_t pid);  /* -1 when full */
+void cb_release_slot(struct cb_block *cb, uint32_t idx);
+void cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route,
+		  uint32_t quota_pct);
+
+/* Relaxed atomic readers, so that Python sees whole 64-bit values. */
+uint64_t cb_load64(const uint64_t *p);
+uint32_t cb_load32(const uint32_t *p);
+
+#endif
