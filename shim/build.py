@@ -51,7 +51,9 @@ uint64_t cb_load64(const uint64_t *p);
 uint32_t cb_load32(const uint32_t *p);
 """)
 ffibuilder.set_source("shim._ctlblock", '#include "ctlblock.h"',
-                      sources=[str(HERE / "ctlblock.c")], include_dirs=[str(HERE)],
+                      # setuptools insists on paths relative to setup.py's folder
+                      sources=[os.path.relpath(HERE / "ctlblock.c")],
+                      include_dirs=[os.path.relpath(HERE)],
                       extra_compile_args=["-std=gnu11"])
 
 

@@ -1,0 +1,115 @@
+"""Python view of the shared control block (layout in ctlblock.h).
+
+    cb = ControlBlock.create(path)        # controller: fresh, zeroed block
+    slot = cb.claim(pid)
+    cb.set_route(slot, route=0, quota_pct=40)
+    cb.counters(slot)["launches"]
+    cb.release(slot)
+
+All reads go through the C helpers' relaxed atomic loads, so a reader never
+sees half of a 64-bit value an application is writing.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from shim._ctlblock import ffi, lib
+
+NSLOTS: int = lib.CB_MAX_SLOTS
+FREE, LIVE, EXITED = lib.CB_SLOT_FREE, lib.CB_SLOT_LIVE, lib.CB_SLOT_EXITED
+ROUTE_LOCAL: int = lib.CB_ROUTE_LOCAL
+COUNTERS = ("launches", "forwarded", "h2d_bytes", "d2h_bytes", "allocs_live",
+            "alloc_bytes_live", "syncs", "last_sync_ns")
+SIGNED = {"allocs_live", "alloc_bytes_live"}
+CONTROL32 = ("state", "pid", "route", "quota_pct")
+CONTROL64 = ("route_epoch", "d2d_bytes", "registered_ns")
+
+
+class ControlBlockFull(RuntimeError):
+    pass
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+class ControlBlock:
+    """One mapping of the control block file."""
+
+    def __init__(self, path: str | os.PathLike, create: bool = False):
+        self.path = Path(path)
+        cb = lib.cb_open(os.fsencode(self.path), int(create))
+        if cb == ffi.NULL:
+            err = ffi.errno
+            why = "not a control block of this version" if err == errno.EPROTO else os.strerror(err)
+            raise OSError(err, f"cannot {'create' if create else 'open'} control block: {why}", str(path))
+        self._cb = cb
+
+    @classmethod
+    def create(cls, path: str | os.PathLike) -> "ControlBlock":
+        return cls(path, create=True)
+
+    def close(self) -> None:
+        if self._cb is not None:
+            lib.cb_close(self._cb)
+            self._cb = None
+
+    def __enter__(self) -> "ControlBlock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _slot(self, slot: int):
+        if self._cb is None:
+            raise ValueError("control block is closed")
+        if not 0 <= slot < NSLOTS:
+            raise IndexError(f"slot {slot} out of range 0..{NSLOTS - 1}")
+        return self._cb.slots[slot]
+
+    # --- controller side
+    def claim(self, pid: int) -> int:
+        if self._cb is None:
+            raise ValueError("control block is closed")
+        slot = lib.cb_claim_slot(self._cb, pid)
+        if slot < 0:
+            raise ControlBlockFull(f"control block full ({NSLOTS} apps)")
+        return slot
+
+    def release(self, slot: int) -> None:
+        self._slot(slot)
+        lib.cb_release_slot(self._cb, slot)
+
+    def set_route(self, slot: int, route: int, quota_pct: int) -> None:
+        self._slot(slot)
+        lib.cb_set_route(self._cb, slot, route, quota_pct)
+
+    # --- readers
+    def counters(self, slot: int) -> dict[str, int]:
+        c = self._slot(slot).c
+        out = {}
+        for name in COUNTERS:
+            v = lib.cb_load64(ffi.cast("uint64_t *", ffi.addressof(c, name)))
+            out[name] = _signed(v) if name in SIGNED else v
+        return out
+
+    def control(self, slot: int) -> dict[str, int]:
+        k = self._slot(slot).k
+        out = {n: lib.cb_load32(ffi.addressof(k, n)) for n in CONTROL32}
+        out.update({n: lib.cb_load64(ffi.addressof(k, n)) for n in CONTROL64})
+        return out
+
+    def header(self) -> dict[str, int]:
+        h = self._cb.hdr
+        return {n: getattr(h, n) for n in ("magic", "version", "nslots", "slot_size",
+                                           "controller_pid", "generation", "created_ns")}
+
+    # --- application side (tests and simulators play the shim with this)
+    def write_counters(self, slot: int, **values: int) -> None:
+        c = self._slot(slot).c
+        for name, v in values.items():
+            if name not in COUNTERS:
+                raise KeyError(f"unknown counter {name!r} (known: {', '.join(COUNTERS)})")
+            setattr(c, name, v)

@@ -1,0 +1,335 @@
+/*
+ * hook_drv.c - driver API hooks.
+ *
+ * Statically linked cudart (nvcc's default, and inside cuBLAS, cuDNN, NCCL,
+ * CuPy) exports nothing to interpose: the only way in is the driver.  cudart
+ * dlopen()s libcuda.so.1 and fetches every driver function through
+ * cuGetProcAddress[_v2]; CuPy uses dlsym(handle, "cuLaunchKernel").  So:
+ *
+ *   - dlsym is overridden: a request for a hooked driver name returns our
+ *     hook and remembers the real function;
+ *   - cuGetProcAddress and cuGetProcAddress_v2 are wrapped: the driver picks
+ *     the right variant for the version and flags asked (_v2, _ptsz, ...),
+ *     and we substitute a hook when the pointer it returns is the real
+ *     address of a function we hook.  Comparing addresses, not names, makes
+ *     the substitution exactly as version- and flag-aware as the driver is,
+ *     and everything else (cuGetExportTable included) passes through;
+ *   - the same names are exported, for programs linked with -lcuda.
+ *
+ * Work a runtime hook already counted (shim_in_runtime) is not counted again.
+ */
+#define _GNU_SOURCE
+#include "shim.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <string.h>
+
+#include <cuda.h>
+
+/* cuda.h maps these names to their current versions with macros; we
+ * define the exported symbols under their real names. */
+#undef cuGetProcAddress
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+__typeof__(cuLaunchKernel) cuLaunchKernel_ptsz;
+__typeof__(cuLaunchKernelEx) cuLaunchKernelEx_ptsz;
+__typeof__(cuLaunchCooperativeKernel) cuLaunchCooperativeKernel_ptsz;
+__typeof__(cuGraphLaunch) cuGraphLaunch_ptsz;
+
+enum {
+	H_GETPROC, H_GETPROC_V2,
+	H_LAUNCH, H_LAUNCH_PTSZ, H_LAUNCH_EX, H_LAUNCH_EX_PTSZ,
+	H_COOP, H_COOP_PTSZ, H_GRAPH, H_GRAPH_PTSZ,
+	H_MEMALLOC, H_MEMFREE,
+	H_MODLOAD, H_MODLOAD_EX, H_LIBLOAD,
+	H_COUNT
+};
+
+struct drv_hook {
+	const char *name;       /* exported symbol name in libcuda */
+	void *hook;             /* ours */
+	void *real;             /* libcuda's, once known */
+};
+
+static struct drv_hook hooks[H_COUNT] = {
+	[H_GETPROC]        = { "cuGetProcAddress",               (void *)cuGetProcAddress, NULL },
+	[H_GETPROC_V2]     = { "cuGetProcAddress_v2",            (void *)cuGetProcAddress_v2, NULL },
+	[H_LAUNCH]         = { "cuLaunchKernel",                 (void *)cuLaunchKernel, NULL },
+	[H_LAUNCH_PTSZ]    = { "cuLaunchKernel_ptsz",            (void *)cuLaunchKernel_ptsz, NULL },
+	[H_LAUNCH_EX]      = { "cuLaunchKernelEx",               (void *)cuLaunchKernelEx, NULL },
+	[H_LAUNCH_EX_PTSZ] = { "cuLaunchKernelEx_ptsz",          (void *)cuLaunchKernelEx_ptsz, NULL },
+	[H_COOP]           = { "cuLaunchCooperativeKernel",      (void *)cuLaunchCooperativeKernel, NULL },
+	[H_COOP_PTSZ]      = { "cuLaunchCooperativeKernel_ptsz", (void *)cuLaunchCooperativeKernel_ptsz, NULL },
+	[H_GRAPH]          = { "cuGraphLaunch",                  (void *)cuGraphLaunch, NULL },
+	[H_GRAPH_PTSZ]     = { "cuGraphLaunch_ptsz",             (void *)cuGraphLaunch_ptsz, NULL },
+	[H_MEMALLOC]       = { "cuMemAlloc_v2",                  (void *)cuMemAlloc_v2, NULL },
+	[H_MEMFREE]        = { "cuMemFree_v2",                   (void *)cuMemFree_v2, NULL },
+	[H_MODLOAD]        = { "cuModuleLoadData",               (void *)cuModuleLoadData, NULL },
+	[H_MODLOAD_EX]     = { "cuModuleLoadDataEx",             (void *)cuModuleLoadDataEx, NULL },
+	[H_LIBLOAD]        = { "cuLibraryLoadData",              (void *)cuLibraryLoadData, NULL },
+};
+
+static int find_hook(const char *name)
+{
+	int i;
+
+	if (!name || name[0] != 'c' || name[1] != 'u')
+		return -1;
+	for (i = 0; i < H_COUNT; i++)
+		if (strcmp(hooks[i].name, name) == 0)
+			return i;
+	return -1;
+}
+
+static int is_hook(const void *p)
+{
+	int i;
+
+	for (i = 0; i < H_COUNT; i++)
+		if (hooks[i].hook == p)
+			return 1;
+	return 0;
+}
+
+/* Learn every real address from the driver library that holds `any`. */
+static void resolve_all_from(void *any)
+{
+	static int done;
+	Dl_info info;
+	void *h;
+	int i;
+
+	if (__atomic_load_n(&done, __ATOMIC_ACQUIRE))
+		return;
+	if (!any || !dladdr(any, &info) || !info.dli_fname)
+		return;
+	h = dlopen(info.dli_fname, RTLD_NOLOAD | RTLD_LAZY);
+	if (!h)
+		return;
+	for (i = 0; i < H_COUNT; i++) {
+		void *p = shim_dlsym(h, hooks[i].name);
+
+		if (p && !is_hook(p))
+			__atomic_store_n(&hooks[i].real, p, __ATOMIC_RELEASE);
+	}
+	dlclose(h);
+	__atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+}
+
+/* The real driver function of hook i (for direct calls to our exports). */
+static void *real_of(int i)
+{
+	void *p = __atomic_load_n(&hooks[i].real, __ATOMIC_ACQUIRE);
+
+	if (p)
+		return p;
+	p = shim_real_drv(hooks[i].name);
+	if (p && !is_hook(p)) {
+		__atomic_store_n(&hooks[i].real, p, __ATOMIC_RELEASE);
+		return p;
+	}
+	return NULL;
+}
+
+/* Hook for a real driver address, or the address itself. */
+static void *substitute(void *real)
+{
+	int i;
+
+	resolve_all_from(real);
+	for (i = 0; i < H_COUNT; i++)
+		if (real && __atomic_load_n(&hooks[i].real, __ATOMIC_ACQUIRE) == real)
+			return hooks[i].hook;
+	return real;
+}
+
+/* ---- dlsym ----------------------------------------------------------- */
+/* RTLD_NEXT is relative to the caller, and glibc takes the caller from the
+ * return address, which would now be ours.  Search the objects loaded after
+ * the real caller ourselves. */
+static void *dlsym_next(const void *caller, const char *name)
+{
+	struct link_map *lm = NULL;
+	Dl_info info;
+
+	if (!dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
+		return NULL;
+	for (lm = lm->l_next; lm; lm = lm->l_next) {
+		void *p = shim_dlsym(lm, name);   /* glibc: handle == link map */
+
+		if (p)
+			return p;
+	}
+	return NULL;
+}
+
+SHIM_API void *dlsym(void *handle, const char *name)
+{
+	void *p;
+	int i;
+
+	if (handle == RTLD_NEXT)
+		p = dlsym_next(__builtin_return_address(0), name);
+	else
+		p = shim_dlsym(handle, name);
+	i = find_hook(name);
+	if (!p || i < 0 || is_hook(p))
+		return p;
+	__atomic_store_n(&hooks[i].real, p, __ATOMIC_RELEASE);
+	return hooks[i].hook;
+}
+
+/* ---- cuGetProcAddress ------------------------------------------------ */
+SHIM_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags,
+				      CUdriverProcAddressQueryResult *status)
+{
+	__typeof__(&cuGetProcAddress_v2) real = real_of(H_GETPROC_V2);
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = real(symbol, pfn, ver, flags, status);
+	if (r == CUDA_SUCCESS && pfn && *pfn) {
+		resolve_all_from((void *)real);
+		*pfn = substitute(*pfn);
+	}
+	return r;
+}
+
+SHIM_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags)
+{
+	__typeof__(&cuGetProcAddress) real = real_of(H_GETPROC);
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = real(symbol, pfn, ver, flags);
+	if (r == CUDA_SUCCESS && pfn && *pfn) {
+		resolve_all_from((void *)real);
+		*pfn = substitute(*pfn);
+	}
+	return r;
+}
+
+/* ---- launches -------------------------------------------------------- */
+/* CUfunction -> name, asked of the driver once per function. */
+static const void *name_key(CUfunction f)
+{
+	static __typeof__(&cuFuncGetName) get_name;
+	const char *name = NULL;
+
+	if (!f || shim_kernel_find(f))
+		return f;
+	if (!get_name)
+		get_name = (__typeof__(get_name))shim_real_drv("cuFuncGetName");
+	if (get_name && get_name(&name, f) != CUDA_SUCCESS)
+		name = NULL;
+	shim_kernel_add(f, name ? name : "?");
+	return f;
+}
+
+static inline void count_drv_launch(CUresult r, CUfunction f)
+{
+	if (r == CUDA_SUCCESS && !shim_in_runtime)
+		shim_count_launch(f ? name_key(f) : NULL);
+}
+
+#define LAUNCH(idx, params, args, fn)                                     \
+	{                                                                 \
+		CUresult (*real) params = real_of(idx);                   \
+		CUresult r;                                               \
+		if (!real)                                                \
+			return CUDA_ERROR_NOT_INITIALIZED;                \
+		shim_start();                                             \
+		r = real args;                                            \
+		count_drv_launch(r, fn);                                  \
+		return r;                                                 \
+	}
+
+#define KPARAMS (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
+		 unsigned bz, unsigned sh, CUstream s, void **p, void **e)
+#define KARGS (f, gx, gy, gz, bx, by, bz, sh, s, p, e)
+SHIM_API CUresult cuLaunchKernel KPARAMS LAUNCH(H_LAUNCH, KPARAMS, KARGS, f)
+SHIM_API CUresult cuLaunchKernel_ptsz KPARAMS LAUNCH(H_LAUNCH_PTSZ, KPARAMS, KARGS, f)
+
+#define XPARAMS (const CUlaunchConfig *c, CUfunction f, void **p, void **e)
+#define XARGS (c, f, p, e)
+SHIM_API CUresult cuLaunchKernelEx XPARAMS LAUNCH(H_LAUNCH_EX, XPARAMS, XARGS, f)
+SHIM_API CUresult cuLaunchKernelEx_ptsz XPARAMS LAUNCH(H_LAUNCH_EX_PTSZ, XPARAMS, XARGS, f)
+
+#define CPARAMS (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
+		 unsigned bz, unsigned sh, CUstream s, void **p)
+#define CARGS (f, gx, gy, gz, bx, by, bz, sh, s, p)
+SHIM_API CUresult cuLaunchCooperativeKernel CPARAMS LAUNCH(H_COOP, CPARAMS, CARGS, f)
+SHIM_API CUresult cuLaunchCooperativeKernel_ptsz CPARAMS LAUNCH(H_COOP_PTSZ, CPARAMS, CARGS, f)
+
+/* a graph launch counts as one launch of an unnamed kernel */
+SHIM_API CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
+	LAUNCH(H_GRAPH, (CUgraphExec g, CUstream s), (g, s), NULL)
+SHIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
+	LAUNCH(H_GRAPH_PTSZ, (CUgraphExec g, CUstream s), (g, s), NULL)
+
+/* ---- memory ---------------------------------------------------------- */
+SHIM_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
+{
+	__typeof__(&cuMemAlloc_v2) real = real_of(H_MEMALLOC);
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	shim_start();
+	r = real(p, n);
+	if (r == CUDA_SUCCESS && p && !shim_in_runtime)
+		shim_alloc_note((const void *)(uintptr_t)*p, n);
+	return r;
+}
+
+SHIM_API CUresult cuMemFree_v2(CUdeviceptr p)
+{
+	__typeof__(&cuMemFree_v2) real = real_of(H_MEMFREE);
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	shim_start();
+	r = real(p);
+	if (r == CUDA_SUCCESS && p && !shim_in_runtime)
+		shim_free_note((const void *)(uintptr_t)p);
+	return r;
+}
+
+/* ---- modules --------------------------------------------------------- */
+/* Passed through for now; the process pool captures the images here to
+ * load them in its workers. */
+SHIM_API CUresult cuModuleLoadData(CUmodule *m, const void *image)
+{
+	__typeof__(&cuModuleLoadData) real = real_of(H_MODLOAD);
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	shim_start();
+	return real(m, image);
+}
+
+SHIM_API CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n,
+				     CUjit_option *opts, void **vals)
+{
+	__typeof__(&cuModuleLoadDataEx) real = real_of(H_MODLOAD_EX);
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	shim_start();
+	return real(m, image, n, opts, vals);
+}
+
+SHIM_API CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo,
+				    void **jv, unsigned njo, CUlibraryOption *lo, void **lv,
+				    unsigned nlo)
+{
+	__typeof__(&cuLibraryLoadData) real = real_of(H_LIBLOAD);
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	shim_start();
+	return real(lib, code, jo, jv, njo, lo, lv, nlo);
+}

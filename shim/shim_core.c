@@ -1,0 +1,184 @@
+/*
+ * shim_core.c - state, lazy start-up, logging and real-symbol lookup.
+ *
+ * The shim starts at the first intercepted CUDA call, not in a constructor:
+ * LD_PRELOAD is inherited by every child of the wrapped command (shells,
+ * compilers, ...), and only processes that really use CUDA should register
+ * with the controller.
+ */
+#define _GNU_SOURCE
+#include "shim.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static struct cb_counters local_ctr __attribute__((aligned(CB_LINE)));
+static struct cb_control local_ctl __attribute__((aligned(CB_LINE)));
+struct cb_counters *shim_ctr = &local_ctr;
+struct cb_control *shim_ctl = &local_ctl;
+int shim_started;
+__thread int shim_in_runtime;
+
+static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct cb_block *block;
+static int quiet = -1;
+
+void shim_log(const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+	int n;
+
+	if (quiet < 0) {
+		const char *q = getenv("COLOCATE_QUIET");
+		quiet = q && *q && strcmp(q, "0") != 0;
+	}
+	if (quiet)
+		return;
+	n = snprintf(buf, sizeof(buf), "colocate[%d]: ", (int)getpid());
+	va_start(ap, fmt);
+	vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
+	va_end(ap);
+	n = (int)strlen(buf);
+	buf[n++] = '\n';
+	/* one write(2): lines of concurrent processes do not interleave */
+	if (write(2, buf, (size_t)n) < 0)
+		return;
+}
+
+/* ------------------------------------------------------------------ */
+/* glibc's own dlsym: we export a dlsym override (hook_drv.c), so every plain
+ * call to dlsym inside this library would land there. */
+typedef void *(*dlsym_fn)(void *, const char *);
+static dlsym_fn real_dlsym;
+
+void *shim_dlsym(void *handle, const char *name)
+{
+	if (!real_dlsym) {
+		real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+		if (!real_dlsym)
+			real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+		if (!real_dlsym)
+			return NULL;
+	}
+	return real_dlsym(handle, name);
+}
+
+static void *real_in(const char *const *libs, const char *name)
+{
+	void *p = shim_dlsym(RTLD_NEXT, name);
+
+	for (; !p && *libs; libs++) {
+		void *h = dlopen(*libs, RTLD_NOLOAD | RTLD_LAZY);
+
+		if (h) {
+			p = shim_dlsym(h, name);
+			dlclose(h);   /* NOLOAD took a reference; give it back */
+		}
+	}
+	return p;
+}
+
+void *shim_real_rt(const char *name)
+{
+	static const char *const libs[] = { "libcudart.so.13", "libcudart.so", NULL };
+	void *p = real_in(libs, name);
+
+	if (!p)
+		shim_log("the CUDA runtime has no %s; returning an error to the app", name);
+	return p;
+}
+
+void *shim_real_drv(const char *name)
+{
+	static const char *const libs[] = { "libcuda.so.1", "libcuda.so", NULL };
+
+	return real_in(libs, name);
+}
+
+/* ------------------------------------------------------------------ */
+static void on_fork_child(void)
+{
+	/* The child shares nothing with the parent's controller connection or
+	 * slot: count privately and register again at its next CUDA call. */
+	memset(&local_ctr, 0, sizeof(local_ctr));
+	memset(&local_ctl, 0, sizeof(local_ctl));
+	shim_ctr = &local_ctr;
+	shim_ctl = &local_ctl;
+	block = NULL;          /* the mapping stays; it is simply not used */
+	shim_ctl_forget();
+	pthread_mutex_init(&start_lock, NULL);
+	__atomic_store_n(&shim_started, 0, __ATOMIC_RELEASE);
+}
+
+static void on_exit_cb(void)
+{
+	shim_ctl_exit();
+}
+
+void shim_start_slow(void)
+{
+	static int atfork_done, atexit_done;
+	char why[256] = "";
+	int slot;
+
+	pthread_mutex_lock(&start_lock);
+	if (shim_started)
+		goto out;
+	if (!atfork_done) {
+		pthread_atfork(NULL, NULL, on_fork_child);
+		atfork_done = 1;
+	}
+	local_ctl.quota_pct = 100;
+	slot = shim_ctl_register(why, sizeof(why));
+	if (slot >= 0) {
+		char path[4096];
+
+		snprintf(path, sizeof(path), "%s/ctlblock", shim_runtime_dir());
+		block = cb_open(path, 0);
+		if (!block) {
+			snprintf(why, sizeof(why), "cannot map %.200s: %s", path, strerror(errno));
+			slot = -1;
+		} else if (block->slots[slot].k.pid != (uint32_t)getpid()) {
+			snprintf(why, sizeof(why), "slot %d of %.200s is not ours", slot, path);
+			cb_close(block);
+			block = NULL;
+			slot = -1;
+		}
+	}
+	if (slot >= 0) {
+		struct cb_counters *c = &block->slots[slot].c;
+
+		/* carry over what was counted before registration */
+		shim_add(&c->launches, local_ctr.launches);
+		shim_add(&c->forwarded, local_ctr.forwarded);
+		shim_add(&c->h2d_bytes, local_ctr.h2d_bytes);
+		shim_add(&c->d2h_bytes, local_ctr.d2h_bytes);
+		shim_add_signed(&c->allocs_live, local_ctr.allocs_live);
+		shim_add_signed(&c->alloc_bytes_live, local_ctr.alloc_bytes_live);
+		shim_add(&c->syncs, local_ctr.syncs);
+		shim_ctl = &block->slots[slot].k;
+		__atomic_store_n(&shim_ctr, c, __ATOMIC_RELEASE);
+		if (!atexit_done) {
+			atexit(on_exit_cb);
+			atexit_done = 1;
+		}
+	} else {
+		shim_log("%s; running natively", why);
+	}
+	__atomic_store_n(&shim_started, 1, __ATOMIC_RELEASE);
+out:
+	pthread_mutex_unlock(&start_lock);
+}
+
+void shim_sync_note(void)
+{
+	shim_add(&shim_ctr->syncs, 1);
+	__atomic_store_n(&shim_ctr->last_sync_ns, shim_now_ns(), __ATOMIC_RELAXED);
+}

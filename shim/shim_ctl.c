@@ -1,0 +1,317 @@
+/*
+ * shim_ctl.c - the control path: ZeroMQ messages between this process and
+ * the controller (`colocate serve`), protocol v1 (controlplane/schema.py).
+ *
+ * libzmq is dlopen'ed, preferably the copy bundled in pyzmq's wheel
+ * ($COLOCATE_LIBZMQ, set by `colocate run`), so no system package is needed
+ * and nothing breaks when it is absent: the app then runs natively.
+ *
+ * The socket is a DEALER sending [empty, json] to the controller's ROUTER,
+ * which is what a REQ socket would send, without REQ's lock-step state
+ * machine (a timed-out REQ is unusable).  Only registration waits for a
+ * reply, bounded by COLOCATE_CONNECT_TIMEOUT_MS (default 1000).
+ */
+#define _GNU_SOURCE
+#include "shim.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Stable libzmq ABI constants (zmq.h, unchanged since libzmq 3). */
+#define ZMQ_DEALER   5
+#define ZMQ_SNDMORE  2
+#define ZMQ_LINGER   17
+#define ZMQ_RCVTIMEO 27
+#define ZMQ_SNDTIMEO 28
+
+static struct {
+	void *(*ctx_new)(void);
+	int (*ctx_term)(void *);
+	void *(*socket)(void *, int);
+	int (*close)(void *);
+	int (*setsockopt)(void *, int, const void *, size_t);
+	int (*connect)(void *, const char *);
+	int (*send)(void *, const void *, size_t, int);
+	int (*recv)(void *, void *, size_t, int);
+	int (*errno_)(void);
+	const char *(*strerror)(int);
+} zmq;
+
+static void *zctx, *zsock;
+static int slot_index = -1;
+static char rundir[PATH_MAX];
+
+const char *shim_runtime_dir(void)
+{
+	const char *d;
+
+	if (rundir[0])
+		return rundir;
+	if ((d = getenv("COLOCATE_RUNTIME_DIR")) && *d)
+		snprintf(rundir, sizeof(rundir), "%s", d);
+	else if ((d = getenv("XDG_RUNTIME_DIR")) && *d)
+		snprintf(rundir, sizeof(rundir), "%s/colocate", d);
+	else
+		snprintf(rundir, sizeof(rundir), "/tmp/colocate-%u", (unsigned)getuid());
+	return rundir;
+}
+
+static int load_zmq(char *why, size_t whylen)
+{
+	const char *path = getenv("COLOCATE_LIBZMQ");
+	void *h = NULL;
+
+	if (zmq.ctx_new)
+		return 0;
+	if (path && *path)
+		h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h)
+		h = dlopen("libzmq.so.5", RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		snprintf(why, whylen, "cannot load libzmq (%s)", dlerror());
+		return -1;
+	}
+#define Z(field, name) \
+	if (!(*(void **)&zmq.field = shim_dlsym(h, name))) { \
+		snprintf(why, whylen, "libzmq lacks %s", name); \
+		return -1; \
+	}
+	Z(ctx_new, "zmq_ctx_new");
+	Z(ctx_term, "zmq_ctx_term");
+	Z(socket, "zmq_socket");
+	Z(close, "zmq_close");
+	Z(setsockopt, "zmq_setsockopt");
+	Z(connect, "zmq_connect");
+	Z(send, "zmq_send");
+	Z(recv, "zmq_recv");
+	Z(errno_, "zmq_errno");
+	Z(strerror, "zmq_strerror");
+#undef Z
+	return 0;
+}
+
+/* Append s to out as a JSON string literal. */
+static void json_str(char *out, size_t outlen, const char *s)
+{
+	size_t n = strlen(out);
+
+	if (n + 2 >= outlen)
+		return;
+	out[n++] = '"';
+	for (; *s && n + 8 < outlen; s++) {
+		unsigned char c = (unsigned char)*s;
+
+		if (c == '"' || c == '\\') {
+			out[n++] = '\\';
+			out[n++] = (char)c;
+		} else if (c < 0x20) {
+			n += (size_t)snprintf(out + n, outlen - n, "\\u%04x", c);
+		} else {
+			out[n++] = (char)c;
+		}
+	}
+	out[n++] = '"';
+	out[n] = 0;
+}
+
+static void json_raw(char *out, size_t outlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void json_raw(char *out, size_t outlen, const char *fmt, ...)
+{
+	size_t n = strlen(out);
+	va_list ap;
+
+	if (n >= outlen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(out + n, outlen - n, fmt, ap);
+	va_end(ap);
+}
+
+/* Find "key": in a flat JSON reply and parse the integer after it. */
+static int json_int(const char *msg, const char *key, long *val)
+{
+	char pat[64];
+	const char *p;
+	char *end;
+
+	snprintf(pat, sizeof(pat), "\"%s\"", key);
+	p = strstr(msg, pat);
+	if (!p)
+		return -1;
+	p += strlen(pat);
+	while (*p == ' ' || *p == ':')
+		p++;
+	*val = strtol(p, &end, 10);
+	return end == p ? -1 : 0;
+}
+
+static int send_msg(const char *json)
+{
+	if (zmq.send(zsock, "", 0, ZMQ_SNDMORE) < 0)
+		return -1;
+	return zmq.send(zsock, json, strlen(json), 0) < 0 ? -1 : 0;
+}
+
+static void close_socket(void)
+{
+	if (zsock)
+		zmq.close(zsock);
+	if (zctx)
+		zmq.ctx_term(zctx);
+	zsock = zctx = NULL;
+}
+
+static const char *env_or(const char *name, const char *dflt)
+{
+	const char *v = getenv(name);
+
+	return v && *v ? v : dflt;
+}
+
+int shim_ctl_register(char *why, size_t whylen)
+{
+	char endpoint[PATH_MAX + 16], sock_path[PATH_MAX], exe[PATH_MAX] = "";
+	char msg[8192] = "", reply[4096];
+	const char *name, *cls, *qos, *quota;
+	int timeout_ms = atoi(env_or("COLOCATE_CONNECT_TIMEOUT_MS", "1000"));
+	int linger = 200, n;
+	long slot;
+	struct stat st;
+	ssize_t len;
+
+	snprintf(sock_path, sizeof(sock_path), "%s/ctl.sock", shim_runtime_dir());
+	if (stat(sock_path, &st) < 0) {
+		/* the usual case without a controller: say so without waiting */
+		snprintf(why, whylen, "no controller (%s missing)", sock_path);
+		return -1;
+	}
+	if (load_zmq(why, whylen) < 0)
+		return -1;
+	zctx = zmq.ctx_new();
+	zsock = zctx ? zmq.socket(zctx, ZMQ_DEALER) : NULL;
+	if (!zsock) {
+		snprintf(why, whylen, "zmq socket: %s", zmq.strerror(zmq.errno_()));
+		close_socket();
+		return -1;
+	}
+	zmq.setsockopt(zsock, ZMQ_LINGER, &linger, sizeof(linger));
+	zmq.setsockopt(zsock, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms));
+	zmq.setsockopt(zsock, ZMQ_SNDTIMEO, &timeout_ms, sizeof(timeout_ms));
+	snprintf(endpoint, sizeof(endpoint), "ipc://%s", sock_path);
+	if (zmq.connect(zsock, endpoint) < 0) {
+		snprintf(why, whylen, "zmq connect %s: %s", endpoint, zmq.strerror(zmq.errno_()));
+		close_socket();
+		return -1;
+	}
+
+	len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	exe[len > 0 ? len : 0] = 0;
+	name = getenv("COLOCATE_APP_NAME");
+	if (!name || !*name)
+		name = strrchr(exe, '/') ? strrchr(exe, '/') + 1 : "app";
+	cls = env_or("COLOCATE_APP_CLASS", "batch");
+	qos = getenv("COLOCATE_QOS_MS");
+	quota = getenv("COLOCATE_QUOTA_PCT");
+
+	json_raw(msg, sizeof(msg), "{\"v\":1,\"type\":\"register\",\"pid\":%d,\"name\":", (int)getpid());
+	json_str(msg, sizeof(msg), name);
+	json_raw(msg, sizeof(msg), ",\"class\":");
+	json_str(msg, sizeof(msg), cls);
+	if (qos && *qos)
+		json_raw(msg, sizeof(msg), ",\"qos_ms\":%g", atof(qos));
+	else
+		json_raw(msg, sizeof(msg), ",\"qos_ms\":null");
+	if (quota && *quota)
+		json_raw(msg, sizeof(msg), ",\"quota_pct\":%d", atoi(quota));
+	else
+		json_raw(msg, sizeof(msg), ",\"quota_pct\":null");
+	json_raw(msg, sizeof(msg), ",\"device\":");
+	json_str(msg, sizeof(msg), env_or("COLOCATE_DEVICE", "unknown"));
+	json_raw(msg, sizeof(msg), ",\"exe\":");
+	json_str(msg, sizeof(msg), exe);
+	json_raw(msg, sizeof(msg), "}");
+
+	if (send_msg(msg) < 0) {
+		snprintf(why, whylen, "controller at %s unreachable (send: %s)", sock_path,
+			 zmq.strerror(zmq.errno_()));
+		close_socket();
+		return -1;
+	}
+	/* [empty delimiter][json] */
+	for (;;) {
+		n = zmq.recv(zsock, reply, sizeof(reply) - 1, 0);
+		if (n < 0) {
+			snprintf(why, whylen, "controller at %s did not answer in %d ms", sock_path,
+				 timeout_ms);
+			close_socket();
+			return -1;
+		}
+		if (n > 0)
+			break;
+	}
+	reply[n < (int)sizeof(reply) ? n : (int)sizeof(reply) - 1] = 0;
+	if (!strstr(reply, "\"registered\"") || json_int(reply, "slot", &slot) < 0 ||
+	    slot < 0 || slot >= (long)CB_MAX_SLOTS) {
+		snprintf(why, whylen, "controller refused registration: %.200s", reply);
+		close_socket();
+		return -1;
+	}
+	slot_index = (int)slot;
+	return slot_index;
+}
+
+struct kjson {
+	char *buf;
+	size_t len;
+	int count;
+	int (*has_twin)(const char *);
+};
+
+static void kernel_json(const struct shim_kernel *k, void *arg)
+{
+	struct kjson *j = arg;
+	int twin = j->has_twin ? j->has_twin(k->name) : -1;
+
+	if (strlen(j->buf) + strlen(k->name) + 128 >= j->len)
+		return;   /* bounded message: the controller drops nothing else */
+	json_raw(j->buf, j->len, "%s{\"name\":", j->count++ ? "," : "");
+	json_str(j->buf, j->len, k->name);
+	json_raw(j->buf, j->len, ",\"launches\":%llu,\"twin\":%s}",
+		 (unsigned long long)__atomic_load_n(&k->launches, __ATOMIC_RELAXED),
+		 twin < 0 ? "null" : twin ? "true" : "false");
+}
+
+void shim_ctl_exit(void)
+{
+	static char msg[60000];
+	struct kjson j = { msg, sizeof(msg) - 8, 0, NULL };
+
+	if (!zsock || slot_index < 0)
+		return;
+	/* simgpu tells which kernels had a host twin; a real runtime has no
+	 * such symbol, and "twin" is then null */
+	*(void **)&j.has_twin = shim_dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin");
+	msg[0] = 0;
+	json_raw(msg, sizeof(msg), "{\"v\":1,\"type\":\"exit\",\"pid\":%d,\"slot\":%d,\"kernels\":[",
+		 (int)getpid(), slot_index);
+	shim_kernel_each(kernel_json, &j);
+	json_raw(msg, sizeof(msg), "]}");
+	send_msg(msg);
+	close_socket();   /* linger bounds how long the exit can wait */
+	slot_index = -1;
+}
+
+void shim_ctl_forget(void)
+{
+	/* a forked child must not touch the parent's libzmq threads */
+	zsock = zctx = NULL;
+	slot_index = -1;
+}

@@ -1,0 +1,162 @@
+/*
+ * shim_names.c - which kernel a launch is, and how big each allocation is.
+ *
+ * Kernels: an open-addressing table from a handle (host stub, cudaKernel_t,
+ * CUfunction) to an entry {device name, launch count}.  Inserts happen at
+ * registration under a mutex; lookups on the launch path are lock-free
+ * (a key is published with a release store after its entry is complete).
+ * The table never shrinks: kernels are few and live as long as the process.
+ *
+ * Allocations: pointer -> size, so that frees can keep alloc_bytes_live
+ * right.  Allocation is not on the launch path; a mutex is fine there.
+ */
+#define _GNU_SOURCE
+#include "shim.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KEY_SLOTS   16384u          /* power of two, > 2x MAX_KERNELS */
+#define MAX_KERNELS 4096u
+
+struct key_slot {
+	const void *key;                /* published last, with release */
+	uint32_t idx;
+};
+
+static struct key_slot keys[KEY_SLOTS];
+static struct shim_kernel kernels[MAX_KERNELS];
+static uint32_t nkernels;
+static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static inline uint32_t hash_ptr(const void *p)
+{
+	uint64_t x = (uint64_t)(uintptr_t)p;
+
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	return (uint32_t)x & (KEY_SLOTS - 1);
+}
+
+struct shim_kernel *shim_kernel_find(const void *key)
+{
+	uint32_t h = hash_ptr(key), i;
+
+	if (!key)
+		return NULL;
+	for (i = 0; i < KEY_SLOTS; i++, h = (h + 1) & (KEY_SLOTS - 1)) {
+		const void *k = __atomic_load_n(&keys[h].key, __ATOMIC_ACQUIRE);
+
+		if (k == key)
+			return &kernels[keys[h].idx];
+		if (!k)
+			return NULL;
+	}
+	return NULL;
+}
+
+/* caller holds names_lock */
+static void put_key(const void *key, uint32_t idx)
+{
+	uint32_t h = hash_ptr(key), i;
+
+	for (i = 0; i < KEY_SLOTS; i++, h = (h + 1) & (KEY_SLOTS - 1)) {
+		if (keys[h].key == key)
+			return;
+		if (!keys[h].key) {
+			keys[h].idx = idx;
+			__atomic_store_n(&keys[h].key, key, __ATOMIC_RELEASE);
+			return;
+		}
+	}
+}
+
+struct shim_kernel *shim_kernel_add(const void *key, const char *name)
+{
+	struct shim_kernel *k;
+
+	if (!key)
+		return NULL;
+	pthread_mutex_lock(&names_lock);
+	k = shim_kernel_find(key);
+	if (!k && nkernels < MAX_KERNELS) {
+		k = &kernels[nkernels];
+		k->name = strdup(name ? name : "?");
+		if (!k->name)
+			k->name = "?";
+		put_key(key, nkernels++);
+	}
+	pthread_mutex_unlock(&names_lock);
+	return k;
+}
+
+void shim_kernel_alias(const void *key, const void *key2)
+{
+	struct shim_kernel *k = shim_kernel_find(key);
+
+	if (!k || !key2)
+		return;
+	pthread_mutex_lock(&names_lock);
+	put_key(key2, (uint32_t)(k - kernels));
+	pthread_mutex_unlock(&names_lock);
+}
+
+void shim_kernel_each(void (*fn)(const struct shim_kernel *k, void *arg), void *arg)
+{
+	uint32_t i, n = __atomic_load_n(&nkernels, __ATOMIC_ACQUIRE);
+
+	for (i = 0; i < n; i++)
+		if (__atomic_load_n(&kernels[i].launches, __ATOMIC_RELAXED))
+			fn(&kernels[i], arg);
+}
+
+/* ------------------------------------------------------------------ */
+struct alloc {
+	const void *ptr;
+	size_t size;
+	struct alloc *next;
+};
+
+#define ALLOC_BUCKETS 4096u
+static struct alloc *allocs[ALLOC_BUCKETS];
+static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void shim_alloc_note(const void *ptr, size_t size)
+{
+	struct alloc *a = malloc(sizeof(*a));
+	uint32_t h = hash_ptr(ptr) & (ALLOC_BUCKETS - 1);
+
+	shim_add_signed(&shim_ctr->allocs_live, 1);
+	shim_add_signed(&shim_ctr->alloc_bytes_live, (int64_t)size);
+	if (!a)
+		return;   /* the size is forgotten; the count is still right */
+	a->ptr = ptr;
+	a->size = size;
+	pthread_mutex_lock(&alloc_lock);
+	a->next = allocs[h];
+	allocs[h] = a;
+	pthread_mutex_unlock(&alloc_lock);
+}
+
+void shim_free_note(const void *ptr)
+{
+	uint32_t h = hash_ptr(ptr) & (ALLOC_BUCKETS - 1);
+	struct alloc **pp, *a = NULL;
+
+	pthread_mutex_lock(&alloc_lock);
+	for (pp = &allocs[h]; *pp; pp = &(*pp)->next) {
+		if ((*pp)->ptr == ptr) {
+			a = *pp;
+			*pp = a->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&alloc_lock);
+	if (!a)
+		return;   /* not ours (or failed allocation): nothing to undo */
+	shim_add_signed(&shim_ctr->allocs_live, -1);
+	shim_add_signed(&shim_ctr->alloc_bytes_live, -(int64_t)a->size);
+	free(a);
+}
