@@ -3,13 +3,14 @@ PYTHON  ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 NVCC    ?= nvcc
-CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(shell command -v $(NVCC))))
+# the toolkit whose headers we build against (nvcc may be a wrapper script elsewhere)
+CUDA_HOME ?= $(firstword $(wildcard /usr/local/cuda) $(patsubst %/bin/nvcc,%,$(realpath $(shell command -v $(NVCC)))))
 # sm_90 for the H100/H200 we validate on, plus PTX so newer GPUs JIT it.
 NVCC_ARCH ?= -gencode arch=compute_90,code=[sm_90,compute_90]
 NVCCFLAGS ?= -O2 -cudart shared $(NVCC_ARCH) -I shim/simgpu
 TWINFLAGS := -O2 -g -fPIC -shared -Wall -I shim/simgpu
 
-PROGS   := $(notdir $(wildcard bench/progs/*))
+PROGS   := $(filter-out common,$(notdir $(wildcard bench/progs/*)))
 BINS    := $(addprefix bench/bin/,$(PROGS)) $(addprefix bench/bin/,$(addsuffix .twins.so,$(PROGS)))
 TESTPROGS := $(patsubst tests/progs/%.c,bench/bin/test-%,$(wildcard tests/progs/*.c))
 # one default-static-cudart build, for the real-GPU check of driver-level hooks

@@ -1,0 +1,171 @@
+"""End to end on simgpu: a controller, unmodified CUDA programs under
+`colocate run`, and the counters `colocate quotas --json` reports for them."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from shim import paths
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / "bench" / "bin"
+COLOCATE = [sys.executable, "-m", "controlplane.cli"]
+
+pytestmark = pytest.mark.skipif(not (BIN / "vecadd").exists() or not paths.SIMGPU_CUDART.exists(),
+                                reason="bench programs or simgpu not built (make build)")
+
+
+def colocate(*args: str, rundir: Path, check: bool = True, env: dict | None = None,
+             timeout: float = 120) -> subprocess.CompletedProcess:
+    res = subprocess.run([*COLOCATE, *args[:1], "--runtime-dir", str(rundir), *args[1:]],
+                         capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                         env={**os.environ, **(env or {})})
+    if check and res.returncode != 0:
+        raise AssertionError(f"colocate {' '.join(args)} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+def wait_for(pred, timeout: float = 10.0, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture()
+def rundir():
+    # short path: unix socket names are limited to 107 bytes
+    d = Path(tempfile.mkdtemp(prefix="cl-e2e-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture()
+def controller(rundir):
+    proc = subprocess.Popen([*COLOCATE, "serve", "--runtime-dir", str(rundir), "--device", "sim"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: colocate("ping", rundir=rundir, check=False).returncode == 0,
+             what="controller to answer ping")
+    yield proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def stats_of(output: str) -> dict[str, int]:
+    m = re.search(r"^STATS (.*)$", output, re.M)
+    assert m, f"no STATS line in:\n{output}"
+    return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+
+
+def app_record(rundir: Path, name: str) -> dict:
+    apps = json.loads(colocate("quotas", "--json", "--all", rundir=rundir).stdout)
+    recs = [a for a in apps if a["name"] == name]
+    assert len(recs) == 1, apps
+    return recs[0]
+
+
+@pytest.mark.parametrize("prog,args,cls", [
+    ("vecadd", ["--repeat", "3"], "qos"),
+    ("vecadd", ["--repeat", "2", "--stream"], "batch"),
+    ("hotspot", ["--size", "64", "--iters", "7"], "batch"),
+])
+def test_counters_match_what_the_program_did(controller, rundir, prog, args, cls):
+    extra = ["--qos-ms", "50"] if cls == "qos" else []
+    res = colocate("run", "--device", "sim", "--name", f"t-{prog}", "--class", cls, *extra, "--",
+                   str(BIN / prog), *args, rundir=rundir, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"PASS {prog}" in res.stdout
+    want = stats_of(res.stdout)
+    rec = wait_for(lambda: (r := app_record(rundir, f"t-{prog}"))["state"] == "exited" and r,
+                   what="final record")
+    assert rec["class"] == cls
+    assert rec["launches"] == want["launches"]
+    assert rec["h2d_bytes"] == want["h2d_bytes"]
+    assert rec["d2h_bytes"] == want["d2h_bytes"]
+    assert rec["forwarded"] == 0
+    # every launch was attributed to a named kernel with a host twin
+    assert sum(k["launches"] for k in rec["kernels"]) == want["launches"]
+    assert all(k["name"].startswith("_Z") and k["twin"] is True for k in rec["kernels"])
+
+
+def test_live_app_is_listed_with_its_target(controller, rundir):
+    proc = subprocess.Popen([*COLOCATE, "run", "--runtime-dir", str(rundir), "--device", "sim",
+                             "--name", "live-hot", "--class", "qos", "--qos-ms", "25", "--",
+                             str(BIN / "hotspot"), "--size", "64", "--iters", "5", "--repeat", "400"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        rec = wait_for(lambda: [a for a in json.loads(colocate("quotas", "--json", rundir=rundir).stdout)
+                                if a["name"] == "live-hot" and a["launches"] > 0],
+                       what="live app with launches")[0]
+        assert set(rec) >= {"name", "pid", "class", "quota_pct", "route", "launches", "forwarded",
+                            "h2d_bytes", "d2h_bytes", "qos_ms"}
+        assert rec["qos_ms"] == 25 and rec["class"] == "qos" and rec["quota_pct"] == 100
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_app_survives_a_controller_killed_mid_run(controller, rundir):
+    proc = subprocess.Popen([*COLOCATE, "run", "--runtime-dir", str(rundir), "--device", "sim",
+                             "--name", "orphan", "--", str(BIN / "hotspot"), "--size", "64",
+                             "--iters", "5", "--repeat", "60"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: any(a["name"] == "orphan" and a["launches"] > 0
+                         for a in json.loads(colocate("quotas", "--json", rundir=rundir).stdout)),
+             what="app registered and launching")
+    controller.kill()
+    controller.wait()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert "PASS hotspot" in out
+
+
+def test_without_controller_the_app_runs_natively_and_says_so_once(rundir):
+    res = colocate("run", "--device", "sim", "--", str(BIN / "vecadd"), rundir=rundir, check=False)
+    assert res.returncode == 0 and "PASS vecadd" in res.stdout
+    lines = [ln for ln in res.stderr.splitlines() if "running natively" in ln]
+    assert len(lines) == 1, res.stderr
+    quiet = colocate("run", "--device", "sim", "--", str(BIN / "vecadd"), rundir=rundir,
+                     check=False, env={"COLOCATE_QUIET": "1"})
+    assert quiet.returncode == 0 and "running natively" not in quiet.stderr
+
+
+def test_exit_code_of_a_failing_program_passes_through(controller, rundir):
+    res = colocate("run", "--device", "sim", "--", str(BIN / "vecadd"), "--n", "-5",
+                   rundir=rundir, check=False)
+    assert res.returncode != 0
+
+
+@pytest.mark.skipif(not (BIN / "test-drvapi").exists() or not paths.FAKECUDA.exists(),
+                    reason="driver-API test program or fake libcuda not built")
+def test_driver_api_launches_are_counted(controller, rundir):
+    """Launches through cuGetProcAddress (default and per-thread stream) and
+    through dlsym(handle, "cuLaunchKernel"), as cudart and CuPy do."""
+    env = {"LD_LIBRARY_PATH": f"{paths.FAKECUDA_DIR}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    res = colocate("run", "--device", "sim", "--name", "drv", "--", str(BIN / "test-drvapi"),
+                   "6", "4", "5", rundir=rundir, check=False, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    m = re.search(r"DRVAPI launches=(\d+) allocs=(\d+) PASS", res.stdout)
+    assert m, res.stdout
+    rec = wait_for(lambda: (r := app_record(rundir, "drv"))["state"] == "exited" and r,
+                   what="final record")
+    assert rec["launches"] == int(m.group(1)) >= 15
+    named = {k["name"]: k["launches"] for k in rec["kernels"]}
+    assert named.get("add_one", 0) >= 15, named
