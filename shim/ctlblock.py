@@ -62,18 +62,19 @@ class ControlBlock:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _slot(self, slot: int):
+    def _block(self):
         if self._cb is None:
             raise ValueError("control block is closed")
+        return self._cb
+
+    def _slot(self, slot: int):
         if not 0 <= slot < NSLOTS:
             raise IndexError(f"slot {slot} out of range 0..{NSLOTS - 1}")
-        return self._cb.slots[slot]
+        return self._block().slots[slot]
 
     # --- controller side
     def claim(self, pid: int) -> int:
-        if self._cb is None:
-            raise ValueError("control block is closed")
-        slot = lib.cb_claim_slot(self._cb, pid)
+        slot = lib.cb_claim_slot(self._block(), pid)
         if slot < 0:
             raise ControlBlockFull(f"control block full ({NSLOTS} apps)")
         return slot
@@ -102,7 +103,7 @@ class ControlBlock:
         return out
 
     def header(self) -> dict[str, int]:
-        h = self._cb.hdr
+        h = self._block().hdr
         return {n: getattr(h, n) for n in ("magic", "version", "nslots", "slot_size",
                                            "controller_pid", "generation", "created_ns")}
 

@@ -1,0 +1,250 @@
+"""`colocate`: run a controller, run apps under it, look at what they get."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from controlplane import daemon, launcher, rundir, schema
+from controlplane.rundir import ColocateError
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
+out = Console(width=None if sys.stdout.isatty() else 200)   # pipes get whole rows
+
+
+class Device(str, Enum):
+    auto = "auto"
+    sim = "sim"
+    cuda = "cuda"
+
+
+class Level(str, Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+RUNDIR_HELP = ("Runtime directory (socket, control block, logs). Default: $COLOCATE_RUNTIME_DIR, "
+               "else $XDG_RUNTIME_DIR/colocate, else /tmp/colocate-$UID.")
+RunDirOpt = typer.Option(None, "--runtime-dir", help=RUNDIR_HELP, metavar="DIR")
+DEVICE_HELP = "auto: cuda when an NVIDIA driver answers, else sim (the CPU test device)."
+
+
+# --- serve / stop / ping ----------------------------------------------------
+
+@app.command()
+def serve(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
+          policy: str = typer.Option("static", help="Scheduling policy (a module in controlplane/policies)."),
+          detach: bool = typer.Option(False, help="Run in the background; print its pid once it answers."),
+          runtime_dir: Optional[Path] = RunDirOpt,
+          log_level: Level = typer.Option(Level.info, help="Log level of serve.log."),
+          log_stderr: bool = typer.Option(True, hidden=True)) -> None:
+    """Run the controller: applications register with it, the policy sets their GPU quotas.
+
+    Logs to DIR/serve.log (and stderr in the foreground); SIGTERM, SIGINT or
+    `colocate stop` shut it down cleanly."""
+    rd = rundir.ensure(runtime_dir)
+    dev = launcher.detect_device(device.value)
+    if not detach:
+        daemon.serve(rd, policy, dev, log_level.value, log_stderr)
+        return
+    daemon.policy(policy)                               # unknown name: say so here, not in the log
+    pong = daemon.ping(rd, timeout=0.5)
+    if pong:
+        raise ColocateError(f"a controller (pid {pong['controller_pid']}) already answers on {rd.sock}")
+    proc, pong = daemon.start_background(rd, policy, dev, log_level.value)
+    print(proc.pid)
+    print(f"colocate: controller {proc.pid} serving {rd.sock} (policy {pong['policy']}, "
+          f"device {pong['device']})", file=sys.stderr)
+
+
+@app.command()
+def stop(runtime_dir: Optional[Path] = RunDirOpt,
+         timeout: float = typer.Option(10.0, help="Seconds to wait for it to exit.")) -> None:
+    """Stop the controller (SIGTERM to the pid in serve.pid if it does not answer)."""
+    rd = rundir.ensure(runtime_dir)
+    pid = daemon.running_pid(rd)
+    try:
+        daemon.request(rd, "stop", timeout=1.0)
+        pid = pid or daemon.running_pid(rd)
+    except daemon.NoController:
+        if pid is None:
+            raise ColocateError(f"no controller is running in {rd.path}") from None
+        print(f"colocate: controller {pid} does not answer; sending SIGTERM", file=sys.stderr)
+        os.kill(pid, signal.SIGTERM)
+    if pid and not daemon.wait_gone(pid, timeout):
+        raise ColocateError(f"controller {pid} did not exit within {timeout:g} s")
+    print(f"colocate: controller {pid} stopped" if pid else "colocate: controller stopped", file=sys.stderr)
+
+
+@app.command()
+def ping(runtime_dir: Optional[Path] = RunDirOpt,
+         timeout: float = typer.Option(1.0, help="Seconds to wait for the answer.")) -> None:
+    """Check that a controller answers; print its pid, policy, device and app count."""
+    rd = rundir.ensure(runtime_dir)
+    p = daemon.request(rd, "ping", timeout=timeout)
+    print(f"controller {p['controller_pid']} (colocate {p['version']}): policy {p['policy']}, "
+          f"device {p['device']}, {p['apps']} live app(s), {rd.sock}")
+
+
+# --- run --------------------------------------------------------------------
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(cmd: Optional[list[str]] = typer.Argument(None, metavar="-- CMD [ARGS]",
+                                                  help="The program to run and its arguments."),
+        name: Optional[str] = typer.Option(None, help="App name shown by `colocate quotas` "
+                                                       "(default: CMD's basename)."),
+        cls: str = typer.Option("batch", "--class", help="qos (latency-critical) or batch."),
+        qos_ms: Optional[float] = typer.Option(None, "--qos-ms", help="Latency target in ms (qos only)."),
+        quota: Optional[int] = typer.Option(None, help="Requested SM share in percent (1..100)."),
+        device: Device = typer.Option(Device.auto, help=DEVICE_HELP + " auto asks the running controller first."),
+        runtime_dir: Optional[Path] = RunDirOpt) -> None:
+    """Run CMD with the colocate shim preloaded; exit with its exit code (128+N if killed by signal N).
+
+    Works without a controller too: the app then runs natively."""
+    spec = launcher.AppSpec(list(cmd or []), name, cls, qos_ms, quota)
+    launcher.check(spec)
+    rd = rundir.ensure(runtime_dir)
+    dev = device.value
+    if dev == "auto":
+        pong = daemon.ping(rd, timeout=0.3) if rd.sock.exists() else None
+        dev = pong["device"] if pong else launcher.detect_device("auto")
+    raise typer.Exit(launcher.run(spec, rd, dev))
+
+
+# --- quotas -----------------------------------------------------------------
+
+QUOTA_KEYS = ("name", "pid", "class", "quota_pct", "route", "launches", "forwarded",
+              "h2d_bytes", "d2h_bytes", "qos_ms", "state", "kernels")
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            break
+        n /= 1024
+    return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+
+
+def route_name(route: int) -> str:
+    return "local" if route == 0 else f"worker {route}"
+
+
+def quota_table(apps: list[dict], show_state: bool = False) -> Table:
+    live = sum(a["state"] == "live" for a in apps)
+    t = Table(title=f"colocate: {live} live app(s)", box=box.SIMPLE_HEAD,
+              pad_edge=False, collapse_padding=True)
+    cols = ["name", "pid", "class", "quota%", "route", "launches", "fwd", "H2D", "D2H", "QoS"]
+    for c in cols + (["state"] if show_state else []):
+        t.add_column(c, justify="left" if c in ("name", "class", "route", "state") else "right",
+                     no_wrap=c != "name", overflow="fold")
+    for a in apps:
+        row = [a["name"], str(a["pid"]), a["class"], str(a["quota_pct"]), route_name(a["route"]),
+               str(a["launches"]), str(a["forwarded"]), human_bytes(a["h2d_bytes"]),
+               human_bytes(a["d2h_bytes"]), "-" if a["qos_ms"] is None else f"{a['qos_ms']:g} ms"]
+        t.add_row(*(Text(c) for c in row), *([a["state"]] if show_state else []))
+    return t
+
+
+@app.command()
+def quotas(as_json: bool = typer.Option(False, "--json", help="Print a JSON list (raw integers)."),
+           watch: bool = typer.Option(False, help="Refresh until Ctrl-C."),
+           interval: float = typer.Option(1.0, help="Seconds between refreshes with --watch."),
+           all_: bool = typer.Option(False, "--all", help="Also list exited apps (final records)."),
+           runtime_dir: Optional[Path] = RunDirOpt) -> None:
+    """Show each app's quota, route and counters (launches, forwarded, bytes copied)."""
+    if watch and as_json:
+        raise ColocateError("--watch and --json do not go together", 2)
+    if interval <= 0:
+        raise ColocateError("--interval must be > 0", 2)
+    rd = rundir.ensure(runtime_dir)
+
+    def fetch() -> list[dict]:
+        return daemon.request(rd, "list", timeout=1.0, all=all_)["apps"]
+    if as_json:
+        print(json.dumps([{k: a[k] for k in QUOTA_KEYS} for a in fetch()], indent=2))
+    elif not watch:
+        out.print(quota_table(fetch(), all_))
+    elif not out.is_terminal:                          # a pipe: one table per refresh
+        try:
+            while True:
+                out.print(quota_table(fetch(), all_))
+                sys.stdout.flush()
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            pass
+    else:
+        try:
+            with Live(quota_table(fetch(), all_), console=out, auto_refresh=False) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(quota_table(fetch(), all_), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+# --- schema / demo ----------------------------------------------------------
+
+def _notes(f: schema.F) -> str:
+    notes = [f.bounds()] if f.bounds() else []
+    if not f.required and f.default not in (None, [], ""):
+        notes.append(f"default {json.dumps(f.default)}")
+    return "; ".join(notes + ([f.doc] if f.doc else []))
+
+
+@app.command("schema")
+def schema_cmd(as_json: bool = typer.Option(False, "--json", help="Print it as JSON.")) -> None:
+    """Print the controller protocol (message types and their fields)."""
+    if as_json:
+        print(json.dumps(schema.as_json(), indent=2))
+        return
+    out.print(f'protocol v{schema.PROTOCOL}: DEALER -> ROUTER at ipc://DIR/ctl.sock, frames [b"", JSON object] '
+              f'of at most {schema.MAX_BYTES} bytes; every message has "v": {schema.PROTOCOL} and "type".',
+              markup=False)
+    for title, table in (("requests (-> reply)", schema.REQUESTS), ("replies", schema.REPLIES),
+                         ("objects", {"kernel": schema.KERNEL, "record": schema.RECORD})):
+        t = Table(title=title)
+        for c in ("message", "field", "type", "required", "notes"):
+            t.add_column(c)
+        for name, fields in table.items():
+            label = f"{name} -> {schema.REPLY_TO[name]}" if name in schema.REPLY_TO else name
+            rows = [(f, spec.describe(), "yes" if spec.required else "no", _notes(spec))
+                    for f, spec in fields.items()] or [("-", "", "", "")]
+            for i, row in enumerate(rows):
+                t.add_row(*(Text(c) for c in (label if i == 0 else "", *row)))
+            t.add_section()
+        out.print(t)
+
+
+@app.command()
+def demo(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
+         keep: bool = typer.Option(False, help="Keep the demo's runtime dir (logs, history, report).")) -> None:
+    """Run hotspot (batch) and vecadd (QoS, 50 ms) together under a controller and show what each got."""
+    from controlplane import demo as demo_mod
+    raise typer.Exit(demo_mod.main(device.value, keep))
+
+
+def main() -> None:
+    try:
+        app()
+    except ColocateError as e:
+        print(f"colocate: {e}", file=sys.stderr)
+        sys.exit(e.code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,426 @@
+"""The controller: one ZeroMQ ROUTER, one control block, one policy.
+
+Applications (libcolocate.so) and admin clients (the CLI) are DEALER sockets
+sending [b"", json]; every request gets exactly one reply [b"", json] (an
+"error" message for anything malformed).  The loop also runs a ~100 ms tick:
+a liveness check that collects apps that died without saying "exit", then the
+policy's on_tick.  Handlers are `on_<type>` methods; see schema.py.
+"""
+from __future__ import annotations
+
+import collections
+import fcntl
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from controlplane import schema
+from controlplane.policies.base import AppInfo, Decision, Policy, make_policy
+from controlplane.rundir import ColocateError, RunDir, version
+from shim.ctlblock import ControlBlock, ControlBlockFull
+
+log = logging.getLogger("colocate")
+VERSION = version()
+TICK_S = 0.1
+HISTORY_MAX = 10_000
+RECV_MAX = 16 * schema.MAX_BYTES   # bigger ones make zmq drop the peer; 64 KiB..1 MiB get an error
+
+
+class Reject(Exception):
+    """A well-formed request the controller refuses; the text goes to the client."""
+
+
+class NoController(ColocateError):
+    pass
+
+
+# --- process liveness -------------------------------------------------------
+
+def proc_start(pid: int) -> int | None:
+    """Start time (clock ticks since boot) of a running pid; None if it is gone
+    or a zombie.  Compared on each check, it guards against pid reuse."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    except OverflowError:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return 0                     # no /proc: trust kill(pid, 0)
+    fields = stat[stat.rfind(b")") + 2:].split()
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+@dataclass
+class App:
+    info: AppInfo
+    start: int | None
+    exe: str
+    registered_at: float
+    quota_pct: int = 100
+    route: int = 0
+    kernels: list = field(default_factory=list)
+
+
+# --- the controller ---------------------------------------------------------
+
+class Controller:
+    def __init__(self, rd: RunDir, policy: Policy, device: str):
+        self.rd, self.policy, self.device = rd, policy, device
+        self.apps: dict[int, App] = {}                  # slot -> live app
+        self.history: collections.deque = collections.deque(maxlen=HISTORY_MAX)
+        self.stopping = False
+        self.cb = ControlBlock.create(rd.ctlblock)
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, RECV_MAX)
+        self.sock.setsockopt(zmq.LINGER, 500)           # let the last replies ("stop") out
+        self.sock.bind(rd.endpoint)
+        os.chmod(rd.sock, 0o600)
+
+    def run(self) -> None:
+        log.info("controller %d serving %s (policy %s, device %s)", os.getpid(), self.rd.endpoint,
+                 self.policy.name, self.device)
+        next_tick = time.monotonic()
+        try:
+            while not self.stopping:
+                wait_ms = max(0, int((next_tick - time.monotonic()) * 1000))
+                if self.sock.poll(wait_ms, zmq.POLLIN):
+                    self.drain()
+                now = time.monotonic()
+                if now >= next_tick:
+                    self.tick(now)
+                    next_tick = now + TICK_S
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+        self.rd.sock.unlink(missing_ok=True)
+        self.cb.close()                                 # the file stays: apps keep their mapping
+        log.info("controller %d stopped", os.getpid())
+
+    def drain(self, budget: int = 256) -> None:
+        for _ in range(budget):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            reply = self.handle(frames[1:])
+            try:
+                self.sock.send_multipart([frames[0], b"", schema.encode(reply)], zmq.NOBLOCK)
+            except zmq.ZMQError as e:                   # peer gone or its queue full
+                log.warning("reply dropped: %s", e)
+
+    def handle(self, frames: list[bytes]) -> dict:
+        """One request's frames (identity removed) -> its reply."""
+        t = None
+        try:
+            if len(frames) != 2 or frames[0] != b"":
+                raise schema.SchemaError(f"expected 2 frames [empty delimiter, JSON], got {len(frames)}"
+                                         + ("" if len(frames) != 2 else " with a non-empty delimiter"))
+            raw = schema.decode(frames[1])
+            t = raw.get("type") if isinstance(raw, dict) and isinstance(raw.get("type"), str) else None
+            msg = schema.validate(raw)
+            return getattr(self, "on_" + msg["type"])(msg)
+        except (schema.SchemaError, Reject) as e:
+            log.warning("bad request (%s): %s; got %s", t, e, _preview(frames))
+            return schema.error(str(e), t if t in schema.REQUESTS else None)
+        except Exception as e:                          # a bug: say so, keep serving
+            log.exception("internal error handling %s", t)
+            return schema.error(f"internal error: {e}", t if t in schema.REQUESTS else None)
+
+    def tick(self, now: float) -> None:
+        for app in list(self.apps.values()):
+            if proc_start(app.info.pid) != app.start:
+                log.info("app %s (pid %d, slot %d) died without exit", app.info.name, app.info.pid,
+                         app.info.slot)
+                self.finish(app, [])
+        self.decide("on_tick", now)
+
+    # --- policy decisions -> control block
+    def decide(self, hook: str, *args: Any) -> None:
+        """Call a policy hook and apply what it decides; a failing policy is
+        logged and decides nothing (apps keep their current quota)."""
+        try:
+            self.apply(getattr(self.policy, hook)(*args))
+        except Exception:
+            log.exception("policy %s failed in %s", self.policy.name, hook)
+
+    def apply(self, decisions: list[Decision]) -> None:
+        for d in decisions or []:
+            app = self.apps.get(d.slot)
+            if app is None:
+                log.warning("policy %s decided for slot %d, which has no live app", self.policy.name, d.slot)
+                continue
+            q, route = min(100, max(1, int(d.quota_pct))), max(0, int(d.route))
+            if (q, route) != (d.quota_pct, d.route):
+                log.warning("policy %s: %s clamped to quota %d route %d", self.policy.name, d, q, route)
+            if (q, route) != (app.quota_pct, app.route):
+                self.cb.set_route(d.slot, route, q)
+                app.quota_pct, app.route = q, route
+                log.debug("slot %d (%s): quota %d%% route %d", d.slot, app.info.name, q, route)
+
+    # --- records
+    def record(self, app: App, state: str = "live", exited_at: float | None = None) -> dict:
+        c = self.cb.counters(app.info.slot)
+        i = app.info
+        return {"name": i.name, "pid": i.pid, "class": i.cls, "quota_pct": app.quota_pct,
+                "route": app.route, "launches": c["launches"], "forwarded": c["forwarded"],
+                "h2d_bytes": c["h2d_bytes"], "d2h_bytes": c["d2h_bytes"], "qos_ms": i.qos_ms,
+                "state": state, "slot": i.slot, "kernels": app.kernels,
+                "registered_at": app.registered_at, "exited_at": exited_at}
+
+    def finish(self, app: App, kernels: list[dict]) -> dict:
+        """Final record (counters read before the slot is freed), history, policy, release."""
+        app.kernels = kernels
+        rec = self.record(app, "exited", time.time())
+        del self.apps[app.info.slot]
+        self.history.append(rec)
+        try:
+            with open(self.rd.history, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        except OSError as e:
+            log.error("cannot append to %s: %s", self.rd.history, e)
+        self.cb.release(app.info.slot)
+        self.decide("on_exit", app.info)
+        log.info("app %s (pid %d) finished: %d launches", app.info.name, app.info.pid, rec["launches"])
+        return rec
+
+    def by_pid(self, pid: int) -> App | None:
+        return next((a for a in self.apps.values() if a.info.pid == pid), None)
+
+    # --- handlers: one per request type ------------------------------------
+    def on_register(self, m: dict) -> dict:
+        pid = m["pid"]
+        start = proc_start(pid)
+        if start is None:
+            raise Reject(f"pid {pid} is not running")
+        app = self.by_pid(pid)
+        if app is not None and app.start != start:      # old app died, pid reused
+            self.finish(app, [])
+            app = None
+        if app is None:
+            try:
+                slot = self.cb.claim(pid)
+            except ControlBlockFull as e:
+                raise Reject(str(e)) from None
+            info = AppInfo(slot, pid, m["name"], m["class"], m["qos_ms"], m["quota_pct"], m["device"])
+            app = App(info, start, m["exe"], self.cb.control(slot)["registered_ns"] / 1e9)
+            self.apps[slot] = app
+            self.decide("on_register", info)
+            log.info("registered %s (pid %d, %s, %s) in slot %d: quota %d%% route %d", info.name, pid,
+                     info.cls, app.exe or "?", slot, app.quota_pct, app.route)
+        return schema.message("registered", slot=app.info.slot, quota_pct=app.quota_pct,
+                              route=app.route, controller_pid=os.getpid())
+
+    def on_exit(self, m: dict) -> dict:
+        app = self.apps.get(m["slot"])
+        if app is None or app.info.pid != m["pid"]:
+            raise Reject(f"slot {m['slot']} is not registered to pid {m['pid']}")
+        self.finish(app, m["kernels"])
+        return schema.message("ok")
+
+    def on_ping(self, m: dict) -> dict:
+        return schema.message("pong", controller_pid=os.getpid(), policy=self.policy.name,
+                              device=self.device, version=VERSION, apps=len(self.apps))
+
+    def on_list(self, m: dict) -> dict:
+        apps = [self.record(a) for a in sorted(self.apps.values(), key=lambda a: a.info.slot)]
+        return schema.message("apps", apps=apps + (list(self.history) if m["all"] else []))
+
+    def on_stop(self, m: dict) -> dict:
+        log.info("stop requested")
+        self.stopping = True
+        return schema.message("ok")
+
+
+def _preview(frames: list[bytes], n: int = 120) -> str:
+    return f"{len(frames)} frame(s) " + ", ".join(repr(f[:n]) + ("…" if len(f) > n else "") for f in frames[:4])
+
+
+# --- client side ------------------------------------------------------------
+
+def request(rd: RunDir, type: str, timeout: float = 1.0, **fields: Any) -> dict:
+    """Send one request to the controller in rd and return its reply.
+    Raises NoController when none answers, ColocateError on an error reply."""
+    if not rd.sock.exists():
+        raise NoController(f"no controller is running in {rd.path} (start one: colocate serve --detach)")
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    try:
+        s.connect(rd.endpoint)
+        s.send_multipart([b"", schema.encode(schema.message(type, **fields))])
+        if not s.poll(int(timeout * 1000)):
+            raise NoController(f"no controller answers on {rd.sock} (waited {timeout:g} s)")
+        reply = schema.decode(s.recv_multipart()[-1])
+    finally:
+        s.close()
+    if reply.get("type") == "error":
+        raise ColocateError(f"controller refused {type}: {reply.get('error')}")
+    return reply
+
+
+def ping(rd: RunDir, timeout: float = 1.0) -> dict | None:
+    try:
+        return request(rd, "ping", timeout)
+    except ColocateError:
+        return None
+
+
+# --- serve ------------------------------------------------------------------
+
+def read_pid(rd: RunDir) -> int | None:
+    try:
+        return int(rd.pidfile.read_text().strip() or 0) or None
+    except (OSError, ValueError):
+        return None
+
+
+def lock_pidfile(rd: RunDir) -> int:
+    """Hold an exclusive lock on serve.pid for the controller's lifetime and
+    write our pid into it.  Refuses when another controller holds it."""
+    while True:
+        fd = os.open(rd.pidfile, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            pid = read_pid(rd)
+            raise ColocateError(f"a controller is already running in {rd.path}"
+                                + (f" (pid {pid})" if pid else "") + "; stop it with `colocate stop`")
+        try:
+            same = os.stat(rd.pidfile).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:                                        # not unlinked by a stopping controller
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd
+        os.close(fd)
+
+
+def setup_logging(rd: RunDir, level: str, stderr: bool) -> None:
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+    handlers: list[logging.Handler] = [logging.FileHandler(rd.log)]
+    if stderr:
+        handlers.append(logging.StreamHandler())
+    for h in handlers:
+        h.setFormatter(fmt)
+        log.addHandler(h)
+    log.setLevel(level.upper())
+
+
+def policy(name: str) -> Policy:
+    try:
+        return make_policy(name)
+    except ValueError as e:
+        raise ColocateError(str(e), code=2) from None
+
+
+def serve(rd: RunDir, policy_name: str = "static", device: str = "sim", log_level: str = "info",
+          log_stderr: bool = True) -> None:
+    """Run a controller in the foreground until `stop`, SIGTERM or SIGINT."""
+    pol = policy(policy_name)
+    fd = lock_pidfile(rd)
+    try:
+        live = ping(rd, timeout=0.5)
+        if live:
+            raise ColocateError(f"a controller (pid {live['controller_pid']}) already answers on "
+                                f"{rd.sock}; stop it with `colocate stop`")
+        rd.sock.unlink(missing_ok=True)                 # stale socket of a dead controller
+        setup_logging(rd, log_level, log_stderr)
+        try:
+            ctl = Controller(rd, pol, device)
+        except (OSError, zmq.ZMQError) as e:
+            raise ColocateError(f"cannot start the controller in {rd.path}: {e}") from None
+
+        def on_signal(sig: int, _frame: Any) -> None:
+            log.info("got %s, stopping", signal.Signals(sig).name)
+            ctl.stopping = True
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        ctl.run()
+    finally:
+        if read_pid(rd) == os.getpid():
+            rd.pidfile.unlink(missing_ok=True)
+        os.close(fd)
+
+
+# --- controlling a controller from outside ----------------------------------
+
+def running_pid(rd: RunDir) -> int | None:
+    """pid in serve.pid, but only while a controller holds its lock (a stale
+    file's pid may belong to an unrelated process by now)."""
+    try:
+        fd = os.open(rd.pidfile, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None                                     # nobody holds it: stale
+    except BlockingIOError:
+        return read_pid(rd)
+    finally:
+        os.close(fd)
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while proc_start(pid) is not None:
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def log_tail(rd: RunDir, n: int = 20) -> str:
+    try:
+        return "\n".join(rd.log.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def start_background(rd: RunDir, policy: str, device: str, log_level: str = "info",
+                     timeout: float = 10.0, new_session: bool = True) -> tuple[subprocess.Popen, dict]:
+    """Start `colocate serve` as a background process and wait until it answers
+    ping.  Returns (process, pong); ColocateError with the log tail otherwise."""
+    cmd = [sys.executable, "-m", "controlplane.cli", "serve", "--runtime-dir", str(rd.path),
+           "--policy", policy, "--device", device, "--log-level", log_level, "--no-log-stderr"]
+    with open(rd.log, "ab") as out:                     # early errors land in the log too
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=new_session, close_fds=True)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            break
+        pong = ping(rd, timeout=0.2) if rd.sock.exists() else None
+        if pong and pong["controller_pid"] == proc.pid:
+            return proc, pong
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+        why = f"did not answer within {timeout:g} s"
+    else:
+        why = f"exited with code {proc.returncode}"
+    raise ColocateError(f"controller {why}; last lines of {rd.log}:\n{log_tail(rd)}")

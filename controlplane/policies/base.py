@@ -1,0 +1,94 @@
+"""The policy interface: one class, many policies.
+
+A policy sees application events and returns Decisions (quota and route per
+slot); the controller writes them into the control block.  The same objects
+drive the live controller and the discrete-event simulator, so a policy never
+does I/O of its own.
+
+    @register_policy("mine")
+    class Mine(Policy):
+        def on_register(self, app):
+            return [Decision(app.slot, quota_pct=50)]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class AppInfo:
+    slot: int
+    pid: int
+    name: str
+    cls: str                              # "qos" | "batch"
+    qos_ms: float | None = None
+    requested_quota_pct: int | None = None
+    device: str = "unknown"               # "sim" | "cuda" | "unknown"
+
+
+@dataclass(frozen=True)
+class Decision:
+    slot: int
+    quota_pct: int                        # SM share, 1..100
+    route: int = 0                        # 0 = local, N = process-pool worker N
+
+
+class Policy:
+    """Base policy: every hook decides nothing."""
+    name = "base"
+
+    def __init__(self, **opts):
+        self.opts = opts
+
+    def on_register(self, app: AppInfo) -> list[Decision]:
+        return []
+
+    def on_exit(self, app: AppInfo) -> list[Decision]:
+        return []
+
+    def on_query_begin(self, app: AppInfo, info: dict) -> list[Decision]:
+        return []
+
+    def on_query_end(self, app: AppInfo, info: dict) -> list[Decision]:
+        return []
+
+    def on_task_done(self, app: AppInfo, task: dict) -> list[Decision]:
+        return []
+
+    def on_tick(self, now_s: float) -> list[Decision]:
+        return []
+
+
+_REGISTRY: dict[str, type[Policy]] = {}
+
+
+def register_policy(name: str) -> Callable[[type[Policy]], type[Policy]]:
+    def deco(cls: type[Policy]) -> type[Policy]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"policy {name!r} registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+def _load_all() -> None:
+    """Import every module of this package once, so that each registers itself."""
+    import importlib
+    import pkgutil
+    from controlplane import policies
+    for m in pkgutil.iter_modules(policies.__path__):
+        importlib.import_module(f"{policies.__name__}.{m.name}")
+
+
+def policy_names() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def make_policy(name: str, **opts) -> Policy:
+    _load_all()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(sorted(_REGISTRY))})")
+    return _REGISTRY[name](**opts)

@@ -1,0 +1,220 @@
+"""Protocol v1 between applications (libcolocate.so), admin clients and the
+controller, as data.
+
+Transport: ZeroMQ ROUTER at ipc://RUNDIR/ctl.sock; clients are DEALER (or REQ)
+sockets sending [b"", json]; replies are [b"", json].  Every message is a JSON
+object with "v": 1 and "type".  To add a message type: one entry in REQUESTS
+(and its reply in REPLIES), one `on_<type>` method in daemon.Controller.
+`colocate schema` prints these tables.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+PROTOCOL = 1
+MAX_BYTES = 64 * 1024
+
+
+class SchemaError(ValueError):
+    """A message that does not follow the protocol; str() is the human text."""
+
+
+@dataclass(frozen=True)
+class F:
+    """One field: JSON type, required?, nullable?, allowed values/range."""
+    type: str                                  # int | number | str | bool | list | object
+    required: bool = True
+    null: bool = False
+    choices: tuple = ()
+    min: float | None = None
+    max: float | None = None
+    positive: bool = False                     # number must be > 0
+    items: dict[str, "F"] | None = None        # schema of the objects in a list
+    of: str = "object"                         # name of those objects
+    default: Any = None
+    doc: str = ""
+
+    def describe(self) -> str:
+        t = f"list[{self.of}]" if self.items is not None else self.type
+        if self.choices:
+            t = "|".join(json.dumps(c) for c in self.choices)
+        return t + ("|null" if self.null else "")
+
+    def bounds(self) -> str:
+        """The allowed range in words ("1..100", "> 0, <= 86400000"), or ""."""
+        if self.min is not None and self.max is not None:
+            return f"{self.min}..{self.max}"
+        parts = ["> 0"] if self.positive else []
+        parts += [f">= {self.min}"] if self.min is not None else []
+        parts += [f"<= {self.max}"] if self.max is not None else []
+        return ", ".join(parts)
+
+
+KERNEL = {
+    "name": F("str", doc="mangled kernel name"),
+    "launches": F("int", min=0),
+    "twin": F("bool", required=False, null=True, doc="simgpu ran it with a host twin"),
+}
+
+RECORD = {
+    "name": F("str"), "pid": F("int"), "class": F("str", choices=("qos", "batch")),
+    "quota_pct": F("int"), "route": F("int", doc="0 = local, N = worker N"),
+    "launches": F("int"), "forwarded": F("int"), "h2d_bytes": F("int"), "d2h_bytes": F("int"),
+    "qos_ms": F("number", null=True), "state": F("str", choices=("live", "exited")),
+    "slot": F("int"), "kernels": F("list", items=KERNEL, of="kernel"),
+    "registered_at": F("number", doc="unix time"), "exited_at": F("number", null=True),
+}
+
+REQUESTS: dict[str, dict[str, F]] = {
+    "register": {
+        "pid": F("int", min=1, max=2**31 - 1),
+        "name": F("str"),
+        "class": F("str", choices=("qos", "batch")),
+        "qos_ms": F("number", required=False, null=True, positive=True, max=86_400_000,
+                    doc="latency target"),
+        "quota_pct": F("int", required=False, null=True, min=1, max=100, doc="requested SM share"),
+        "device": F("str", required=False, choices=("sim", "cuda", "unknown"), default="unknown"),
+        "exe": F("str", required=False, default=""),
+    },
+    "exit": {
+        "pid": F("int", min=1, max=2**31 - 1),
+        "slot": F("int", min=0, max=2**31 - 1),
+        "kernels": F("list", required=False, items=KERNEL, of="kernel", default=[]),
+    },
+    "ping": {},
+    "list": {"all": F("bool", required=False, default=False, doc="include exited apps")},
+    "stop": {},
+}
+
+REPLIES: dict[str, dict[str, F]] = {
+    "registered": {"slot": F("int"), "quota_pct": F("int"), "route": F("int"), "controller_pid": F("int")},
+    "ok": {},
+    "pong": {"controller_pid": F("int"), "policy": F("str"), "device": F("str"),
+             "version": F("str"), "apps": F("int", doc="live apps")},
+    "apps": {"apps": F("list", items=RECORD, of="record")},
+    "error": {"error": F("str"), "in_reply_to": F("str", null=True)},
+}
+
+REPLY_TO = {"register": "registered", "exit": "ok", "ping": "pong", "list": "apps", "stop": "ok"}
+
+
+_PY = {"int": int, "number": (int, float), "str": str, "bool": bool, "list": list, "object": dict}
+
+
+def _jtype(v: Any) -> str:
+    return {bool: "bool", int: "int", float: "number", str: "str", list: "list",
+            dict: "object", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _check(path: str, name: str, f: F, v: Any) -> Any:
+    where = f"{path}: field {name!r}"
+    if v is None:
+        if f.null:
+            return None
+        raise SchemaError(f"{where} must not be null")
+    ok = isinstance(v, _PY[f.type]) and not (isinstance(v, bool) and f.type != "bool")
+    if not ok:
+        raise SchemaError(f"{where} must be {f.describe()}, got {_jtype(v)}")
+    if f.choices and v not in f.choices:
+        raise SchemaError(f"{where} must be one of {', '.join(map(str, f.choices))}, got {v!r}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise SchemaError(f"{where} must be finite")
+    if (f.positive and v <= 0 or f.min is not None and v < f.min
+            or f.max is not None and v > f.max):
+        raise SchemaError(f"{where} must be {f.bounds()}, got {v}")
+    if f.items is not None:
+        return [_fields(f"{path}.{name}[{i}]", f.items, x) for i, x in enumerate(v)]
+    return v
+
+
+def _fields(where: str, spec: dict[str, F], obj: Any) -> dict:
+    if not isinstance(obj, dict):
+        raise SchemaError(f"{where} must be an object, got {_jtype(obj)}")
+    out = dict(obj)
+    for name, f in spec.items():
+        if name not in obj:
+            if f.required:
+                raise SchemaError(f"{where}: missing field {name!r}")
+            out[name] = f.default.copy() if isinstance(f.default, list) else f.default
+        else:
+            out[name] = _check(where, name, f, obj[name])
+    return out
+
+
+def validate(msg: Any, table: dict[str, dict[str, F]] = REQUESTS) -> dict:
+    """Check a decoded message; return it with defaults filled in, or raise
+    SchemaError.  Unknown extra fields are kept (newer senders may add some)."""
+    if not isinstance(msg, dict):
+        raise SchemaError(f"a message must be a JSON object, got {_jtype(msg)}")
+    v = msg.get("v")
+    if "v" not in msg:
+        raise SchemaError(f"missing field 'v' (protocol version; this controller speaks v{PROTOCOL})")
+    if type(v) is not int or v != PROTOCOL:
+        raise SchemaError(f"unsupported protocol version {v!r} (this controller speaks v{PROTOCOL})")
+    t = msg.get("type")
+    if not isinstance(t, str):
+        raise SchemaError("missing field 'type'" if t is None else f"field 'type' must be str, got {_jtype(t)}")
+    if t not in table:
+        raise SchemaError(f"unknown message type {t!r} (known: {', '.join(table)})")
+    return _fields(t, table[t], msg)
+
+
+def _reject_constant(name: str) -> Any:
+    raise SchemaError(f"not valid JSON: {name} is not allowed")
+
+
+def decode(data: bytes) -> Any:
+    """bytes -> JSON value, refusing oversized, non-UTF-8 and non-JSON input."""
+    if len(data) > MAX_BYTES:
+        raise SchemaError(f"message too large ({len(data)} bytes > {MAX_BYTES})")
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise SchemaError("message is not UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise SchemaError(f"not valid JSON: {e.msg} at position {e.pos}") from None
+    except RecursionError:
+        raise SchemaError("not valid JSON: nested too deeply") from None
+
+
+def parse(data: bytes) -> dict:
+    return validate(decode(data))
+
+
+def message(type: str, **fields: Any) -> dict:
+    return {"v": PROTOCOL, "type": type, **fields}
+
+
+def encode(msg: dict) -> bytes:
+    return json.dumps(msg, separators=(",", ":")).encode()
+
+
+def error(text: str, in_reply_to: str | None = None) -> dict:
+    return message("error", error=text, in_reply_to=in_reply_to)
+
+
+def as_json() -> dict:
+    """The whole schema as plain JSON data (what `colocate schema --json` prints)."""
+    def fields(spec: dict[str, F]) -> dict:
+        out = {}
+        for n, f in spec.items():
+            d = {"type": f.describe(), "required": f.required}
+            if f.bounds():
+                d["range"] = f.bounds()
+            if not f.required and f.default is not None:
+                d["default"] = f.default
+            if f.doc:
+                d["doc"] = f.doc
+            out[n] = d
+        return out
+    return {
+        "version": PROTOCOL, "max_bytes": MAX_BYTES,
+        "envelope": {"v": {"type": "int", "required": True, "value": PROTOCOL},
+                     "type": {"type": "str", "required": True}},
+        "requests": {t: {"reply": REPLY_TO.get(t), "fields": fields(s)} for t, s in REQUESTS.items()},
+        "replies": {t: {"fields": fields(s)} for t, s in REPLIES.items()},
+        "objects": {"kernel": fields(KERNEL), "record": fields(RECORD)},
+    }

@@ -1,0 +1,154 @@
+"""Shared fixtures: a private runtime dir, a `colocate serve` subprocess, a
+DEALER client that talks protocol v1, and a helper to run the CLI."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """os.environ without colocate/simgpu settings that would leak into a test."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("COLOCATE_", "SIMGPU_")) and k not in ("LD_PRELOAD",)}
+    env.update(extra)
+    return env
+
+
+def colocate(*args: str, env: dict[str, str] | None = None, timeout: float = 30,
+             **kw) -> subprocess.CompletedProcess:
+    """Run the CLI as a user would (a fresh interpreter), capturing its output."""
+    return subprocess.run([PY, "-m", "controlplane.cli", *map(str, args)], cwd=ROOT,
+                          env=env or clean_env(), capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def new_rundir() -> Path:
+    # short: ipc socket paths are limited to 107 bytes
+    return Path(tempfile.mkdtemp(prefix="colo-", dir="/tmp"))
+
+
+@pytest.fixture
+def rundir():
+    d = new_rundir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Client:
+    """A DEALER playing the shim (or an admin client)."""
+
+    def __init__(self, rundir: Path):
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(f"ipc://{rundir}/ctl.sock")
+
+    def send(self, *frames: bytes) -> None:
+        self.sock.send_multipart(list(frames))
+
+    def recv(self, timeout: float = 3.0) -> dict:
+        assert self.sock.poll(int(timeout * 1000)), "controller did not answer"
+        frames = self.sock.recv_multipart()
+        assert len(frames) == 2 and frames[0] == b"", frames
+        return json.loads(frames[1])
+
+    def call(self, type: str, **fields) -> dict:
+        self.send(b"", json.dumps({"v": 1, "type": type, **fields}).encode())
+        return self.recv()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Controller:
+    """A `colocate serve` subprocess on its own runtime dir."""
+
+    def __init__(self, rundir: Path, *args: str):
+        self.rundir = rundir
+        self.log = open(rundir / "test-serve.out", "wb")
+        self.proc = subprocess.Popen([PY, "-m", "controlplane.cli", "serve", "--runtime-dir", str(rundir),
+                                      "--device", "sim", *args], cwd=ROOT, env=clean_env(),
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            assert self.proc.poll() is None, f"serve exited: {self.output()}"
+            if (self.rundir / "ctl.sock").exists():
+                c = self.client()
+                try:
+                    c.send(b"", b'{"v":1,"type":"ping"}')
+                    if c.sock.poll(200):
+                        return
+                finally:
+                    c.close()
+            time.sleep(0.05)
+        raise AssertionError(f"controller not ready: {self.output()}")
+
+    def output(self) -> str:
+        return (self.rundir / "test-serve.out").read_text(errors="replace")
+
+    def client(self) -> Client:
+        return Client(self.rundir)
+
+    def call(self, type: str, **fields) -> dict:
+        c = self.client()
+        try:
+            return c.call(type, **fields)
+        finally:
+            c.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def controller():
+    d = new_rundir()
+    ctl = Controller(d)
+    yield ctl
+    ctl.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def sleeper():
+    """Factory of `sleep` processes standing in for applications; all killed afterwards."""
+    procs = []
+
+    def start(seconds: int = 60) -> subprocess.Popen:
+        p = subprocess.Popen(["sleep", str(seconds)])
+        procs.append(p)
+        return p
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def wait_for(pred, timeout: float = 3.0, step: float = 0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
