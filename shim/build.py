@@ -23,9 +23,7 @@ CFLAGS = ["-O2", "-g", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-p
           "-fvisibility=hidden", "-pthread"]
 
 # --- cffi module: Python's view of the control block (same C source as the shim)
-ffibuilder = FFI()
-_hdr = (HERE / "ctlblock.h").read_text()
-ffibuilder.cdef("""
+CDEF = """
 #define CB_MAX_SLOTS 256
 #define CB_SLOT_FREE 0
 #define CB_SLOT_LIVE 1
@@ -49,12 +47,21 @@ void cb_release_slot(struct cb_block *cb, uint32_t idx);
 void cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route, uint32_t quota_pct);
 uint64_t cb_load64(const uint64_t *p);
 uint32_t cb_load32(const uint32_t *p);
-""")
-ffibuilder.set_source("shim._ctlblock", '#include "ctlblock.h"',
-                      # setuptools insists on paths relative to setup.py's folder
-                      sources=[os.path.relpath(HERE / "ctlblock.c")],
-                      include_dirs=[os.path.relpath(HERE)],
-                      extra_compile_args=["-std=gnu11"])
+"""
+
+
+def make_ffi(base: Path) -> FFI:
+    """The cffi builder, with paths under base (setuptools wants them relative
+    to setup.py's folder; an in-place build wants them absolute)."""
+    ffi = FFI()
+    ffi.cdef(CDEF)
+    ffi.set_source("shim._ctlblock", '#include "ctlblock.h"',
+                   sources=[str(base / "ctlblock.c")], include_dirs=[str(base)],
+                   extra_compile_args=["-std=gnu11"])
+    return ffi
+
+
+ffibuilder = make_ffi(Path(os.path.relpath(HERE)))
 
 
 def cuda_home() -> Path:
@@ -123,7 +130,11 @@ def build_native() -> None:
     fake_src = sorted((HERE / "fakecuda").glob("*.c"))
     if fake_src:
         _link(LIB / "fakecuda" / "libcuda.so.1", fake_src,
-              ["-Wl,-z,defs", "-Wl,-soname,libcuda.so.1", "-ldl", "-lpthread"], headers)
+              # -Bsymbolic: like the real driver, its own calls between entry
+              # points (cuLaunchKernel_ptsz -> cuLaunchKernel) stay inside it
+              # instead of landing in a preloaded hook.
+              ["-Wl,-z,defs", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", "-ldl", "-lpthread"],
+              headers)
 
 
 def build_inplace() -> None:
@@ -133,7 +144,7 @@ def build_inplace() -> None:
     target = next(HERE.glob("_ctlblock*.so"), None)
     if target is None or not _newer(target, [HERE / "ctlblock.c", HERE / "ctlblock.h", Path(__file__)]):
         with tempfile.TemporaryDirectory() as tmp:
-            so = ffibuilder.compile(tmpdir=tmp, verbose=False)
+            so = make_ffi(HERE).compile(tmpdir=tmp, verbose=False)
             for old in HERE.glob("_ctlblock*.so"):
                 old.unlink()
             shutil.copy(so, HERE / Path(so).name)

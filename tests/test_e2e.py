@@ -20,6 +20,9 @@ from shim import paths
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "bench" / "bin"
 COLOCATE = [sys.executable, "-m", "controlplane.cli"]
+# simgpu's modelled time stretched 1000x: a 64x64 hotspot step then takes
+# ~3.5 ms, so an app is still running while the test looks at it.
+SLOW_DEVICE = {**os.environ, "SIMGPU_TIMESCALE": "1000"}
 
 pytestmark = pytest.mark.skipif(not (BIN / "vecadd").exists() or not paths.SIMGPU_CUDART.exists(),
                                 reason="bench programs or simgpu not built (make build)")
@@ -108,8 +111,9 @@ def test_counters_match_what_the_program_did(controller, rundir, prog, args, cls
 def test_live_app_is_listed_with_its_target(controller, rundir):
     proc = subprocess.Popen([*COLOCATE, "run", "--runtime-dir", str(rundir), "--device", "sim",
                              "--name", "live-hot", "--class", "qos", "--qos-ms", "25", "--",
-                             str(BIN / "hotspot"), "--size", "64", "--iters", "5", "--repeat", "400"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(BIN / "hotspot"), "--size", "64", "--iters", "5", "--repeat", "2000"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=SLOW_DEVICE)
     try:
         rec = wait_for(lambda: [a for a in json.loads(colocate("quotas", "--json", rundir=rundir).stdout)
                                 if a["name"] == "live-hot" and a["launches"] > 0],
@@ -125,8 +129,9 @@ def test_live_app_is_listed_with_its_target(controller, rundir):
 def test_app_survives_a_controller_killed_mid_run(controller, rundir):
     proc = subprocess.Popen([*COLOCATE, "run", "--runtime-dir", str(rundir), "--device", "sim",
                              "--name", "orphan", "--", str(BIN / "hotspot"), "--size", "64",
-                             "--iters", "5", "--repeat", "60"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--iters", "5", "--repeat", "300"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=SLOW_DEVICE)
     wait_for(lambda: any(a["name"] == "orphan" and a["launches"] > 0
                          for a in json.loads(colocate("quotas", "--json", rundir=rundir).stdout)),
              what="app registered and launching")
@@ -167,5 +172,5 @@ def test_driver_api_launches_are_counted(controller, rundir):
     rec = wait_for(lambda: (r := app_record(rundir, "drv"))["state"] == "exited" and r,
                    what="final record")
     assert rec["launches"] == int(m.group(1)) >= 15
-    named = {k["name"]: k["launches"] for k in rec["kernels"]}
-    assert named.get("add_one", 0) >= 15, named
+    # the module's and the library's add_one are two functions of one name
+    assert sum(k["launches"] for k in rec["kernels"] if k["name"] == "add_one") == rec["launches"]
