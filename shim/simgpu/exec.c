@@ -1,0 +1,189 @@
+/*
+ * exec.c - what a queued operation does, and how long it takes, on the
+ * executor thread of its stream.
+ *
+ * sg_exec_op() gets the device time t0 at which the operation may start
+ * (its stream's clock, its enqueue time and its dependencies) and returns
+ * its modelled end time; with a timescale > 0 it also waits, in wall time,
+ * until then, so that the host sees the device being busy.
+ *
+ *   kernel   twin on the CPU (its CPU time overlaps the modelled time),
+ *            then SIMGPU_LAUNCH_US, then the work in the device model
+ *   copy     bytes / PCIe rate (host<->device) or / BW (device<->device)
+ *   memset   bytes / BW
+ *   record   completes the event at t0
+ *   host fn  runs the function; takes the wall time it took
+ */
+#include <limits.h>
+#include <linux/futex.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "simgpu_impl.h"
+
+void sg_futex_wake(atomic_int *addr)
+{
+	syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+struct twin_call {
+	simgpu_twin_fn       twin;
+	simgpu_cost_fn       cost;
+	const simgpu_launch *l;
+	double               flops, bytes;
+};
+
+static void call_twin(void *arg)
+{
+	struct twin_call *c = arg;
+
+	c->twin(c->l);
+}
+
+static void call_cost(void *arg)
+{
+	struct twin_call *c = arg;
+
+	c->cost(c->l, &c->flops, &c->bytes);
+}
+
+static double exec_kernel(struct sg_op *op, double t0)
+{
+	struct sg_kernel *k = op->u.kern.k;
+	simgpu_launch *l = &op->u.kern.l;
+	struct twin_call c = { k->twin, k->cost, l, 0, 0 };
+	double threads = (double)l->grid.x * l->grid.y * l->grid.z *
+			 (double)l->block.x * l->block.y * l->block.z;
+	struct sg_work w;
+	double tj, end;
+
+	if (k->twin && sg_protected_call(call_twin, &c) < 0) {
+		sg_log("kernel %s faulted: illegal address", k->name);
+		sg_async_error(cudaErrorIllegalAddress, 1);
+	}
+	if (k->cost && sg_protected_call(call_cost, &c) == 0 &&
+	    isfinite(c.flops) && isfinite(c.bytes) && c.flops >= 0 && c.bytes >= 0) {
+		w.flops = c.flops;
+		w.bytes = c.bytes;
+	} else {
+		w.flops = threads * sg_cfg.flops_per_thread;
+		w.bytes = threads * sg_cfg.bytes_per_thread;
+	}
+	w.sms = sg_kernel_sms(l);
+	if (op->consumed) {
+		/* the launcher lent us its argument pointers: release it */
+		atomic_store(op->consumed, 1);
+		sg_futex_wake(op->consumed);
+		op->consumed = NULL;
+		l->args = NULL;
+	}
+	tj = t0 + sg_cfg.launch_s;
+	if (sg_cfg.timescale > 0) {
+		sg_sleep_until(tj);
+		end = sg_model_run(&w, tj);
+	} else {
+		end = tj + sg_model_solo(&w);
+	}
+	atomic_fetch_add_explicit(&k->modelled_ns, (unsigned long long)llround((end - t0) * 1e9),
+				  memory_order_relaxed);
+	return end;
+}
+
+struct copy_call {
+	void       *dst;
+	const void *src;
+	size_t      n;
+	int         val;
+};
+
+static void call_memcpy(void *arg)
+{
+	struct copy_call *c = arg;
+
+	memmove(c->dst, c->src, c->n);
+}
+
+static void call_memset(void *arg)
+{
+	struct copy_call *c = arg;
+
+	memset(c->dst, c->val, c->n);
+}
+
+static double exec_copy(struct sg_op *op, double t0)
+{
+	struct copy_call c = { op->u.copy.dst, op->u.copy.src, op->u.copy.n, 0 };
+	double rate, end;
+
+	if (c.n && sg_protected_call(call_memcpy, &c) < 0) {
+		sg_log("copy of %zu bytes faulted", c.n);
+		sg_async_error(cudaErrorIllegalAddress, 1);
+	}
+	free(op->u.copy.owned);
+	switch (op->u.copy.dir) {
+	case SG_H2D:
+	case SG_D2H:
+		rate = sg_cfg.pcie;
+		break;
+	case SG_D2D:
+		rate = sg_cfg.bw;
+		break;
+	default:
+		return t0;
+	}
+	end = t0 + (double)c.n / rate;
+	sg_sleep_until(end);
+	return end;
+}
+
+static double exec_memset(struct sg_op *op, double t0)
+{
+	struct copy_call c = { op->u.set.dst, NULL, op->u.set.n, op->u.set.val };
+	double end;
+
+	if (c.n && sg_protected_call(call_memset, &c) < 0) {
+		sg_log("memset of %zu bytes faulted", c.n);
+		sg_async_error(cudaErrorIllegalAddress, 1);
+	}
+	end = t0 + (double)c.n / sg_cfg.bw;
+	sg_sleep_until(end);
+	return end;
+}
+
+static double host_end(double t0)
+{
+	double now = sg_dev_now();
+
+	return now > t0 ? now : t0;
+}
+
+double sg_exec_op(struct sg_stream *s, struct sg_op *op, double t0)
+{
+	switch (op->kind) {
+	case SG_OP_KERNEL:
+		return exec_kernel(op, t0);
+	case SG_OP_COPY:
+		return exec_copy(op, t0);
+	case SG_OP_MEMSET:
+		return exec_memset(op, t0);
+	case SG_OP_RECORD:
+		sg_event_complete(op->u.rec.ev, op->u.rec.gen, t0);
+		return t0;
+	case SG_OP_WAIT:
+		return t0;
+	case SG_OP_HOST:
+		op->u.host.fn(op->u.host.data);
+		return host_end(t0);
+	case SG_OP_CALLBACK:
+		op->u.cb.cb(op->u.cb.handle, sg_sticky(), op->u.cb.data);
+		return host_end(t0);
+	case SG_OP_FREE:
+		sg_arena_free(op->u.free.ptr);
+		return t0;
+	}
+	(void)s;
+	return t0;
+}

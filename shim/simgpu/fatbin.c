@@ -1,0 +1,380 @@
+/*
+ * fatbin.c - read what simgpu needs from the device code nvcc embeds:
+ * each kernel's parameter layout, and the initial values of __device__
+ * variables.
+ *
+ * Why: a launch is asynchronous, and its args[] point into the caller's
+ * stack frame, so the launch must copy the argument values - and only the
+ * cubin knows how big each one is.  Without a layout a launch still works
+ * but waits until the executor has consumed the arguments.
+ *
+ * Format (reverse-engineered, stable since CUDA 10):
+ *   wrapper  { u32 magic 0x466243b1; u32 version; const void *fatbin; ... }
+ *   fatbin   { u32 magic 0xBA55ED50; u16 version; u16 header_size;
+ *              u64 payload_size } then entries
+ *   entry    { u16 kind (1 PTX, 2 ELF); u16 version; u32 header_size;
+ *              u64 payload_size; ... u64 flags @40; u64 raw_size @56 }
+ *            flags 0x2000: LZ4 payload, 0x8000: zstd payload (CUDA 13 uses
+ *            zstd with -Xfatbin -compress-all and for PTX)
+ *   cubin    an ELF file; section ".nv.info.<kernel>" holds attribute
+ *            records { u8 format; u8 attribute; u16 size-or-value; data }
+ *            and EIATTR_KPARAM_INFO (0x17) records
+ *            { u32 index; u16 ordinal; u16 offset; u32 flags } where the
+ *            parameter's size in bytes is flags >> 18.
+ * Compressed entries are inflated with libzstd / liblz4 when the system
+ * has them (dlopen; no build dependency).  Every offset read from the
+ * image is bounds-checked: a damaged image means "layout unknown".
+ */
+#include <dlfcn.h>
+#include <elf.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simgpu_impl.h"
+
+#define FATBIN_MAGIC        0xBA55ED50u
+#define ENTRY_ELF           2
+#define FLAG_LZ4            0x2000
+#define FLAG_ZSTD           0x8000
+#define EIATTR_KPARAM_INFO  0x17
+#define EIFMT_SVAL          4
+#define MAX_IMAGE           (512u << 20)
+
+struct image {
+	const uint8_t *p;
+	size_t         n;
+};
+
+struct sg_fatbin {
+	const void     *wrapper;
+	pthread_mutex_t mu;
+	int             parsed;
+	struct image   *img;
+	int             nimg;
+};
+
+struct fatbin_wrapper {
+	int         magic;
+	int         version;
+	const void *data;
+	void       *filename_or_fatbins;
+};
+
+static inline uint16_t rd16(const uint8_t *p)
+{
+	uint16_t v;
+
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+static inline uint32_t rd32(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+static inline uint64_t rd64(const uint8_t *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+/* ---------------------------------------------------------------- inflate */
+
+static size_t (*zstd_decompress)(void *, size_t, const void *, size_t);
+static unsigned (*zstd_is_error)(size_t);
+static int (*lz4_decompress)(const char *, char *, int, int);
+static pthread_once_t codec_once = PTHREAD_ONCE_INIT;
+
+static void load_codecs(void)
+{
+	void *h = dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL);
+
+	if (h) {
+		*(void **)&zstd_decompress = dlsym(h, "ZSTD_decompress");
+		*(void **)&zstd_is_error = dlsym(h, "ZSTD_isError");
+	}
+	h = dlopen("liblz4.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (h)
+		*(void **)&lz4_decompress = dlsym(h, "LZ4_decompress_safe");
+}
+
+static uint8_t *inflate(const uint8_t *src, size_t n, size_t comp_n, size_t raw_n,
+			uint64_t flags)
+{
+	uint8_t *dst;
+
+	if (raw_n == 0 || raw_n > MAX_IMAGE)
+		return NULL;
+	pthread_once(&codec_once, load_codecs);
+	dst = malloc(raw_n);
+	if (!dst)
+		return NULL;
+	if ((flags & FLAG_ZSTD) && zstd_decompress && zstd_is_error) {
+		size_t r = zstd_decompress(dst, raw_n, src, comp_n ? comp_n : n);
+
+		if (!zstd_is_error(r) && r == raw_n)
+			return dst;
+	} else if ((flags & FLAG_LZ4) && lz4_decompress && n < (1u << 31)) {
+		int r = lz4_decompress((const char *)src, (char *)dst,
+				       (int)(comp_n && comp_n <= n ? comp_n : n), (int)raw_n);
+
+		if (r > 0)
+			return dst;
+	}
+	free(dst);
+	return NULL;
+}
+
+/* ---------------------------------------------------------------- fatbin */
+
+static void add_image(struct sg_fatbin *fb, const uint8_t *p, size_t n)
+{
+	struct image *ni;
+
+	if (n < sizeof(Elf64_Ehdr) || memcmp(p, ELFMAG, SELFMAG) != 0 || p[EI_CLASS] != ELFCLASS64)
+		return;
+	ni = realloc(fb->img, sizeof(*ni) * (size_t)(fb->nimg + 1));
+	if (!ni)
+		return;
+	fb->img = ni;
+	fb->img[fb->nimg].p = p;
+	fb->img[fb->nimg].n = n;
+	fb->nimg++;
+}
+
+static void parse(struct sg_fatbin *fb)
+{
+	const struct fatbin_wrapper *w = fb->wrapper;
+	const uint8_t *base, *p, *end;
+	uint64_t fat_size;
+	uint16_t hdr;
+
+	if (!w || !w->data)
+		return;
+	base = w->data;
+	if (rd32(base) != FATBIN_MAGIC)
+		return;
+	hdr = rd16(base + 6);
+	fat_size = rd64(base + 8);
+	if (hdr < 16 || fat_size > MAX_IMAGE)
+		return;
+	p = base + hdr;
+	end = p + fat_size;
+	while (p + 64 <= end) {
+		uint16_t kind = rd16(p);
+		uint32_t ehdr = rd32(p + 4);
+		uint64_t size = rd64(p + 8);
+		uint64_t comp = rd64(p + 16);
+		uint64_t flags = rd64(p + 40);
+		uint64_t raw = rd64(p + 56);
+		const uint8_t *payload = p + ehdr;
+
+		if (ehdr < 64 || size > (uint64_t)(end - p) || payload + size > end)
+			break;
+		if (kind == ENTRY_ELF) {
+			if (flags & (FLAG_LZ4 | FLAG_ZSTD)) {
+				uint8_t *img = inflate(payload, size, comp, raw, flags);
+
+				if (img)
+					add_image(fb, img, raw);   /* kept for the process' life */
+			} else {
+				add_image(fb, payload, size);
+			}
+		}
+		p = payload + size;
+	}
+}
+
+struct sg_fatbin *sg_fatbin_open(const void *wrapper)
+{
+	struct sg_fatbin *fb = calloc(1, sizeof(*fb));
+
+	if (!fb)
+		return NULL;
+	fb->wrapper = wrapper;
+	pthread_mutex_init(&fb->mu, NULL);
+	return fb;     /* parsed lazily: registration runs before main */
+}
+
+static void ensure_parsed(struct sg_fatbin *fb)
+{
+	pthread_mutex_lock(&fb->mu);
+	if (!fb->parsed) {
+		parse(fb);
+		fb->parsed = 1;
+	}
+	pthread_mutex_unlock(&fb->mu);
+}
+
+/* ---------------------------------------------------------------- ELF */
+
+/* Section header i of an image, or NULL if out of bounds. */
+static const Elf64_Shdr *shdr(const struct image *im, unsigned i)
+{
+	const Elf64_Ehdr *eh = (const Elf64_Ehdr *)im->p;
+	uint64_t off;
+
+	if (eh->e_shentsize < sizeof(Elf64_Shdr) || i >= eh->e_shnum)
+		return NULL;
+	off = eh->e_shoff + (uint64_t)i * eh->e_shentsize;
+	if (off > im->n || im->n - off < sizeof(Elf64_Shdr))
+		return NULL;
+	return (const Elf64_Shdr *)(im->p + off);
+}
+
+static int sec_ok(const struct image *im, const Elf64_Shdr *s)
+{
+	return s->sh_type == SHT_NOBITS ||
+	       (s->sh_offset <= im->n && s->sh_size <= im->n - s->sh_offset);
+}
+
+/* NUL-terminated string at offset o of string section st, or NULL. */
+static const char *str_at(const struct image *im, const Elf64_Shdr *st, uint64_t o)
+{
+	const char *s;
+
+	if (!st || !sec_ok(im, st) || st->sh_type == SHT_NOBITS || o >= st->sh_size)
+		return NULL;
+	s = (const char *)im->p + st->sh_offset + o;
+	return memchr(s, 0, st->sh_size - o) ? s : NULL;
+}
+
+static const char *sec_name(const struct image *im, const Elf64_Shdr *s)
+{
+	const Elf64_Ehdr *eh = (const Elf64_Ehdr *)im->p;
+
+	return str_at(im, shdr(im, eh->e_shstrndx), s->sh_name);
+}
+
+static int kparams(const struct image *im, const Elf64_Shdr *s, struct sg_params *out)
+{
+	const uint8_t *p = im->p + s->sh_offset, *end = p + s->sh_size;
+	uint32_t off[4096], size[4096];
+	int n = 0, i;
+	uint32_t total = 0;
+
+	memset(size, 0, sizeof(size));
+	while (p + 4 <= end) {
+		uint8_t fmt = p[0], attr = p[1];
+		uint16_t v = rd16(p + 2);
+
+		if (fmt == EIFMT_SVAL) {
+			if (v > end - (p + 4))
+				return -1;
+			if (attr == EIATTR_KPARAM_INFO && v >= 12) {
+				uint16_t ord = rd16(p + 8), o = rd16(p + 10);
+				uint32_t fl = rd32(p + 12), sz = fl >> 18;
+
+				if (ord >= 4096 || sz == 0)
+					return -1;
+				off[ord] = o;
+				size[ord] = sz;
+				if (ord + 1 > n)
+					n = ord + 1;
+				if (o + sz > total)
+					total = o + sz;
+			}
+			p += 4 + v;
+		} else {
+			p += 4;
+		}
+	}
+	for (i = 0; i < n; i++)
+		if (!size[i])
+			return -1;    /* a hole: do not guess */
+	out->off = malloc(sizeof(uint32_t) * (size_t)(n ? n : 1));
+	out->size = malloc(sizeof(uint32_t) * (size_t)(n ? n : 1));
+	if (!out->off || !out->size) {
+		free(out->off);
+		free(out->size);
+		out->off = out->size = NULL;
+		return -1;
+	}
+	memcpy(out->off, off, sizeof(uint32_t) * (size_t)n);
+	memcpy(out->size, size, sizeof(uint32_t) * (size_t)n);
+	out->total = total;
+	out->n = n;
+	return 0;
+}
+
+int sg_fatbin_params(struct sg_fatbin *fb, const char *name, struct sg_params *p)
+{
+	static const char pre[] = ".nv.info.";
+	int i;
+
+	p->n = -1;
+	if (!fb || !name)
+		return -1;
+	ensure_parsed(fb);
+	for (i = 0; i < fb->nimg; i++) {
+		const struct image *im = &fb->img[i];
+		const Elf64_Ehdr *eh = (const Elf64_Ehdr *)im->p;
+		unsigned k;
+
+		for (k = 1; k < eh->e_shnum; k++) {
+			const Elf64_Shdr *s = shdr(im, k);
+			const char *nm;
+
+			if (!s || !sec_ok(im, s) || s->sh_type == SHT_NOBITS)
+				continue;
+			nm = sec_name(im, s);
+			if (!nm || strncmp(nm, pre, sizeof(pre) - 1) != 0 ||
+			    strcmp(nm + sizeof(pre) - 1, name) != 0)
+				continue;
+			if (kparams(im, s, p) == 0)
+				return 0;
+		}
+	}
+	return -1;
+}
+
+int sg_fatbin_var_init(struct sg_fatbin *fb, const char *name, void *dst, size_t n)
+{
+	int i;
+
+	if (!fb || !name)
+		return -1;
+	ensure_parsed(fb);
+	for (i = 0; i < fb->nimg; i++) {
+		const struct image *im = &fb->img[i];
+		const Elf64_Ehdr *eh = (const Elf64_Ehdr *)im->p;
+		unsigned k;
+
+		for (k = 1; k < eh->e_shnum; k++) {
+			const Elf64_Shdr *s = shdr(im, k), *st, *ds;
+			uint64_t j, nsym;
+
+			if (!s || s->sh_type != SHT_SYMTAB || !sec_ok(im, s) ||
+			    s->sh_entsize < sizeof(Elf64_Sym))
+				continue;
+			st = shdr(im, s->sh_link);
+			nsym = s->sh_size / s->sh_entsize;
+			for (j = 1; j < nsym; j++) {
+				const Elf64_Sym *sym = (const Elf64_Sym *)(im->p + s->sh_offset +
+									   j * s->sh_entsize);
+				const char *nm = str_at(im, st, sym->st_name);
+				size_t len;
+
+				if (!nm || strcmp(nm, name) != 0)
+					continue;
+				ds = shdr(im, sym->st_shndx);
+				if (!ds || !sec_ok(im, ds))
+					return -1;
+				if (ds->sh_type == SHT_NOBITS)
+					return 0;      /* zero-initialised */
+				len = sym->st_size < n ? sym->st_size : n;
+				if (sym->st_value > ds->sh_size || len > ds->sh_size - sym->st_value)
+					return -1;
+				memcpy(dst, im->p + ds->sh_offset + sym->st_value, len);
+				return 0;
+			}
+		}
+	}
+	return -1;
+}
