@@ -2,16 +2,19 @@
 
     python bench/overhead.py [--launches N] [--reps K] [--json] [--real-gpu]
 
-Runs bench/bin/launchloop K times without and K times with
-``LD_PRELOAD=shim/lib/libcolocate.so``, alternating (without, with, without,
-with, ...), and reports the median launches/s of each, their ratio
-(with / without) and the time the shim adds per launch.
+Runs bench/bin/launchloop K times on each of three sides, interleaved:
+  without   no shim
+  with      LD_PRELOAD=shim/lib/libcolocate.so, no controller (the shim's
+            native fallback: counting into a private line)
+  registered  the same, registered with a running controller (counting into
+            its slot of the shared control block: the production path)
+and reports the median launches/s of each, the ratio to `without` and the
+time the shim adds per launch.
 
 By default the program runs on simgpu (``LD_LIBRARY_PATH=shim/lib/simgpu``,
 ``SIMGPU_TIMESCALE=0`` so kernels take no simulated time, a fresh
-``SIMGPU_DIR`` per run).  The shim gets ``COLOCATE_QUIET=1`` and an empty
-``COLOCATE_RUNTIME_DIR``, so it finds no controller and measures its native
-fast path.  ``--real-gpu`` leaves the real libcudart in place (GPU machines).
+``SIMGPU_DIR`` per run).  ``--real-gpu`` leaves the real libcudart in place
+(GPU machines).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,9 +83,11 @@ def parse_launchloop(out: str) -> dict:
     return vals
 
 
-def run_once(launches: int, with_shim: bool, real_gpu: bool, timeout: float) -> dict:
+def run_once(launches: int, with_shim: bool, real_gpu: bool, timeout: float,
+             runtime_dir: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="simgpu-") as sdir, \
-            tempfile.TemporaryDirectory(prefix="colocate-rt-") as rdir:
+            tempfile.TemporaryDirectory(prefix="colocate-rt-") as empty:
+        rdir = runtime_dir or empty
         cmd = [str(LAUNCHLOOP), "--launches", str(launches)]
         try:
             p = subprocess.run(cmd, env=_env(with_shim, real_gpu, sdir, rdir), cwd=REPO,
@@ -99,67 +105,66 @@ def run_once(launches: int, with_shim: bool, real_gpu: bool, timeout: float) -> 
         raise RunError(f"{e}\n{tail}") from None
 
 
-def summarize(without: list[dict], with_: list[dict]) -> dict:
-    def side(runs: list[dict]) -> dict:
-        lps = [r["launches_per_s"] for r in runs]
-        issue_ns = [r["issue_s"] * 1e9 / r["launches"] for r in runs]
-        med = statistics.median(lps)
-        return {
-            "launches_per_s": lps,
-            "median_launches_per_s": med,
-            "min_launches_per_s": min(lps),
-            "max_launches_per_s": max(lps),
-            "ns_per_launch": 1e9 / med if med > 0 else float("inf"),
-            "median_issue_ns_per_launch": statistics.median(issue_ns),
-        }
-
-    a, b = side(without), side(with_)
-    ratio = b["median_launches_per_s"] / a["median_launches_per_s"] \
-        if a["median_launches_per_s"] > 0 else float("nan")
+def side(runs: list[dict]) -> dict:
+    lps = [r["launches_per_s"] for r in runs]
+    issue_ns = [r["issue_s"] * 1e9 / r["launches"] for r in runs]
+    med = statistics.median(lps)
     return {
-        "without": a,
-        "with": b,
-        "ratio": ratio,
-        "added_ns_per_launch": b["ns_per_launch"] - a["ns_per_launch"],
-        "added_issue_ns_per_launch": b["median_issue_ns_per_launch"]
-        - a["median_issue_ns_per_launch"],
+        "launches_per_s": lps,
+        "median_launches_per_s": med,
+        "min_launches_per_s": min(lps),
+        "max_launches_per_s": max(lps),
+        "ns_per_launch": 1e9 / med if med > 0 else float("inf"),
+        "median_issue_ns_per_launch": statistics.median(issue_ns),
     }
 
 
-def print_table(res: dict) -> None:
-    def m(x: float) -> str:
-        return f"{x / 1e6:,.3f} M"
+def summarize(runs: dict[str, list[dict]]) -> dict:
+    """Per side its figures, plus ratio and added ns against `without`."""
+    sides = {name: side(r) for name, r in runs.items()}
+    base = sides["without"]
+    for name, s in sides.items():
+        s["ratio"] = s["median_launches_per_s"] / base["median_launches_per_s"]
+        s["added_ns_per_launch"] = s["ns_per_launch"] - base["ns_per_launch"]
+        s["added_issue_ns_per_launch"] = (s["median_issue_ns_per_launch"]
+                                          - base["median_issue_ns_per_launch"])
+    return {"sides": sides}
 
-    w, s = res["without"], res["with"]
-    rows = [
-        ("median launches/s", m(w["median_launches_per_s"]), m(s["median_launches_per_s"])),
-        ("min .. max launches/s",
-         f"{w['min_launches_per_s'] / 1e6:,.3f} .. {m(w['max_launches_per_s'])}",
-         f"{s['min_launches_per_s'] / 1e6:,.3f} .. {m(s['max_launches_per_s'])}"),
-        ("ns/launch (total)", f"{w['ns_per_launch']:.1f}", f"{s['ns_per_launch']:.1f}"),
-        ("ns/launch (issue loop)", f"{w['median_issue_ns_per_launch']:.1f}",
-         f"{s['median_issue_ns_per_launch']:.1f}"),
-    ]
-    title = f"launchloop on {res['device']}, {res['launches']} launches, {res['reps']} runs/side"
-    footer = (f"with/without = {res['ratio']:.3f}, +{res['added_ns_per_launch']:.1f} ns/launch "
-              f"(issue loop +{res['added_issue_ns_per_launch']:.1f} ns)")
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(title)
-        print(f"{'':28s} {'without shim':>24s} {'with shim':>24s}")
-        for r in rows:
-            print(f"{r[0]:28s} {r[1]:>24s} {r[2]:>24s}")
-        print(footer)
-        return
-    t = Table(title=title, caption=footer)
+
+def print_table(res: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    sides = res["sides"]
+    t = Table(title=f"launchloop on {res['device']}, {res['launches']} launches, "
+                    f"{res['reps']} runs per side (medians)")
     t.add_column("")
-    t.add_column("without shim", justify="right")
-    t.add_column("with libcolocate.so", justify="right")
-    for r in rows:
-        t.add_row(*r)
+    for name in sides:
+        t.add_column(name, justify="right")
+    rows = [
+        ("launches/s", lambda s: f"{s['median_launches_per_s'] / 1e6:,.3f} M"),
+        ("min .. max", lambda s: f"{s['min_launches_per_s'] / 1e6:,.2f} .. "
+                                 f"{s['max_launches_per_s'] / 1e6:,.2f} M"),
+        ("ns/launch (issue loop)", lambda s: f"{s['median_issue_ns_per_launch']:.1f}"),
+        ("ratio to without", lambda s: f"{s['ratio']:.3f}"),
+        ("added ns/launch (issue)", lambda s: f"{s['added_issue_ns_per_launch']:+.1f}"),
+    ]
+    for label, fmt in rows:
+        t.add_row(label, *(fmt(s) for s in sides.values()))
     Console().print(t)
+
+
+def start_controller(rdir: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "serve", "--runtime-dir",
+                             rdir, "--device", "sim"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        if subprocess.run([sys.executable, "-m", "controlplane.cli", "ping", "--runtime-dir", rdir],
+                          cwd=REPO, capture_output=True).returncode == 0:
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise RunError("controller did not start")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,19 +188,27 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr)
         return 2
 
-    without: list[dict] = []
-    with_: list[dict] = []
+    runs: dict[str, list[dict]] = {"without": [], "with": [], "registered": []}
+    rdir = tempfile.mkdtemp(prefix="cl-ovh-", dir="/tmp")
+    ctl = None
     try:
+        ctl = start_controller(rdir)
         for _ in range(args.reps):
-            without.append(run_once(args.launches, False, args.real_gpu, args.timeout))
-            with_.append(run_once(args.launches, True, args.real_gpu, args.timeout))
+            runs["without"].append(run_once(args.launches, False, args.real_gpu, args.timeout))
+            runs["with"].append(run_once(args.launches, True, args.real_gpu, args.timeout))
+            runs["registered"].append(run_once(args.launches, True, args.real_gpu, args.timeout,
+                                               runtime_dir=rdir))
     except RunError as e:
         if args.json:
             print(json.dumps({"error": str(e)}))
         print(f"overhead: {e}", file=sys.stderr)
         return 1
+    finally:
+        if ctl:
+            ctl.terminate()
+            ctl.wait()
 
-    res = summarize(without, with_)
+    res = summarize(runs)
     res.update(launches=args.launches, reps=args.reps,
                device="real GPU" if args.real_gpu else "simgpu")
     if args.json:

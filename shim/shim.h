@@ -29,7 +29,7 @@ extern struct cb_control *shim_ctl;
 
 /* Non-zero while a runtime hook is inside the real runtime: the driver hooks
  * then do not count again what the runtime hook already counted. */
-extern __thread int shim_in_runtime;
+extern __thread int shim_in_runtime __attribute__((tls_model("initial-exec")));
 
 /* Start-up: cheap after the first call (one relaxed load). */
 void shim_start_slow(void);

@@ -23,7 +23,9 @@ static struct cb_control local_ctl __attribute__((aligned(CB_LINE)));
 struct cb_counters *shim_ctr = &local_ctr;
 struct cb_control *shim_ctl = &local_ctl;
 int shim_started;
-__thread int shim_in_runtime;
+/* initial-exec: a preloaded library gets static TLS, and the launch path
+ * then pays no __tls_get_addr call */
+__thread int shim_in_runtime __attribute__((tls_model("initial-exec")));
 
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cb_block *block;
