@@ -169,7 +169,7 @@ def start_controller(rdir: str) -> subprocess.Popen:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--launches", type=int, default=200000)
+    ap.add_argument("--launches", type=int, default=1000000, help="launches per run (default 1000000)")
     ap.add_argument("--reps", type=int, default=7, help="runs per side (default 7)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--real-gpu", action="store_true",

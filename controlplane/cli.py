@@ -197,6 +197,33 @@ def quotas(as_json: bool = typer.Option(False, "--json", help="Print a JSON list
             pass
 
 
+@app.command()
+def kernels(name: Optional[str] = typer.Argument(None, help="Only this app."),
+            as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
+            no_twin: bool = typer.Option(False, "--no-twin",
+                                         help="Only kernels that ran on simgpu without a host twin."),
+            runtime_dir: Optional[Path] = RunDirOpt) -> None:
+    """Kernels each exited app launched, by device name, and whether simgpu had a host twin.
+
+    A kernel without a twin was timed by simgpu's device model but computed
+    nothing: write one (shim/simgpu/simgpu_twin.h) for results to be right."""
+    apps = daemon.request(rundir.ensure(runtime_dir), "list", timeout=1.0, all=True)["apps"]
+    rows = [{"app": a["name"], "pid": a["pid"], **k} for a in apps
+            if name in (None, a["name"]) for k in a.get("kernels") or []
+            if not no_twin or k.get("twin") is False]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    t = Table(box=box.SIMPLE_HEAD, title=f"colocate: {len(rows)} kernel(s)")
+    for col, j in (("app", "left"), ("pid", "right"), ("kernel", "left"), ("launches", "right"),
+                   ("twin", "left")):
+        t.add_column(col, justify=j)
+    for r in rows:
+        twin = {True: "yes", False: Text("no", style="bold red"), None: "-"}[r.get("twin")]
+        t.add_row(r["app"], str(r["pid"]), r["name"], str(r["launches"]), twin)
+    out.print(t)
+
+
 # --- schema / demo ----------------------------------------------------------
 
 def _notes(f: schema.F) -> str:

@@ -174,3 +174,21 @@ def test_driver_api_launches_are_counted(controller, rundir):
     assert rec["launches"] == int(m.group(1)) >= 15
     # the module's and the library's add_one are two functions of one name
     assert sum(k["launches"] for k in rec["kernels"] if k["name"] == "add_one") == rec["launches"]
+
+
+def test_kernels_without_a_host_twin_are_reported(controller, rundir, tmp_path):
+    """vecadd copied away from its vecadd.twins.so: simgpu times the kernel
+    but cannot compute it; the program's check fails and `colocate kernels
+    --no-twin` names the kernel."""
+    lone = tmp_path / "vecadd"
+    shutil.copy(BIN / "vecadd", lone)
+    res = colocate("run", "--device", "sim", "--name", "lone", "--", str(lone), rundir=rundir,
+                   check=False)
+    assert res.returncode != 0 and "FAIL vecadd" in res.stdout
+    wait_for(lambda: app_record(rundir, "lone")["state"] == "exited", what="final record")
+    rows = json.loads(colocate("kernels", "lone", "--json", "--no-twin", rundir=rundir).stdout)
+    assert [(r["name"], r["twin"], r["launches"]) for r in rows] == [("_Z6vecaddPKfS0_Pfi", False, 1)]
+    # the same kernel with its twin is not listed
+    colocate("run", "--device", "sim", "--name", "paired", "--", str(BIN / "vecadd"), rundir=rundir)
+    wait_for(lambda: app_record(rundir, "paired")["state"] == "exited", what="final record")
+    assert json.loads(colocate("kernels", "paired", "--json", "--no-twin", rundir=rundir).stdout) == []
