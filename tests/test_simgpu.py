@@ -662,13 +662,6 @@ def test_streams_events_and_legacy_ordering(progs, simdir):
     assert ms == pytest.approx(100.003, rel=0.001)
 
 
-def test_launch_path_is_cheap(progs, simdir):
-    out = run(progs.func, "rate", 200000, env=_clean_env(simdir, SIMGPU_TIMESCALE=0))
-    rate = float(re.search(r"RATE ([0-9.]+)", out).group(1))
-    print(f"simgpu launch rate: {rate:.0f} launches/s")
-    assert rate > 100_000      # ~2M/s on an idle machine; generous for loaded CI
-
-
 def test_threads_streams_and_launch_variants(progs, simdir):
     # 4 threads on their own streams plus a shared one, cudaMallocAsync,
     # host functions, cudaLaunchKernelExC / cooperative / cudaKernel_t,
