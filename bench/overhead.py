@@ -156,7 +156,7 @@ def print_table(res: dict) -> None:
 
 def start_controller(rdir: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "serve", "--runtime-dir",
-                             rdir, "--device", "sim"], cwd=REPO, stdout=subprocess.DEVNULL,
+                             rdir, "--device", "sim", "--pool", "none"], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     for _ in range(200):
         if subprocess.run([sys.executable, "-m", "controlplane.cli", "ping", "--runtime-dir", rdir],

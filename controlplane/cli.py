@@ -19,6 +19,7 @@ from rich.text import Text
 
 from controlplane import daemon, launcher, rundir, schema
 from controlplane.rundir import ColocateError
+from processpool import SPEC_HELP, parse_spec
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False)
@@ -52,21 +53,29 @@ def serve(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
           detach: bool = typer.Option(False, help="Run in the background; print its pid once it answers."),
           runtime_dir: Optional[Path] = RunDirOpt,
           log_level: Level = typer.Option(Level.info, help="Log level of serve.log."),
+          pool: Optional[str] = typer.Option(None, metavar="SPEC", help=SPEC_HELP),
           log_stderr: bool = typer.Option(True, hidden=True)) -> None:
     """Run the controller: applications register with it, the policy sets their GPU quotas.
 
+    It also runs the process pool: worker processes at fixed SM quotas (MPS
+    clients on cuda) that apps' launches can be routed to (`colocate pool`,
+    `colocate set-quota`); worker logs are DIR/worker-N.log.  Without an
+    explicit --pool, a pool that cannot start (worker not built) is skipped
+    with a warning in the log.
+
     Logs to DIR/serve.log (and stderr in the foreground); SIGTERM, SIGINT or
     `colocate stop` shut it down cleanly."""
+    parse_spec(pool)                                    # a bad spec: exit 2 before anything
     rd = rundir.ensure(runtime_dir)
     dev = launcher.detect_device(device.value)
     if not detach:
-        daemon.serve(rd, policy, dev, log_level.value, log_stderr)
+        daemon.serve(rd, policy, dev, log_level.value, log_stderr, pool)
         return
     daemon.policy(policy)                               # unknown name: say so here, not in the log
     pong = daemon.ping(rd, timeout=0.5)
     if pong:
         raise ColocateError(f"a controller (pid {pong['controller_pid']}) already answers on {rd.sock}")
-    proc, pong = daemon.start_background(rd, policy, dev, log_level.value)
+    proc, pong = daemon.start_background(rd, policy, dev, log_level.value, pool=pool)
     print(proc.pid)
     print(f"colocate: controller {proc.pid} serving {rd.sock} (policy {pong['policy']}, "
           f"device {pong['device']})", file=sys.stderr)
@@ -140,8 +149,12 @@ def human_bytes(n: int) -> str:
     return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
 
 
-def route_name(route: int) -> str:
-    return "local" if route == 0 else f"worker {route}"
+def route_name(route: int, worker: dict | None = None, quota_pct: int | None = None) -> str:
+    """"local", or "worker N (q%)" with the worker's quota when known."""
+    if route == 0:
+        return "local"
+    q = (worker or {}).get("quota_pct", quota_pct)
+    return f"worker {route}" + ("" if q is None else f" ({q}%)")
 
 
 def quota_table(apps: list[dict], show_state: bool = False) -> Table:
@@ -153,7 +166,8 @@ def quota_table(apps: list[dict], show_state: bool = False) -> Table:
         t.add_column(c, justify="left" if c in ("name", "class", "route", "state") else "right",
                      no_wrap=c != "name", overflow="fold")
     for a in apps:
-        row = [a["name"], str(a["pid"]), a["class"], str(a["quota_pct"]), route_name(a["route"]),
+        row = [a["name"], str(a["pid"]), a["class"], str(a["quota_pct"]),
+               route_name(a["route"], a.get("worker"), a["quota_pct"]),
                str(a["launches"]), str(a["forwarded"]), human_bytes(a["h2d_bytes"]),
                human_bytes(a["d2h_bytes"]), "-" if a["qos_ms"] is None else f"{a['qos_ms']:g} ms"]
         t.add_row(*(Text(c) for c in row), *([a["state"]] if show_state else []))
@@ -224,6 +238,61 @@ def kernels(name: Optional[str] = typer.Argument(None, help="Only this app."),
     out.print(t)
 
 
+# --- process pool -------------------------------------------------------------
+
+POOL_KEYS = ("id", "quota_pct", "pid", "state", "forwarded", "apps")
+
+
+def pool_table(reply: dict) -> Table:
+    workers = reply["workers"]
+    ready = sum(w["state"] == "ready" for w in workers)
+    t = Table(title=f"colocate: process pool {reply.get('spec', '?')}: {ready}/{len(workers)} ready",
+              box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for c in ("id", "quota %", "pid", "state", "forwarded", "apps", "routed"):
+        t.add_column(c, justify="left" if c == "state" else "right", no_wrap=True)
+    for w in workers:
+        style = {"ready": "", "starting": "yellow", "unresponsive": "yellow"}.get(w["state"], "bold red")
+        t.add_row(str(w["id"]), str(w["quota_pct"]), "-" if w["pid"] is None else str(w["pid"]),
+                  Text(w["state"], style=style), str(w["forwarded"]), str(w["apps"]),
+                  str(w.get("routed", "-")))
+    return t
+
+
+@app.command("pool")
+def pool_cmd(as_json: bool = typer.Option(False, "--json", help="Print a JSON list of workers."),
+             runtime_dir: Optional[Path] = RunDirOpt) -> None:
+    """Show the process pool's workers: id, SM quota, pid, state, tasks forwarded, apps.
+
+    States: starting, ready, unresponsive (did not answer in time), dead (to be
+    restarted under a new id), failed (kept dying; not restarted)."""
+    reply = daemon.request(rundir.ensure(runtime_dir), "pool", timeout=2.0)
+    if as_json:
+        print(json.dumps([{k: w.get(k) for k in (*POOL_KEYS, "routed") if k in w} for w in reply["workers"]],
+                         indent=2))
+        return
+    if not reply["workers"]:
+        print(f"colocate: no process pool ({reply.get('note') or 'spec ' + str(reply.get('spec'))})",
+              file=sys.stderr)
+        return
+    out.print(pool_table(reply))
+
+
+@app.command("set-quota")
+def set_quota(name: str = typer.Argument(..., help="App name (as `colocate quotas` shows it); "
+                                                   "every live app of that name."),
+              pct: int = typer.Argument(..., metavar="PCT", help="SM share in percent, 1..100."),
+              runtime_dir: Optional[Path] = RunDirOpt) -> None:
+    """Route an app to a ready pool worker whose quota is exactly PCT.
+
+    PCT 100 without a 100 % worker runs the app locally.  Fails when the pool
+    has no ready worker at that quota (see `colocate pool`)."""
+    if not 1 <= pct <= 100:
+        raise ColocateError(f"PCT must be 1..100 (got {pct})", 2)
+    r = daemon.request(rundir.ensure(runtime_dir), "set_quota", timeout=2.0, name=name, quota_pct=pct)
+    for slot, route in zip(r.get("slots") or [r["slot"]], r.get("routes") or [r["route"]]):
+        print(f"colocate: {name} (slot {slot}): {pct}%, {route_name(route, None, pct)}", file=sys.stderr)
+
+
 # --- schema / demo ----------------------------------------------------------
 
 def _notes(f: schema.F) -> str:
@@ -243,12 +312,14 @@ def schema_cmd(as_json: bool = typer.Option(False, "--json", help="Print it as J
               f'of at most {schema.MAX_BYTES} bytes; every message has "v": {schema.PROTOCOL} and "type".',
               markup=False)
     for title, table in (("requests (-> reply)", schema.REQUESTS), ("replies", schema.REPLIES),
-                         ("objects", {"kernel": schema.KERNEL, "record": schema.RECORD})):
+                         ("objects", {"kernel": schema.KERNEL, "record": schema.RECORD,
+                                      "worker": schema.WORKER})):
         t = Table(title=title)
         for c in ("message", "field", "type", "required", "notes"):
             t.add_column(c)
         for name, fields in table.items():
-            label = f"{name} -> {schema.REPLY_TO[name]}" if name in schema.REPLY_TO else name
+            label = (f"{name} -> {schema.REPLY_TO[name]}" if table is schema.REQUESTS and name in schema.REPLY_TO
+                     else name)
             rows = [(f, spec.describe(), "yes" if spec.required else "no", _notes(spec))
                     for f, spec in fields.items()] or [("-", "", "", "")]
             for i, row in enumerate(rows):

@@ -5,6 +5,12 @@ sending [b"", json]; every request gets exactly one reply [b"", json] (an
 "error" message for anything malformed).  The loop also runs a ~100 ms tick:
 a liveness check that collects apps that died without saying "exit", then the
 policy's on_tick.  Handlers are `on_<type>` methods; see schema.py.
+
+With a process pool (processpool.Pool, `serve --pool SPEC`), the tick also
+checks the workers: apps routed to a worker that died go back to route 0
+(local), and the pool restarts it under a new id.  Routes are decided in one
+place, Controller.resolve(): a Decision whose route is None gets a ready
+worker of exactly its quota (100 % without a 100 % worker: local).
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import zmq
 from controlplane import schema
 from controlplane.policies.base import AppInfo, Decision, Policy, make_policy
 from controlplane.rundir import ColocateError, RunDir, version
+from processpool import Pool, parse_spec
 from shim.ctlblock import ControlBlock, ControlBlockFull
 
 log = logging.getLogger("colocate")
@@ -40,6 +47,10 @@ class Reject(Exception):
 
 class NoController(ColocateError):
     pass
+
+
+class NoWorker(Exception):
+    """No pool worker can take a route; str() says why."""
 
 
 # --- process liveness -------------------------------------------------------
@@ -77,13 +88,18 @@ class App:
     quota_pct: int = 100
     route: int = 0
     kernels: list = field(default_factory=list)
+    unplaced: tuple | None = None                       # last (quota, route) warned about
 
 
 # --- the controller ---------------------------------------------------------
 
 class Controller:
-    def __init__(self, rd: RunDir, policy: Policy, device: str):
+    def __init__(self, rd: RunDir, policy: Policy, device: str, pool: Pool | None = None,
+                 pool_note: str = ""):
+        """pool: started by the caller (after the socket is bound, see serve());
+        None: no pool, and explicit routes in decisions are taken as they are."""
         self.rd, self.policy, self.device = rd, policy, device
+        self.pool, self.pool_note = pool, pool_note
         self.apps: dict[int, App] = {}                  # slot -> live app
         self.history: collections.deque = collections.deque(maxlen=HISTORY_MAX)
         self.stopping = False
@@ -112,6 +128,11 @@ class Controller:
             self.close()
 
     def close(self) -> None:
+        if self.pool is not None:
+            try:
+                self.pool.stop()
+            except Exception:
+                log.exception("stopping the process pool failed")
         self.sock.close()
         self.ctx.term()
         self.rd.sock.unlink(missing_ok=True)
@@ -154,7 +175,24 @@ class Controller:
                 log.info("app %s (pid %d, slot %d) died without exit", app.info.name, app.info.pid,
                          app.info.slot)
                 self.finish(app, [])
+        if self.pool is not None:
+            try:
+                self.unroute(self.pool.check())
+            except Exception:
+                log.exception("process pool check failed")
         self.decide("on_tick", now)
+
+    def unroute(self, dead: list[int]) -> None:
+        """Apps routed to workers that died go back to running locally (the
+        shim replays what the worker had not acknowledged)."""
+        if not dead:
+            return
+        for app in list(self.apps.values()):
+            if app.route in dead:
+                q = app.info.requested_quota_pct or 100
+                log.warning("app %s (slot %d): worker %d died; route local at %d%%", app.info.name,
+                            app.info.slot, app.route, q)
+                self.set_route(app, q, 0)
 
     # --- policy decisions -> control block
     def decide(self, hook: str, *args: Any) -> None:
@@ -171,13 +209,59 @@ class Controller:
             if app is None:
                 log.warning("policy %s decided for slot %d, which has no live app", self.policy.name, d.slot)
                 continue
-            q, route = min(100, max(1, int(d.quota_pct))), max(0, int(d.route))
+            q = min(100, max(1, int(d.quota_pct)))
+            route = None if d.route is None else max(0, int(d.route))
             if (q, route) != (d.quota_pct, d.route):
-                log.warning("policy %s: %s clamped to quota %d route %d", self.policy.name, d, q, route)
-            if (q, route) != (app.quota_pct, app.route):
-                self.cb.set_route(d.slot, route, q)
-                app.quota_pct, app.route = q, route
-                log.debug("slot %d (%s): quota %d%% route %d", d.slot, app.info.name, q, route)
+                log.warning("policy %s: %s clamped to quota %d route %s", self.policy.name, d, q, route)
+            try:
+                route = self.resolve(app, q, route)
+                app.unplaced = None
+            except NoWorker as e:
+                if app.unplaced != (q, d.route):       # once per decision, not every tick
+                    log.warning("policy %s: slot %d (%s) at %d%%: %s; running it locally",
+                                self.policy.name, d.slot, app.info.name, q, e)
+                    app.unplaced = (q, d.route)
+                route = 0
+            self.set_route(app, q, route)
+
+    def resolve(self, app: App, quota_pct: int, route: int | None) -> int:
+        """The route an app gets for (quota, route) -- the one place that rule lives:
+        None -> a ready pool worker of exactly that quota (the app's current one if
+        it qualifies, else the least loaded); with none at 100 %, local.  0 -> local.
+        N -> worker N, which must be ready when this controller runs a pool.
+        NoWorker when nothing fits."""
+        if route is None:
+            if (self.pool is not None and self.pool.is_ready(app.route)
+                    and self.pool.quota_of(app.route) == quota_pct):
+                return app.route                       # sticky: no flapping between equals
+            wid = self.pool.pick(quota_pct, self.load()) if self.pool is not None else None
+            if wid is not None:
+                return wid
+            if quota_pct == 100:
+                return 0
+            if self.pool is None:
+                raise NoWorker("there is no process pool" + (f" ({self.pool_note})" if self.pool_note else ""))
+            raise NoWorker(self.pool.why_none(quota_pct))
+        if route != 0 and self.pool is not None and not self.pool.is_ready(route):
+            w = self.pool.worker(route)
+            raise NoWorker(f"worker {route} is " + (w.state if w else "not in the pool"))
+        return route
+
+    def load(self) -> dict[int, int]:
+        """worker id -> live apps routed to it."""
+        return dict(collections.Counter(a.route for a in self.apps.values() if a.route))
+
+    def set_route(self, app: App, quota_pct: int, route: int) -> None:
+        if (quota_pct, route) != (app.quota_pct, app.route):
+            self.cb.set_route(app.info.slot, route, quota_pct)
+            app.quota_pct, app.route = quota_pct, route
+            log.debug("slot %d (%s): quota %d%% route %d", app.info.slot, app.info.name, quota_pct, route)
+
+    def worker_of(self, app: App) -> dict | None:
+        if app.route == 0:
+            return None
+        q = self.pool.quota_of(app.route) if self.pool is not None else None
+        return {"id": app.route, "quota_pct": app.quota_pct if q is None else q}
 
     # --- records
     def record(self, app: App, state: str = "live", exited_at: float | None = None) -> dict:
@@ -187,7 +271,7 @@ class Controller:
                 "route": app.route, "launches": c["launches"], "forwarded": c["forwarded"],
                 "h2d_bytes": c["h2d_bytes"], "d2h_bytes": c["d2h_bytes"], "qos_ms": i.qos_ms,
                 "state": state, "slot": i.slot, "kernels": app.kernels,
-                "registered_at": app.registered_at, "exited_at": exited_at}
+                "registered_at": app.registered_at, "exited_at": exited_at, "worker": self.worker_of(app)}
 
     def finish(self, app: App, kernels: list[dict]) -> dict:
         """Final record (counters read before the slot is freed), history, policy, release."""
@@ -246,6 +330,30 @@ class Controller:
     def on_list(self, m: dict) -> dict:
         apps = [self.record(a) for a in sorted(self.apps.values(), key=lambda a: a.info.slot)]
         return schema.message("apps", apps=apps + (list(self.history) if m["all"] else []))
+
+    def on_pool(self, m: dict) -> dict:
+        if self.pool is None:
+            return schema.message("pool", workers=[], spec="none", note=self.pool_note or "no process pool")
+        rows = self.pool.stats()
+        load = self.load()
+        for r in rows:
+            r["routed"] = load.get(r["id"], 0)
+        return schema.message("pool", workers=rows, spec=self.pool.spec, note=self.pool_note)
+
+    def on_set_quota(self, m: dict) -> dict:
+        name, q = m["name"], m["quota_pct"]
+        apps = sorted((a for a in self.apps.values() if a.info.name == name), key=lambda a: a.info.slot)
+        if not apps:
+            raise Reject(f"no live app named {name!r}")
+        try:
+            routes = [(a, self.resolve(a, q, None)) for a in apps]
+        except NoWorker as e:
+            raise Reject(f"cannot give {name!r} {q}%: {e}") from None
+        for a, route in routes:
+            self.set_route(a, q, route)
+            log.info("set_quota: %s (slot %d) -> %d%% route %d", name, a.info.slot, q, route)
+        return schema.message("ok", slot=apps[0].info.slot, route=routes[0][1],
+                              slots=[a.info.slot for a in apps], routes=[r for _, r in routes])
 
     def on_stop(self, m: dict) -> dict:
         log.info("stop requested")
@@ -337,10 +445,34 @@ def policy(name: str) -> Policy:
         raise ColocateError(str(e), code=2) from None
 
 
+def start_pool(rd: RunDir, device: str, spec: str | None) -> tuple[Pool | None, str]:
+    """Start the process pool after the controller's socket is bound.  With the
+    default spec (spec None) a pool that cannot start is logged and skipped;
+    with an explicit one it is an error.  Returns (pool or None, note)."""
+    entries = parse_spec(spec)
+    if entries is None:
+        return None, "disabled (--pool none)"
+    pool = None
+    try:
+        pool = Pool(rd.path, device, entries)
+        pool.start()
+        return pool, ""
+    except ColocateError as e:                          # PoolError, MpsError
+        if pool is not None:
+            pool.stop()
+        if spec is not None:
+            raise
+        log.warning("no process pool: %s", e)
+        return None, f"not started: {e}"
+
+
 def serve(rd: RunDir, policy_name: str = "static", device: str = "sim", log_level: str = "info",
-          log_stderr: bool = True) -> None:
-    """Run a controller in the foreground until `stop`, SIGTERM or SIGINT."""
+          log_stderr: bool = True, pool_spec: str | None = None) -> None:
+    """Run a controller in the foreground until `stop`, SIGTERM or SIGINT.
+    pool_spec: processpool spec ("10:2,50:2", "none"); None: the default pool,
+    skipped with a warning when it cannot start."""
     pol = policy(policy_name)
+    parse_spec(pool_spec)                               # a bad spec: say so before anything
     fd = lock_pidfile(rd)
     try:
         live = ping(rd, timeout=0.5)
@@ -353,6 +485,12 @@ def serve(rd: RunDir, policy_name: str = "static", device: str = "sim", log_leve
             ctl = Controller(rd, pol, device)
         except (OSError, zmq.ZMQError) as e:
             raise ColocateError(f"cannot start the controller in {rd.path}: {e}") from None
+        try:
+            ctl.pool, ctl.pool_note = start_pool(rd, device, pool_spec)
+        except ColocateError as e:
+            log.error("cannot start the process pool: %s", e)
+            ctl.close()
+            raise ColocateError(f"cannot start the process pool: {e}", e.code) from None
 
         def on_signal(sig: int, _frame: Any) -> None:
             log.info("got %s, stopping", signal.Signals(sig).name)
@@ -401,11 +539,13 @@ def log_tail(rd: RunDir, n: int = 20) -> str:
 
 
 def start_background(rd: RunDir, policy: str, device: str, log_level: str = "info",
-                     timeout: float = 10.0, new_session: bool = True) -> tuple[subprocess.Popen, dict]:
+                     timeout: float = 10.0, new_session: bool = True,
+                     pool: str | None = None) -> tuple[subprocess.Popen, dict]:
     """Start `colocate serve` as a background process and wait until it answers
     ping.  Returns (process, pong); ColocateError with the log tail otherwise."""
     cmd = [sys.executable, "-m", "controlplane.cli", "serve", "--runtime-dir", str(rd.path),
-           "--policy", policy, "--device", device, "--log-level", log_level, "--no-log-stderr"]
+           "--policy", policy, "--device", device, "--log-level", log_level, "--no-log-stderr",
+           *(["--pool", pool] if pool is not None else [])]
     with open(rd.log, "ab") as out:                     # early errors land in the log too
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=new_session, close_fds=True)

@@ -148,7 +148,8 @@ def main(device: str = "auto", keep: bool = False, console: Console | None = Non
     rd = ensure(tempfile.mkdtemp(prefix="colocate-demo-"))
     ctl = None
     try:
-        ctl, pong = daemon.start_background(rd, "static", device, new_session=False)
+        ctl, pong = daemon.start_background(rd, "static", device, new_session=False,
+                                             pool="none")   # the static policy routes nothing
         console.print(f"controller {pong['controller_pid']} (policy static, device {device}) in {rd.path}",
                       markup=False, highlight=False)
         outcomes = run_apps(rd, device, console)

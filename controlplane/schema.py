@@ -66,6 +66,18 @@ RECORD = {
     "qos_ms": F("number", null=True), "state": F("str", choices=("live", "exited")),
     "slot": F("int"), "kernels": F("list", items=KERNEL, of="kernel"),
     "registered_at": F("number", doc="unix time"), "exited_at": F("number", null=True),
+    "worker": F("object", null=True, doc="route's pool worker {id, quota_pct}; null = local"),
+}
+
+WORKER = {
+    "id": F("int", doc="worker id (never reused; a restarted worker gets a new one)"),
+    "quota_pct": F("int", doc="its CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+    "pid": F("int", null=True),
+    "state": F("str", choices=("starting", "ready", "unresponsive", "dead", "failed"),
+               doc="unresponsive: ready but did not answer stats in time; failed: kept dying, not restarted"),
+    "forwarded": F("int", doc="tasks it ran (last answer)"),
+    "apps": F("int", doc="apps connected to it (last answer)"),
+    "routed": F("int", required=False, doc="live apps the controller routes to it"),
 }
 
 REQUESTS: dict[str, dict[str, F]] = {
@@ -87,18 +99,31 @@ REQUESTS: dict[str, dict[str, F]] = {
     "ping": {},
     "list": {"all": F("bool", required=False, default=False, doc="include exited apps")},
     "stop": {},
+    "pool": {},
+    "set_quota": {
+        "name": F("str", doc="app name; every live app of that name"),
+        "quota_pct": F("int", min=1, max=100, doc="route to a ready pool worker of exactly this quota "
+                                                    "(100 without a 100 % worker: local)"),
+    },
 }
 
 REPLIES: dict[str, dict[str, F]] = {
     "registered": {"slot": F("int"), "quota_pct": F("int"), "route": F("int"), "controller_pid": F("int")},
-    "ok": {},
+    "ok": {"slot": F("int", required=False, doc="set_quota: the (first) app's slot"),
+           "route": F("int", required=False, doc="set_quota: its new route"),
+           "slots": F("list", required=False, doc="set_quota: every app's slot"),
+           "routes": F("list", required=False, doc="set_quota: their routes")},
     "pong": {"controller_pid": F("int"), "policy": F("str"), "device": F("str"),
              "version": F("str"), "apps": F("int", doc="live apps")},
     "apps": {"apps": F("list", items=RECORD, of="record")},
+    "pool": {"workers": F("list", items=WORKER, of="worker"),
+             "spec": F("str", doc="QUOTA:COUNT,... or none"),
+             "note": F("str", required=False, doc="why there is no pool, when there is none")},
     "error": {"error": F("str"), "in_reply_to": F("str", null=True)},
 }
 
-REPLY_TO = {"register": "registered", "exit": "ok", "ping": "pong", "list": "apps", "stop": "ok"}
+REPLY_TO = {"register": "registered", "exit": "ok", "ping": "pong", "list": "apps", "stop": "ok",
+            "pool": "pool", "set_quota": "ok"}
 
 
 _PY = {"int": int, "number": (int, float), "str": str, "bool": bool, "list": list, "object": dict}
@@ -216,5 +241,5 @@ def as_json() -> dict:
                      "type": {"type": "str", "required": True}},
         "requests": {t: {"reply": REPLY_TO.get(t), "fields": fields(s)} for t, s in REQUESTS.items()},
         "replies": {t: {"fields": fields(s)} for t, s in REPLIES.items()},
-        "objects": {"kernel": fields(KERNEL), "record": fields(RECORD)},
+        "objects": {"kernel": fields(KERNEL), "record": fields(RECORD), "worker": fields(WORKER)},
     }

@@ -18,6 +18,9 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 LIB = HERE / "lib"
+ROOT = HERE.parent
+POOL = ROOT / "processpool"        # fwd_proto.h, shared by the shim and the worker
+WORKER_SRC = POOL / "worker"
 
 CFLAGS = ["-O2", "-g", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
           "-fvisibility=hidden", "-pthread"]
@@ -79,13 +82,14 @@ def _newer(out: Path, deps: list[Path]) -> bool:
     return out.exists() and all(out.stat().st_mtime >= d.stat().st_mtime for d in deps)
 
 
-def _link(out: Path, sources: list[Path], extra: list[str], deps: list[Path]) -> None:
+def _link(out: Path, sources: list[Path], extra: list[str], deps: list[Path],
+          shared: bool = True) -> None:
     if _newer(out, sources + deps):
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     cc = os.environ.get("CC", "cc")
-    cmd = [cc, *CFLAGS, f"-I{HERE}", f"-I{cuda_home() / 'include'}", "-shared",
-           "-o", str(out), *map(str, sources), *extra]
+    cmd = [cc, *CFLAGS, f"-I{HERE}", f"-I{POOL}", f"-I{cuda_home() / 'include'}",
+           *(["-shared"] if shared else []), "-o", str(out), *map(str, sources), *extra]
     print(" ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True)
 
@@ -109,11 +113,20 @@ def build_native() -> None:
     headers = sorted(HERE.glob("*.h")) + sorted((HERE / "simgpu").glob("*.h"))
 
     # libcolocate.so: plain C, no Python, every symbol resolved at link time.
-    shim_src = sorted(HERE.glob("hook_*.c")) + sorted(HERE.glob("shim_*.c")) + [HERE / "ctlblock.c"]
+    shim_src = (sorted(HERE.glob("hook_*.c")) + sorted(HERE.glob("shim_*.c"))
+                + [HERE / "ctlblock.c"] + sorted(HERE.glob("zmqdl.c")))
     vs = _version_script(LIB / "libcolocate.map", None, exported_names())
     _link(LIB / "libcolocate.so", shim_src,
           ["-Wl,-z,defs", f"-Wl,--version-script={vs}", "-Wl,-soname,libcolocate.so", "-ldl", "-lpthread"],
-          headers + [HERE / "exports.txt"])
+          headers + [HERE / "exports.txt", POOL / "fwd_proto.h"])
+
+    # the process-pool worker: linked against the toolkit's libcudart without
+    # an rpath, so LD_LIBRARY_PATH picks simgpu's libcudart.so.13 or the real one.
+    worker_src = sorted(WORKER_SRC.glob("*.c"))
+    if worker_src:
+        _link(LIB / "colocate-worker", worker_src + [HERE / "zmqdl.c"],
+              [f"-L{cuda_home() / 'lib64'}", "-lcudart", "-ldl", "-lpthread"],
+              headers + [POOL / "fwd_proto.h", *sorted(WORKER_SRC.glob("*.h"))], shared=False)
 
     # simgpu: the CPU test device, installed as libcudart.so.13 with its version node.
     sim_src = sorted((HERE / "simgpu").glob("*.c"))

@@ -7,6 +7,7 @@
 #include "ctlblock.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -34,23 +35,69 @@ static int header_ok(const struct cb_header *h)
 	       h->slot_size == sizeof(struct cb_slot);
 }
 
+/*
+ * A new controller never reuses the old file: applications of a previous
+ * controller may still have it mapped, and truncating it under them would
+ * SIGBUS their next counter write.  It builds a fresh block under a
+ * temporary name and renames it into place; old mappings keep the old inode.
+ */
+static struct cb_block *create_block(const char *path)
+{
+	char tmp[4096];
+	struct cb_block *cb;
+	int fd, saved;
+
+	if (snprintf(tmp, sizeof(tmp), "%s.new.%d", path, (int)getpid()) >= (int)sizeof(tmp)) {
+		errno = ENAMETOOLONG;
+		return NULL;
+	}
+	fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return NULL;
+	if (ftruncate(fd, (off_t)cb_size()) < 0)
+		goto fail;
+	cb = mmap(NULL, cb_size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (cb == MAP_FAILED)
+		goto fail;
+	close(fd);
+	cb->hdr.version = CB_VERSION;
+	cb->hdr.nslots = CB_MAX_SLOTS;
+	cb->hdr.slot_size = sizeof(struct cb_slot);
+	cb->hdr.controller_pid = (uint32_t)getpid();
+	cb->hdr.generation = now_realtime_ns();
+	cb->hdr.created_ns = cb->hdr.generation;
+	/* magic last: a reader that sees it sees a complete header */
+	__atomic_store_n(&cb->hdr.magic, CB_MAGIC, __ATOMIC_RELEASE);
+	if (rename(tmp, path) < 0) {
+		saved = errno;
+		munmap(cb, cb_size());
+		unlink(tmp);
+		errno = saved;
+		return NULL;
+	}
+	return cb;
+fail:
+	saved = errno;
+	close(fd);
+	unlink(tmp);
+	errno = saved;
+	return NULL;
+}
+
 struct cb_block *cb_open(const char *path, int create)
 {
 	struct cb_block *cb;
 	struct stat st;
 	int fd, saved;
 
-	fd = open(path, create ? (O_RDWR | O_CREAT | O_CLOEXEC) : (O_RDWR | O_CLOEXEC), 0600);
+	if (create)
+		return create_block(path);
+	fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0)
 		return NULL;
 	if (fstat(fd, &st) < 0)
 		goto fail;
-	if (create) {
-		/* A fresh controller always starts from a zeroed block: slots of
-		 * a dead controller's applications are not trusted. */
-		if (ftruncate(fd, 0) < 0 || ftruncate(fd, (off_t)cb_size()) < 0)
-			goto fail;
-	} else if ((uint64_t)st.st_size != cb_size()) {
+	if ((uint64_t)st.st_size != cb_size()) {
 		errno = EPROTO;
 		goto fail;
 	}
@@ -58,16 +105,7 @@ struct cb_block *cb_open(const char *path, int create)
 	if (cb == MAP_FAILED)
 		goto fail;
 	close(fd);
-	if (create) {
-		cb->hdr.version = CB_VERSION;
-		cb->hdr.nslots = CB_MAX_SLOTS;
-		cb->hdr.slot_size = sizeof(struct cb_slot);
-		cb->hdr.controller_pid = (uint32_t)getpid();
-		cb->hdr.generation = now_realtime_ns();
-		cb->hdr.created_ns = cb->hdr.generation;
-		/* magic last: a reader that sees it sees a complete header */
-		__atomic_store_n(&cb->hdr.magic, CB_MAGIC, __ATOMIC_RELEASE);
-	} else if (!header_ok(&cb->hdr)) {
+	if (!header_ok(&cb->hdr)) {
 		munmap(cb, cb_size());
 		errno = EPROTO;
 		return NULL;

@@ -22,7 +22,6 @@
 #include "shim.h"
 
 #include <dlfcn.h>
-#include <link.h>
 #include <string.h>
 
 #include <cuda.h>
@@ -144,39 +143,36 @@ static void *substitute(void *real)
 }
 
 /* ---- dlsym ----------------------------------------------------------- */
-/* RTLD_NEXT is relative to the caller, and glibc takes the caller from the
- * return address, which would now be ours.  Search the objects loaded after
- * the real caller ourselves. */
-static void *dlsym_next(const void *caller, const char *name)
+/*
+ * glibc resolves RTLD_NEXT (and decides which namespace to search) from the
+ * return address of the dlsym call.  So a name we do not hook is handed to
+ * glibc by a tail call: the return address on the stack is still the
+ * application's, and glibc answers exactly as if we were not here
+ * (tests/test_static.py checks that the compiler emitted a jump).  Only the
+ * handful of hooked driver names take the slow path.
+ */
+static __attribute__((noinline)) void *dlsym_hooked(void *handle, const char *name, int i)
 {
-	struct link_map *lm = NULL;
-	Dl_info info;
+	/* RTLD_NEXT from here means "after libcolocate.so": the driver */
+	void *p = shim_dlsym(handle, name);
 
-	if (!dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
-		return NULL;
-	for (lm = lm->l_next; lm; lm = lm->l_next) {
-		void *p = shim_dlsym(lm, name);   /* glibc: handle == link map */
-
-		if (p)
-			return p;
-	}
-	return NULL;
+	if (!p || is_hook(p))
+		return p;
+	__atomic_store_n(&hooks[i].real, p, __ATOMIC_RELEASE);
+	return hooks[i].hook;
 }
 
 SHIM_API void *dlsym(void *handle, const char *name)
 {
-	void *p;
-	int i;
+	shim_dlsym_fn real;
+	int i = find_hook(name);
 
-	if (handle == RTLD_NEXT)
-		p = dlsym_next(__builtin_return_address(0), name);
-	else
-		p = shim_dlsym(handle, name);
-	i = find_hook(name);
-	if (!p || i < 0 || is_hook(p))
-		return p;
-	__atomic_store_n(&hooks[i].real, p, __ATOMIC_RELEASE);
-	return hooks[i].hook;
+	if (i >= 0)
+		return dlsym_hooked(handle, name, i);
+	real = shim_glibc_dlsym();
+	if (!real)
+		return NULL;
+	return real(handle, name);   /* sibling call: see above */
 }
 
 /* ---- cuGetProcAddress ------------------------------------------------ */

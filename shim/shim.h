@@ -48,6 +48,8 @@ void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void *shim_real_rt(const char *name);
 void *shim_real_drv(const char *name);
 /* glibc's dlsym, since this library overrides dlsym itself. */
+typedef void *(*shim_dlsym_fn)(void *, const char *);
+shim_dlsym_fn shim_glibc_dlsym(void);
 void *shim_dlsym(void *handle, const char *name);
 
 static inline uint64_t shim_now_ns(void)

@@ -57,19 +57,29 @@ void shim_log(const char *fmt, ...)
 /* ------------------------------------------------------------------ */
 /* glibc's own dlsym: we export a dlsym override (hook_drv.c), so every plain
  * call to dlsym inside this library would land there. */
-typedef void *(*dlsym_fn)(void *, const char *);
-static dlsym_fn real_dlsym;
+static shim_dlsym_fn real_dlsym;
+
+shim_dlsym_fn shim_glibc_dlsym(void)
+{
+	shim_dlsym_fn f = __atomic_load_n(&real_dlsym, __ATOMIC_RELAXED);
+
+	if (f)
+		return f;
+	/* the version node of dlsym differs by glibc release and architecture */
+	f = (shim_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+	if (!f)
+		f = (shim_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+	if (!f)
+		f = (shim_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
+	__atomic_store_n(&real_dlsym, f, __ATOMIC_RELAXED);
+	return f;
+}
 
 void *shim_dlsym(void *handle, const char *name)
 {
-	if (!real_dlsym) {
-		real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-		if (!real_dlsym)
-			real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-		if (!real_dlsym)
-			return NULL;
-	}
-	return real_dlsym(handle, name);
+	shim_dlsym_fn f = shim_glibc_dlsym();
+
+	return f ? f(handle, name) : NULL;
 }
 
 static void *real_in(const char *const *libs, const char *name)

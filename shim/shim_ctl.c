@@ -2,7 +2,7 @@
  * shim_ctl.c - the control path: ZeroMQ messages between this process and
  * the controller (`colocate serve`), protocol v1 (controlplane/schema.py).
  *
- * libzmq is dlopen'ed, preferably the copy bundled in pyzmq's wheel
+ * libzmq is dlopen'ed (zmqdl.c), preferably the copy bundled in pyzmq's wheel
  * ($COLOCATE_LIBZMQ, set by `colocate run`), so no system package is needed
  * and nothing breaks when it is absent: the app then runs natively.
  *
@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "zmqdl.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -23,26 +24,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-/* Stable libzmq ABI constants (zmq.h, unchanged since libzmq 3). */
-#define ZMQ_DEALER   5
-#define ZMQ_SNDMORE  2
-#define ZMQ_LINGER   17
-#define ZMQ_RCVTIMEO 27
-#define ZMQ_SNDTIMEO 28
-
-static struct {
-	void *(*ctx_new)(void);
-	int (*ctx_term)(void *);
-	void *(*socket)(void *, int);
-	int (*close)(void *);
-	int (*setsockopt)(void *, int, const void *, size_t);
-	int (*connect)(void *, const char *);
-	int (*send)(void *, const void *, size_t, int);
-	int (*recv)(void *, void *, size_t, int);
-	int (*errno_)(void);
-	const char *(*strerror)(int);
-} zmq;
 
 static void *zctx, *zsock;
 static int slot_index = -1;
@@ -61,40 +42,6 @@ const char *shim_runtime_dir(void)
 	else
 		snprintf(rundir, sizeof(rundir), "/tmp/colocate-%u", (unsigned)getuid());
 	return rundir;
-}
-
-static int load_zmq(char *why, size_t whylen)
-{
-	const char *path = getenv("COLOCATE_LIBZMQ");
-	void *h = NULL;
-
-	if (zmq.ctx_new)
-		return 0;
-	if (path && *path)
-		h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!h)
-		h = dlopen("libzmq.so.5", RTLD_NOW | RTLD_LOCAL);
-	if (!h) {
-		snprintf(why, whylen, "cannot load libzmq (%s)", dlerror());
-		return -1;
-	}
-#define Z(field, name) \
-	if (!(*(void **)&zmq.field = shim_dlsym(h, name))) { \
-		snprintf(why, whylen, "libzmq lacks %s", name); \
-		return -1; \
-	}
-	Z(ctx_new, "zmq_ctx_new");
-	Z(ctx_term, "zmq_ctx_term");
-	Z(socket, "zmq_socket");
-	Z(close, "zmq_close");
-	Z(setsockopt, "zmq_setsockopt");
-	Z(connect, "zmq_connect");
-	Z(send, "zmq_send");
-	Z(recv, "zmq_recv");
-	Z(errno_, "zmq_errno");
-	Z(strerror, "zmq_strerror");
-#undef Z
-	return 0;
 }
 
 /* Append s to out as a JSON string literal. */
@@ -193,7 +140,7 @@ int shim_ctl_register(char *why, size_t whylen)
 		snprintf(why, whylen, "no controller (%s missing)", sock_path);
 		return -1;
 	}
-	if (load_zmq(why, whylen) < 0)
+	if (zmqdl_load(shim_dlsym, why, whylen) < 0)
 		return -1;
 	zctx = zmq.ctx_new();
 	zsock = zctx ? zmq.socket(zctx, ZMQ_DEALER) : NULL;

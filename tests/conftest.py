@@ -77,7 +77,11 @@ class Controller:
         self.rundir = rundir
         self.log = open(rundir / "test-serve.out", "wb")
         self.proc = subprocess.Popen([PY, "-m", "controlplane.cli", "serve", "--runtime-dir", str(rundir),
-                                      "--device", "sim", *args], cwd=ROOT, env=clean_env(),
+                                      "--device", "sim",
+                                      # no worker pool unless a test asks: 20 workers per
+                                      # controller would dominate the suite's time
+                                      *([] if "--pool" in args else ["--pool", "none"]), *args],
+                                     cwd=ROOT, env=clean_env(),
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.wait_ready()
 

@@ -58,7 +58,8 @@ def rundir():
 
 @pytest.fixture()
 def controller(rundir):
-    proc = subprocess.Popen([*COLOCATE, "serve", "--runtime-dir", str(rundir), "--device", "sim"],
+    proc = subprocess.Popen([*COLOCATE, "serve", "--runtime-dir", str(rundir), "--device", "sim",
+                             "--pool", "none"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: colocate("ping", rundir=rundir, check=False).returncode == 0,
              what="controller to answer ping")

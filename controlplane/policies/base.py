@@ -31,7 +31,9 @@ class AppInfo:
 class Decision:
     slot: int
     quota_pct: int                        # SM share, 1..100
-    route: int = 0                        # 0 = local, N = process-pool worker N
+    route: int | None = 0                 # 0 = local, N = process-pool worker N,
+                                          # None = the controller picks a ready worker of
+                                          # exactly quota_pct (100 % without one: local)
 
 
 class Policy:

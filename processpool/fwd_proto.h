@@ -1,0 +1,374 @@
+/*
+ * fwd_proto.h - the launch-forwarding protocol between libcolocate.so (the
+ * shim inside an application) and colocate-worker (a process-pool worker
+ * running at a fixed SM quota).  Shared by both sides; nothing else.
+ *
+ * Transport: one ZeroMQ DEALER per (application, worker) connected to the
+ * worker's ROUTER at ipc://<runtime dir>/worker-<N>.sock.  Every binary
+ * message is ONE zmq frame (no empty delimiter in front; a delimiter is
+ * tolerated and then echoed back).  JSON requests use the REQ-style
+ * envelope [b"", json] and are answered the same way (worker stats).
+ *
+ * Frame schema (all integers little-endian, fixed offsets, no padding that
+ * is not spelled out; decoders check every length before reading):
+ *
+ *   header (8 bytes, every frame)
+ *     u8  magic    FWD_MAGIC (0xC0: never '{', so JSON and binary differ
+ *                  in their first byte)
+ *     u8  version  FWD_VERSION; another version is rejected with an ERROR
+ *     u8  type     FWD_T_*
+ *     u8  flags    per type (LAUNCH: FWD_LF_*), else 0
+ *     u32 len      length of the whole frame; must equal the zmq frame size
+ *
+ *   HELLO        shim -> worker, first frame of a connection
+ *     u32 pid        the application's pid (the worker drops the app when
+ *                    it dies)
+ *     u32 worker_id  the route the shim followed; a worker answers
+ *                    FWD_S_WRONG_WORKER when it is not its id
+ *     u16 page_len, twins_len, device_len, name_len; u32 pad
+ *     page path   completion page the worker maps (see struct fwd_page)
+ *     twins       colon-separated host-twin libraries (simgpu only)
+ *     device      device identity: $SIMGPU_DIR on simgpu, "" on a GPU; a
+ *                 worker on another simulated device refuses (pointers
+ *                 would mean nothing there)
+ *     name        application name, for logs
+ *   HELLO_REPLY  worker -> shim
+ *     u32 status     FWD_S_*: OK, UNSUPPORTED (e.g. a real GPU: kernels by
+ *                    name need the fatbin, not shipped yet), WRONG_WORKER,
+ *                    BAD_PAGE, ...
+ *     u32 worker_id, quota_pct, pid
+ *     u16 msg_len; u16 pad; msg (why, for the shim's log line)
+ *   DEFINE       shim -> worker, once per kernel per connection, before
+ *                the kernel's first LAUNCH
+ *     u32 kid        the shim's kernel id (< FWD_MAX_KERNELS)
+ *     u16 nparams    (<= FWD_MAX_PARAMS)
+ *     u16 name_len
+ *     u32 argbytes   size of the argument buffer a LAUNCH carries
+ *     nparams x {u32 offset, u32 size}  (offset + size <= argbytes)
+ *     name           mangled device name
+ *   LAUNCH       shim -> worker, no reply
+ *     u64 seq        per-application launch number, strictly increasing
+ *     u32 kid
+ *     u16 sidx       stream index (< FWD_MAX_STREAMS), fixed per stream
+ *     u8  skind      FWD_SK_*: which default-stream rules the stream obeys
+ *     u8  pad
+ *     u32 grid[3], block[3], shmem
+ *     u32 argbytes   must equal the DEFINE's
+ *     argument bytes, laid out at the DEFINE's offsets
+ *     flags: FWD_LF_COOP = cooperative launch
+ *   BYE          shim -> worker: the app leaves; it has drained first
+ *   ERROR        worker -> shim (and answer to any malformed frame)
+ *     u32 code       FWD_E_*
+ *     u32 pad
+ *     u64 seq        the LAUNCH concerned, or 0
+ *     u16 msg_len; u16 pad2; u32 pad3; msg
+ *
+ * Completions do not travel as messages.  The shim creates a small file
+ * (struct fwd_page) per connection, the worker maps it at HELLO, and after
+ * each forwarded kernel a host function in the worker's stream stores the
+ * kernel's seq in done[sidx] and wakes futex waiters.  A sync in the app is
+ * then a wait on memory (microseconds, no round trip), and after a worker
+ * dies the page tells exactly which launches completed: the host function
+ * sits between a kernel and the next one in stream order, so every launch
+ * past done[sidx] has not started, or is the one that was running.
+ */
+#ifndef COLOCATE_FWD_PROTO_H
+#define COLOCATE_FWD_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the forwarding protocol is little-endian and so is every host we run on"
+#endif
+
+#define FWD_MAGIC         0xC0u
+#define FWD_VERSION       1u
+
+#define FWD_MAX_STREAMS   64u      /* stream indexes per application       */
+#define FWD_MAX_KERNELS   4096u    /* kernel ids per application           */
+#define FWD_MAX_PARAMS    1024u    /* parameters of one kernel             */
+#define FWD_MAX_ARGBYTES  32768u   /* CUDA 12.1+ limit is 32764 bytes      */
+#define FWD_MAX_STR       4096u    /* any string in a frame                */
+#define FWD_MAX_FRAME     (64u * 1024u)
+
+enum fwd_type {
+	FWD_T_HELLO = 1,
+	FWD_T_HELLO_REPLY = 2,
+	FWD_T_DEFINE = 3,
+	FWD_T_LAUNCH = 4,
+	FWD_T_BYE = 5,
+	FWD_T_ERROR = 6,
+};
+
+/* LAUNCH flags */
+#define FWD_LF_COOP 0x01u
+
+/* stream kinds: the default-stream rules of the app's stream */
+enum fwd_skind {
+	FWD_SK_LEGACY = 0,       /* the legacy NULL stream: waits for every
+	                            blocking stream, and they wait for it     */
+	FWD_SK_BLOCKING = 1,     /* created without cudaStreamNonBlocking     */
+	FWD_SK_NONBLOCKING = 2,  /* cudaStreamNonBlocking: no implicit sync   */
+	FWD_SK_PERTHREAD = 3,    /* a thread's per-thread default stream:
+	                            blocking with respect to the legacy one   */
+};
+
+/* HELLO_REPLY status */
+enum fwd_status {
+	FWD_S_OK = 0,
+	FWD_S_UNSUPPORTED = 1,   /* cannot run kernels by name here          */
+	FWD_S_WRONG_WORKER = 2,
+	FWD_S_BAD_PAGE = 3,
+	FWD_S_OTHER_DEVICE = 4,
+	FWD_S_FULL = 5,          /* too many applications                    */
+	FWD_S_CLOSING = 6,       /* shutting down                            */
+};
+
+/* ERROR codes */
+enum fwd_error {
+	FWD_E_MALFORMED = 1,     /* bad magic, length, field                 */
+	FWD_E_VERSION = 2,
+	FWD_E_UNKNOWN_APP = 3,   /* frame from a connection without HELLO    */
+	FWD_E_UNKNOWN_KERNEL = 4,/* LAUNCH of a kid not DEFINEd              */
+	FWD_E_CLOSING = 5,       /* the worker is shutting down              */
+	FWD_E_TYPE = 6,          /* a type this side does not accept         */
+	FWD_E_JSON = 7,          /* unknown JSON request                     */
+};
+
+struct fwd_hdr {
+	uint8_t  magic;
+	uint8_t  version;
+	uint8_t  type;
+	uint8_t  flags;
+	uint32_t len;
+};
+
+struct fwd_hello {
+	struct fwd_hdr h;
+	uint32_t pid;
+	uint32_t worker_id;
+	uint16_t page_len, twins_len, device_len, name_len;
+	uint32_t pad;
+	/* page, twins, device, name follow */
+};
+
+struct fwd_hello_reply {
+	struct fwd_hdr h;
+	uint32_t status;
+	uint32_t worker_id;
+	uint32_t quota_pct;
+	uint32_t pid;
+	uint16_t msg_len;
+	uint16_t pad;
+	/* msg follows */
+};
+
+struct fwd_param {
+	uint32_t offset;
+	uint32_t size;
+};
+
+struct fwd_define {
+	struct fwd_hdr h;
+	uint32_t kid;
+	uint16_t nparams;
+	uint16_t name_len;
+	uint32_t argbytes;
+	/* nparams x struct fwd_param, then name */
+};
+
+struct fwd_launch {
+	struct fwd_hdr h;
+	uint64_t seq;
+	uint32_t kid;
+	uint16_t sidx;
+	uint8_t  skind;
+	uint8_t  pad;
+	uint32_t grid[3];
+	uint32_t block[3];
+	uint32_t shmem;
+	uint32_t argbytes;
+	/* argbytes of arguments follow */
+};
+
+struct fwd_errmsg {
+	struct fwd_hdr h;
+	uint32_t code;
+	uint32_t pad;
+	uint64_t seq;
+	uint16_t msg_len;
+	uint16_t pad2;
+	uint32_t pad3;
+	/* msg follows */
+};
+
+_Static_assert(sizeof(struct fwd_hdr) == 8, "header");
+_Static_assert(sizeof(struct fwd_hello) == 28, "hello");
+_Static_assert(sizeof(struct fwd_hello_reply) == 28, "hello reply");
+_Static_assert(sizeof(struct fwd_define) == 20, "define");
+_Static_assert(sizeof(struct fwd_launch) == 56, "launch");
+_Static_assert(sizeof(struct fwd_errmsg) == 32, "error");
+
+/*
+ * The completion page: one per connection, created by the shim in the
+ * runtime dir (and unlinked once the worker has mapped it), MAP_SHARED by
+ * both.  Writers: the shim writes magic/version at creation; the worker
+ * everything else.  64-bit fields are accessed with atomics.
+ */
+#define FWD_PAGE_MAGIC   0x45474150445746ULL    /* "FWDPAGE" */
+#define FWD_PAGE_VERSION 1u
+#define FWD_PAGE_SIZE    4096u
+
+struct fwd_page {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t worker_pid;     /* set by the worker when it maps the page    */
+	uint32_t wake;           /* futex word: bumped after every done[] store */
+	uint32_t waiters;        /* shim threads sleeping on wake              */
+	uint64_t beat_ns;        /* worker's CLOCK_MONOTONIC, every ~100 ms    */
+	uint64_t failed_seq;     /* first launch the worker could not run, 0   */
+	int32_t  failed_code;    /* its cudaError_t                            */
+	uint32_t pad;
+	uint64_t executed;       /* launches completed for this connection     */
+	uint64_t reserved[2];
+	uint64_t done[FWD_MAX_STREAMS];  /* per stream index: seq of the last
+	                                    completed launch                   */
+};
+
+_Static_assert(sizeof(struct fwd_page) <= FWD_PAGE_SIZE, "page fits");
+
+/* ---------------------------------------------------------------- decoding */
+
+/*
+ * Check a frame's header against its zmq size.  Returns NULL when the
+ * header is sound (and copies it to *h), else why not.  Both sides call
+ * this first; type-specific checks follow in fwd_check_body().
+ */
+static inline const char *fwd_check_hdr(const void *buf, size_t n, struct fwd_hdr *h)
+{
+	if (n < sizeof(*h))
+		return "shorter than a header";
+	memcpy(h, buf, sizeof(*h));
+	if (h->magic != FWD_MAGIC)
+		return "bad magic";
+	if (h->version != FWD_VERSION)
+		return "unsupported version";
+	if (h->len != n)
+		return "length field does not match the frame";
+	return NULL;
+}
+
+/* Minimum size of a frame of each type, without its variable part. */
+static inline size_t fwd_fixed_size(unsigned type)
+{
+	switch (type) {
+	case FWD_T_HELLO:       return sizeof(struct fwd_hello);
+	case FWD_T_HELLO_REPLY: return sizeof(struct fwd_hello_reply);
+	case FWD_T_DEFINE:      return sizeof(struct fwd_define);
+	case FWD_T_LAUNCH:      return sizeof(struct fwd_launch);
+	case FWD_T_BYE:         return sizeof(struct fwd_hdr);
+	case FWD_T_ERROR:       return sizeof(struct fwd_errmsg);
+	default:                return 0;
+	}
+}
+
+/*
+ * Check the variable part of a frame whose header passed fwd_check_hdr:
+ * every length field must add up to exactly the frame's size.  The caller
+ * then memcpy's the fixed part into an aligned struct and reads the
+ * variable part at the offsets this function validated.
+ */
+static inline const char *fwd_check_body(const void *buf, size_t n, unsigned type)
+{
+	size_t fixed = fwd_fixed_size(type), want;
+
+	if (!fixed)
+		return "unknown frame type";
+	if (n < fixed)
+		return "truncated";
+	switch (type) {
+	case FWD_T_HELLO: {
+		struct fwd_hello m;
+
+		memcpy(&m, buf, sizeof(m));
+		if (m.page_len == 0 || m.page_len > FWD_MAX_STR || m.twins_len > FWD_MAX_STR ||
+		    m.device_len > FWD_MAX_STR || m.name_len > FWD_MAX_STR)
+			return "string too long (or no page)";
+		want = fixed + (size_t)m.page_len + m.twins_len + m.device_len + m.name_len;
+		break;
+	}
+	case FWD_T_HELLO_REPLY: {
+		struct fwd_hello_reply m;
+
+		memcpy(&m, buf, sizeof(m));
+		want = fixed + m.msg_len;
+		break;
+	}
+	case FWD_T_DEFINE: {
+		struct fwd_define m;
+
+		memcpy(&m, buf, sizeof(m));
+		if (m.kid >= FWD_MAX_KERNELS)
+			return "kernel id out of range";
+		if (m.nparams > FWD_MAX_PARAMS || m.argbytes > FWD_MAX_ARGBYTES)
+			return "too many parameters or argument bytes";
+		if (m.name_len == 0 || m.name_len > FWD_MAX_STR)
+			return "bad name length";
+		want = fixed + (size_t)m.nparams * sizeof(struct fwd_param) + m.name_len;
+		if (want == n) {
+			const char *p = (const char *)buf + fixed;
+			uint32_t i;
+
+			for (i = 0; i < m.nparams; i++) {
+				struct fwd_param q;
+
+				memcpy(&q, p + i * sizeof(q), sizeof(q));
+				if (q.size == 0 || (uint64_t)q.offset + q.size > m.argbytes)
+					return "parameter outside the argument buffer";
+			}
+		}
+		break;
+	}
+	case FWD_T_LAUNCH: {
+		struct fwd_launch m;
+
+		memcpy(&m, buf, sizeof(m));
+		if (m.sidx >= FWD_MAX_STREAMS)
+			return "stream index out of range";
+		if (m.skind > FWD_SK_PERTHREAD)
+			return "bad stream kind";
+		if (m.kid >= FWD_MAX_KERNELS)
+			return "kernel id out of range";
+		if (m.argbytes > FWD_MAX_ARGBYTES)
+			return "too many argument bytes";
+		if (!m.seq)
+			return "sequence number 0";
+		want = fixed + m.argbytes;
+		break;
+	}
+	case FWD_T_ERROR: {
+		struct fwd_errmsg m;
+
+		memcpy(&m, buf, sizeof(m));
+		want = fixed + m.msg_len;
+		break;
+	}
+	default:
+		want = fixed;
+		break;
+	}
+	return want == n ? NULL : "lengths do not add up to the frame size";
+}
+
+static inline void fwd_hdr_init(struct fwd_hdr *h, unsigned type, unsigned flags, size_t len)
+{
+	h->magic = FWD_MAGIC;
+	h->version = FWD_VERSION;
+	h->type = (uint8_t)type;
+	h->flags = (uint8_t)flags;
+	h->len = (uint32_t)len;
+}
+
+#endif

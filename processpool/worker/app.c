@@ -1,0 +1,358 @@
+/*
+ * app.c - the applications connected to this worker.
+ *
+ * An app exists from its HELLO until its BYE, its death (pid polled every
+ * 500 ms) or the worker's shutdown.  The main thread owns the table and an
+ * app's kernel table (written once per kernel id, before any launch of it
+ * is queued: the queue's mutex orders the two); the app's launcher thread
+ * owns its streams and, at the end, destroys them and sets `finished`,
+ * after which the main thread joins it and frees the rest (the page too:
+ * only the main thread's lifetime of an app covers every heartbeat).
+ *
+ * Host twins (simgpu): the app names its twin libraries in HELLO; they are
+ * dlopen'ed RTLD_GLOBAL, which is where simgpu looks last for a twin
+ * (dlsym(RTLD_DEFAULT)), so they work for any app at any time, not only
+ * before the first kernel resolves as $SIMGPU_TWINS would.  Only regular
+ * files owned by us (or root) and not writable by others are loaded: the
+ * socket is reachable by anyone who can reach the runtime dir.
+ */
+#define _GNU_SOURCE
+#include "worker.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static struct wapp *apps[W_MAX_APPS];
+static struct wapp *last_hit;
+
+struct wapp *w_app_find(const unsigned char *rid, size_t rid_len)
+{
+	int i;
+
+	if (last_hit && !last_hit->closing && last_hit->rid_len == rid_len &&
+	    !memcmp(last_hit->rid, rid, rid_len))
+		return last_hit;
+	for (i = 0; i < W_MAX_APPS; i++) {
+		struct wapp *a = apps[i];
+
+		if (a && !a->closing && a->rid_len == rid_len && !memcmp(a->rid, rid, rid_len))
+			return last_hit = a;
+	}
+	return NULL;
+}
+
+int w_app_count(void)
+{
+	int i, n = 0;
+
+	for (i = 0; i < W_MAX_APPS; i++)
+		n += apps[i] && !apps[i]->closing;
+	return n;
+}
+
+static int safe_file(const struct stat *st)
+{
+	return S_ISREG(st->st_mode) && (st->st_uid == getuid() || st->st_uid == 0) &&
+	       !(st->st_mode & S_IWOTH);
+}
+
+static void load_twins(const char *list, const char *app)
+{
+	char *copy = strdup(list), *save = NULL, *p;
+
+	if (!copy)
+		return;
+	for (p = strtok_r(copy, ":", &save); p; p = strtok_r(NULL, ":", &save)) {
+		struct stat st;
+
+		if (!*p)
+			continue;
+		if (stat(p, &st) < 0 || !safe_file(&st)) {
+			w_log("app %s: not loading twins %s (missing, or not a file of ours)", app, p);
+			continue;
+		}
+		if (!dlopen(p, RTLD_NOW | RTLD_GLOBAL))
+			w_log("app %s: cannot load twins %s: %s", app, p, dlerror());
+	}
+	free(copy);
+}
+
+static struct fwd_page *map_page(const char *path, char *msg, size_t msglen)
+{
+	struct fwd_page *pg;
+	struct stat st;
+	int fd;
+
+	fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0) {
+		snprintf(msg, msglen, "cannot open page %s: %s", path, strerror(errno));
+		return NULL;
+	}
+	if (fstat(fd, &st) < 0 || !safe_file(&st) || st.st_size < (off_t)FWD_PAGE_SIZE) {
+		snprintf(msg, msglen, "page %s is not a %u-byte file of ours", path, FWD_PAGE_SIZE);
+		close(fd);
+		return NULL;
+	}
+	pg = mmap(NULL, FWD_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (pg == MAP_FAILED) {
+		snprintf(msg, msglen, "cannot map page %s: %s", path, strerror(errno));
+		return NULL;
+	}
+	if (__atomic_load_n(&pg->magic, __ATOMIC_ACQUIRE) != FWD_PAGE_MAGIC ||
+	    pg->version != FWD_PAGE_VERSION) {
+		snprintf(msg, msglen, "page %s has another magic or version", path);
+		munmap(pg, FWD_PAGE_SIZE);
+		return NULL;
+	}
+	return pg;
+}
+
+static int same_device(const char *dev)
+{
+	char *r;
+	int same;
+
+	if (!*dev || !*W.device)
+		return !*dev && !*W.device;
+	r = realpath(dev, NULL);
+	same = !strcmp(r ? r : dev, W.device);
+	free(r);
+	return same;
+}
+
+struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
+			 const struct fwd_hello *m, const char *page, const char *twins,
+			 const char *device, const char *name, uint32_t *status,
+			 char *msg, size_t msglen)
+{
+	struct wapp *a;
+	int i, slot = -1;
+
+	*status = FWD_S_OK;
+	if (m->worker_id != W.id) {
+		*status = FWD_S_WRONG_WORKER;
+		snprintf(msg, msglen, "this is worker %u, not %u", W.id, m->worker_id);
+		return NULL;
+	}
+	if (!W.has_by_name) {
+		*status = FWD_S_UNSUPPORTED;
+		snprintf(msg, msglen, "worker %u cannot run kernels by name on this device "
+			 "(fatbin shipping not implemented)", W.id);
+		return NULL;
+	}
+	if (!same_device(device)) {
+		*status = FWD_S_OTHER_DEVICE;
+		snprintf(msg, msglen, "app device '%.100s' is not this worker's '%.100s'", device,
+			 W.device);
+		return NULL;
+	}
+	for (i = 0; i < W_MAX_APPS && slot < 0; i++)
+		if (!apps[i])
+			slot = i;
+	if (slot < 0 || rid_len > W_MAX_RID) {
+		*status = FWD_S_FULL;
+		snprintf(msg, msglen, "worker %u serves %d apps already", W.id, W_MAX_APPS);
+		return NULL;
+	}
+	a = calloc(1, sizeof(*a));
+	if (!a) {
+		*status = FWD_S_FULL;
+		snprintf(msg, msglen, "out of memory");
+		return NULL;
+	}
+	a->page = map_page(page, msg, msglen);
+	if (!a->page) {
+		*status = FWD_S_BAD_PAGE;
+		free(a);
+		return NULL;
+	}
+	memcpy(a->rid, rid, rid_len);
+	a->rid_len = rid_len;
+	a->delim = delim;
+	a->pid = m->pid;
+	snprintf(a->name, sizeof(a->name), "%s", *name ? name : "?");
+	if (*twins)
+		load_twins(twins, a->name);
+	__atomic_store_n(&a->page->beat_ns, w_now_ns(), __ATOMIC_RELAXED);
+	__atomic_store_n(&a->page->worker_pid, W.pid, __ATOMIC_RELEASE);
+	a->qtail = &a->qhead;
+	a->last_alive_check_ns = w_now_ns();
+	pthread_mutex_init(&a->mu, NULL);
+	pthread_cond_init(&a->cv, NULL);
+	if (pthread_create(&a->thread, NULL, w_launcher, a) != 0) {
+		*status = FWD_S_FULL;
+		snprintf(msg, msglen, "cannot start a launcher thread");
+		munmap(a->page, FWD_PAGE_SIZE);
+		free(a);
+		return NULL;
+	}
+	a->thread_ok = 1;
+	apps[slot] = a;
+	w_log("app %s (pid %u) connected", a->name, a->pid);
+	return a;
+}
+
+const char *w_app_define(struct wapp *a, const struct fwd_define *m,
+			 const struct fwd_param *params, const char *name)
+{
+	struct wkernel *k = a->kernels[m->kid];
+
+	if (k) {
+		/* idempotent: the same definition again is fine */
+		if (k->nparams == m->nparams && k->argbytes == m->argbytes &&
+		    !strcmp(k->name, name) &&
+		    !memcmp(k->params, params, (size_t)m->nparams * sizeof(*params)))
+			return NULL;
+		return "kernel id already defined differently";
+	}
+	k = calloc(1, sizeof(*k));
+	if (!k)
+		return "out of memory";
+	k->params = malloc((size_t)(m->nparams ? m->nparams : 1) * sizeof(*params));
+	k->name = strdup(name);
+	if (!k->params || !k->name) {
+		free(k->params);
+		free(k->name);
+		free(k);
+		return "out of memory";
+	}
+	memcpy(k->params, params, (size_t)m->nparams * sizeof(*params));
+	k->nparams = m->nparams;
+	k->argbytes = m->argbytes;
+	k->handle = W.kernel_by_name(k->name);
+	if (!k->handle)
+		w_log("app %s: no kernel handle for %s; its launches will fail", a->name, k->name);
+	a->kernels[m->kid] = k;
+	return NULL;
+}
+
+void w_app_push(struct wapp *a, struct witem *it)
+{
+	pthread_mutex_lock(&a->mu);
+	*a->qtail = it;
+	a->qtail = &it->next;
+	if (a->sleeping)
+		pthread_cond_signal(&a->cv);
+	pthread_mutex_unlock(&a->mu);
+}
+
+void w_app_close(struct wapp *a, int abandon)
+{
+	if (last_hit == a)
+		last_hit = NULL;
+	a->closing = 1;
+	pthread_mutex_lock(&a->mu);
+	__atomic_store_n(&a->stop, 1, __ATOMIC_RELAXED);
+	if (abandon)
+		__atomic_store_n(&a->abandon, 1, __ATOMIC_RELAXED);
+	pthread_cond_signal(&a->cv);
+	pthread_mutex_unlock(&a->mu);
+}
+
+static void app_free(struct wapp *a)
+{
+	int i;
+
+	for (i = 0; i < (int)FWD_MAX_KERNELS; i++) {
+		struct wkernel *k = a->kernels[i];
+
+		if (k) {
+			free(k->params);
+			free(k->name);
+			free(k);
+		}
+	}
+	/* the launcher is done with it; a shim may still read it (its own map) */
+	munmap(a->page, FWD_PAGE_SIZE);
+	pthread_mutex_destroy(&a->mu);
+	pthread_cond_destroy(&a->cv);
+	free(a);
+}
+
+/* Join and free apps whose launcher has finished. */
+static int reap(void)
+{
+	int i, left = 0;
+
+	for (i = 0; i < W_MAX_APPS; i++) {
+		struct wapp *a = apps[i];
+
+		if (!a)
+			continue;
+		if (!a->closing || !atomic_load(&a->finished)) {
+			left++;
+			continue;
+		}
+		if (a->thread_ok)
+			pthread_join(a->thread, NULL);
+		apps[i] = NULL;
+		app_free(a);
+	}
+	return left;
+}
+
+void w_apps_tick(uint64_t now)
+{
+	int i;
+
+	for (i = 0; i < W_MAX_APPS; i++) {
+		struct wapp *a = apps[i];
+
+		if (!a || a->closing)
+			continue;
+		/* the app's liveness test of this worker: main loop responsive */
+		__atomic_store_n(&a->page->beat_ns, now, __ATOMIC_RELAXED);
+		if (now - a->last_alive_check_ns >= 500000000ull) {
+			a->last_alive_check_ns = now;
+			if (!w_pid_alive(a->pid)) {
+				w_log("app %s (pid %u) is gone; dropping its queued launches",
+				      a->name, a->pid);
+				w_app_close(a, 1);
+			}
+		}
+	}
+	reap();
+}
+
+int w_apps_shutdown(uint64_t deadline_ns)
+{
+	struct timespec ts = { 0, 10000000 };
+	int i, left;
+
+	for (i = 0; i < W_MAX_APPS; i++)
+		if (apps[i] && !apps[i]->closing)
+			w_app_close(apps[i], 0);
+	/* finish what was queued; apps waiting on it still see heartbeats */
+	for (;;) {
+		uint64_t now = w_now_ns();
+
+		left = 0;
+		for (i = 0; i < W_MAX_APPS; i++) {
+			if (!apps[i])
+				continue;
+			__atomic_store_n(&apps[i]->page->beat_ns, now, __ATOMIC_RELAXED);
+			left += !atomic_load(&apps[i]->finished);
+		}
+		w_frames_drain();
+		if (!left || now >= deadline_ns)
+			break;
+		nanosleep(&ts, NULL);
+	}
+	/* only now: an app told earlier would replay work still queued here */
+	for (i = 0; i < W_MAX_APPS; i++)
+		if (apps[i])
+			w_send_error(apps[i]->rid, apps[i]->rid_len, apps[i]->delim, FWD_E_CLOSING,
+				     0, "worker is shutting down");
+	reap();
+	return left == 0;
+}

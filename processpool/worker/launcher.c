@@ -1,0 +1,252 @@
+/*
+ * launcher.c - an app's launcher thread: runs its forwarded launches, in
+ * arrival order, on worker streams that mirror the app's streams.
+ *
+ * Streams: one non-blocking worker stream per app stream index, so apps
+ * sharing this worker never wait for one another.  The app's default-stream
+ * rules are rebuilt with events inside the app only: a launch on the
+ * app's legacy stream first waits for every blocking stream that ran
+ * something since, and a launch on a blocking stream waits for the legacy
+ * stream's latest work (FWD_SK_*).
+ *
+ * Completions: after every launch a host function ("mark") in the same
+ * stream stores the launch's seq in the app's page and wakes its waiters.
+ * A host function per launch costs little on simgpu; on a GPU,
+ * cuStreamWriteValue64 into a host-registered page would do the same
+ * without a host callback (not done here: a real GPU gets no forwarded
+ * launches until fatbins are shipped).
+ *
+ * simgpu blocks a launch whose argument layout it does not know (kernels
+ * made by simgpu_kernel_by_name) until the kernel has read its arguments;
+ * that is why launches are made here and not on the main thread.
+ */
+#define _GNU_SOURCE
+#include "worker.h"
+
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SPIN_NS 20000ull   /* an idle launcher polls this long before sleeping */
+
+static void CUDART_CB on_mark(void *arg)
+{
+	struct wstream *ws = arg;
+	struct fwd_page *pg = ws->app->page;
+	uint64_t t = atomic_load_explicit(&ws->mtail, memory_order_relaxed);
+	uint64_t v = ws->marks[t & (W_MARKS - 1)];
+
+	atomic_store_explicit(&ws->mtail, t + 1, memory_order_release);
+	/* seq_cst pairs with the waiter's increment of `waiters` */
+	__atomic_store_n(&pg->done[ws->idx], v & ~W_MARK_FAILED, __ATOMIC_SEQ_CST);
+	if (!(v & W_MARK_FAILED)) {
+		__atomic_fetch_add(&pg->executed, 1, __ATOMIC_RELAXED);
+		atomic_fetch_add_explicit(&W.executed, 1, memory_order_relaxed);
+	}
+	__atomic_fetch_add(&pg->wake, 1, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&pg->waiters, __ATOMIC_SEQ_CST))
+		syscall(SYS_futex, &pg->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void record_failure(struct wapp *a, uint64_t seq, cudaError_t e)
+{
+	/* one writer (this thread): the first failure is kept */
+	if (__atomic_load_n(&a->page->failed_seq, __ATOMIC_RELAXED))
+		return;
+	a->page->failed_code = (int32_t)e;
+	__atomic_store_n(&a->page->failed_seq, seq, __ATOMIC_RELEASE);
+}
+
+/* Queue the completion mark of the launch with value v (seq | failed). */
+static void mark(struct wstream *ws, uint64_t v)
+{
+	if (ws->mhead - atomic_load_explicit(&ws->mtail, memory_order_acquire) >= W_MARKS)
+		cudaStreamSynchronize(ws->s);   /* cannot happen with the shim's window */
+	ws->marks[ws->mhead & (W_MARKS - 1)] = v;
+	ws->mhead++;
+	if (cudaLaunchHostFunc(ws->s, on_mark, ws) != cudaSuccess) {
+		/* complete it by hand once everything before it is done */
+		cudaGetLastError();
+		cudaStreamSynchronize(ws->s);
+		cudaGetLastError();
+		on_mark(ws);
+	}
+}
+
+static struct wstream *get_stream(struct wapp *a, unsigned idx, int kind)
+{
+	struct wstream *ws = a->streams[idx];
+
+	if (ws)
+		return ws;
+	ws = calloc(1, sizeof(*ws));
+	if (!ws)
+		return NULL;
+	if (cudaStreamCreateWithFlags(&ws->s, cudaStreamNonBlocking) != cudaSuccess) {
+		cudaGetLastError();
+		free(ws);
+		return NULL;
+	}
+	if (cudaEventCreateWithFlags(&ws->ev, cudaEventDisableTiming) != cudaSuccess) {
+		cudaGetLastError();
+		cudaStreamDestroy(ws->s);
+		free(ws);
+		return NULL;
+	}
+	ws->kind = kind;
+	ws->idx = (int)idx;
+	ws->app = a;
+	ws->seen_legacy = a->legacy_launches;
+	a->streams[idx] = ws;
+	return ws;
+}
+
+static int blocking(int kind)
+{
+	return kind == FWD_SK_BLOCKING || kind == FWD_SK_PERTHREAD;
+}
+
+/* s waits for everything queued so far on from. */
+static void stream_after(struct wstream *s, struct wstream *from)
+{
+	if (cudaEventRecord(from->ev, from->s) != cudaSuccess ||
+	    cudaStreamWaitEvent(s->s, from->ev, 0) != cudaSuccess) {
+		/* no event: order the hard way, on this thread */
+		cudaGetLastError();
+		cudaStreamSynchronize(from->s);
+		cudaGetLastError();
+	}
+}
+
+/* The app's default-stream rules, before a launch on ws. */
+static void order(struct wapp *a, struct wstream *ws)
+{
+	unsigned i;
+
+	if (ws->kind == FWD_SK_LEGACY) {
+		for (i = 0; i < FWD_MAX_STREAMS; i++) {
+			struct wstream *o = a->streams[i];
+
+			if (o && o != ws && blocking(o->kind) && o->dirty) {
+				stream_after(ws, o);
+				o->dirty = 0;
+			}
+		}
+	} else if (blocking(ws->kind) && ws->seen_legacy != a->legacy_launches) {
+		for (i = 0; i < FWD_MAX_STREAMS; i++) {
+			struct wstream *l = a->streams[i];
+
+			if (l && l->kind == FWD_SK_LEGACY)
+				stream_after(ws, l);
+		}
+		ws->seen_legacy = a->legacy_launches;
+	}
+}
+
+static void launch_one(struct wapp *a, struct witem *it)
+{
+	void *argv[FWD_MAX_PARAMS];
+	const struct fwd_launch *m = &it->m;
+	const struct wkernel *k = it->k;
+	struct wstream *ws = get_stream(a, m->sidx, m->skind);
+	dim3 g, b;
+	cudaError_t e;
+	unsigned i;
+
+	if (!ws) {
+		/* nothing of this index is in flight: complete it as failed now */
+		record_failure(a, m->seq, cudaErrorMemoryAllocation);
+		__atomic_store_n(&a->page->done[m->sidx], m->seq, __ATOMIC_SEQ_CST);
+		__atomic_fetch_add(&a->page->wake, 1, __ATOMIC_SEQ_CST);
+		syscall(SYS_futex, &a->page->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+		return;
+	}
+	order(a, ws);
+	for (i = 0; i < k->nparams; i++)
+		argv[i] = it->args + k->params[i].offset;
+	g.x = m->grid[0], g.y = m->grid[1], g.z = m->grid[2];
+	b.x = m->block[0], b.y = m->block[1], b.z = m->block[2];
+	if (!k->handle)
+		e = cudaErrorInvalidDeviceFunction;
+	else if (m->h.flags & FWD_LF_COOP)
+		e = cudaLaunchCooperativeKernel(k->handle, g, b, argv, m->shmem, ws->s);
+	else
+		e = cudaLaunchKernel(k->handle, g, b, argv, m->shmem, ws->s);
+	if (e != cudaSuccess) {
+		cudaGetLastError();
+		record_failure(a, m->seq, e);
+	}
+	mark(ws, m->seq | (e != cudaSuccess ? W_MARK_FAILED : 0));
+	if (ws->kind == FWD_SK_LEGACY)
+		a->legacy_launches++;
+	else if (blocking(ws->kind))
+		ws->dirty = 1;
+}
+
+/* Take the whole queue; spin briefly first, as launch loops refill it
+ * sooner than a sleep and wake-up would take. */
+static struct witem *take(struct wapp *a, int *stop)
+{
+	struct witem *list;
+	struct timespec t0, t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (!__atomic_load_n(&a->qhead, __ATOMIC_RELAXED) &&
+	       !__atomic_load_n(&a->stop, __ATOMIC_RELAXED)) {
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if ((uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t.tv_nsec -
+		    (uint64_t)t0.tv_nsec > SPIN_NS)
+			break;
+	}
+	pthread_mutex_lock(&a->mu);
+	while (!a->qhead && !a->stop) {
+		a->sleeping = 1;
+		pthread_cond_wait(&a->cv, &a->mu);
+		a->sleeping = 0;
+	}
+	list = a->qhead;
+	a->qhead = NULL;
+	a->qtail = &a->qhead;
+	*stop = a->stop;
+	pthread_mutex_unlock(&a->mu);
+	return list;
+}
+
+void *w_launcher(void *arg)
+{
+	struct wapp *a = arg;
+	unsigned i;
+
+	for (;;) {
+		int stop;
+		struct witem *list = take(a, &stop), *next;
+
+		for (; list; list = next) {
+			next = list->next;
+			if (!__atomic_load_n(&a->abandon, __ATOMIC_RELAXED))
+				launch_one(a, list);
+			free(list);
+		}
+		if (stop && !__atomic_load_n(&a->qhead, __ATOMIC_ACQUIRE))
+			break;
+	}
+	for (i = 0; i < FWD_MAX_STREAMS; i++) {
+		struct wstream *ws = a->streams[i];
+
+		if (!ws)
+			continue;
+		/* in-flight kernels and their marks finish before we go */
+		cudaStreamSynchronize(ws->s);
+		cudaEventDestroy(ws->ev);
+		cudaStreamDestroy(ws->s);
+		cudaGetLastError();
+		free(ws);
+		a->streams[i] = NULL;
+	}
+	atomic_store(&a->finished, 1);
+	return NULL;
+}

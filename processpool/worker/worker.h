@@ -1,0 +1,142 @@
+/*
+ * worker.h - colocate-worker: a process-pool worker that runs forwarded
+ * kernel launches at a fixed SM quota.
+ *
+ *   colocate-worker --id N --quota Q --runtime-dir DIR
+ *
+ * On a GPU it is an MPS client started with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=Q;
+ * on simgpu the same variable gives its quota in the device model.  It binds
+ * a ZeroMQ ROUTER at ipc://DIR/worker-N.sock, writes DIR/worker-N.pid and
+ * prints "READY worker N quota Q pid P" once its CUDA context exists.
+ * Protocol: processpool/fwd_proto.h.
+ *
+ * Files, one job each:
+ *   main.c      start-up, signals, the poll loop, heartbeats, shutdown
+ *   frames.c    receiving, checking and dispatching frames; replies; stats
+ *   app.c       one connected application: HELLO, its page, kernels, twins
+ *   launcher.c  an application's launcher thread: streams, ordering, marks
+ *
+ * Threads: the main thread owns the socket and every app's tables; each app
+ * has one launcher thread that makes the CUDA calls, so one app's launch
+ * that blocks (simgpu blocks a launch whose argument layout it does not
+ * know until the kernel starts) never delays another app, a stats request
+ * or a heartbeat.  Completions reach the app through its page, written by
+ * host functions in stream order (no message, no main-thread hop).
+ */
+#ifndef COLOCATE_WORKER_H
+#define COLOCATE_WORKER_H
+
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../fwd_proto.h"
+
+#define W_MAX_APPS    256
+#define W_MAX_RID     256          /* zmq routing ids are at most 255 bytes */
+#define W_MARKS       8192u        /* outstanding marks per stream (2^k)    */
+#define W_MARK_FAILED (1ull << 63) /* the marked launch failed              */
+
+struct wkernel {
+	void *handle;                  /* cudaKernel_t, NULL if none            */
+	uint16_t nparams;
+	uint32_t argbytes;
+	struct fwd_param *params;
+	char *name;
+};
+
+/* A worker stream serving one stream index of one app. */
+struct wstream {
+	cudaStream_t s;
+	cudaEvent_t ev;                /* for default-stream ordering           */
+	int kind;                      /* FWD_SK_* of the app's stream          */
+	int idx;
+	int dirty;                     /* blocking: work the legacy stream has
+	                                  not waited for yet                    */
+	uint64_t seen_legacy;          /* legacy launches this one waited for   */
+	struct wapp *app;
+	uint64_t marks[W_MARKS];       /* seq of each pending host-function mark */
+	uint64_t mhead;                /* launcher thread                       */
+	_Atomic uint64_t mtail;        /* host functions                        */
+};
+
+/* A launch handed to an app's launcher thread, in arrival order. */
+struct witem {
+	struct witem *next;
+	struct wkernel *k;
+	struct fwd_launch m;
+	unsigned char args[];          /* m.argbytes */
+};
+
+struct wapp {
+	unsigned char rid[W_MAX_RID];
+	size_t rid_len;
+	int delim;                     /* its frames carry an empty delimiter  */
+	uint32_t pid;
+	char name[64];
+	struct fwd_page *page;
+	struct wkernel *kernels[FWD_MAX_KERNELS];   /* main thread writes once */
+	struct wstream *streams[FWD_MAX_STREAMS];   /* launcher thread only    */
+	uint64_t legacy_launches;                   /* launcher thread only    */
+
+	pthread_t thread;
+	int thread_ok;
+	pthread_mutex_t mu;            /* the queue below                       */
+	pthread_cond_t cv;
+	struct witem *qhead, **qtail;
+	int sleeping;
+	int stop;                      /* leave after the queue (BYE, shutdown) */
+	int abandon;                   /* leave now: the app is gone (atomic)   */
+	atomic_int finished;           /* launcher thread has cleaned up        */
+	int closing;                   /* main thread: no longer routable       */
+	uint64_t last_alive_check_ns;
+};
+
+/* ---- main.c */
+struct wglobal {
+	uint32_t id;
+	uint32_t quota;
+	uint32_t pid;
+	const char *rundir;
+	void *sock;
+	int closing;
+	int has_by_name;               /* simgpu_kernel_by_name is available    */
+	void *(*kernel_by_name)(const char *);
+	char device[4096];             /* realpath($SIMGPU_DIR) or ""           */
+	_Atomic uint64_t executed;     /* kernels completed for apps            */
+	uint64_t bad_frames;
+};
+extern struct wglobal W;
+
+void w_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+uint64_t w_now_ns(void);
+int w_pid_alive(uint32_t pid);
+
+/* ---- frames.c */
+void w_frames_drain(void);     /* receive and handle every queued message  */
+void w_send(struct wapp *a, const unsigned char *rid, size_t rid_len, int delim,
+	    const void *buf, size_t len);
+void w_send_error(const unsigned char *rid, size_t rid_len, int delim, uint32_t code,
+		  uint64_t seq, const char *msg);
+
+/* ---- app.c */
+struct wapp *w_app_find(const unsigned char *rid, size_t rid_len);
+int  w_app_count(void);
+/* HELLO: fills reply status and message; returns the app or NULL */
+struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
+			 const struct fwd_hello *m, const char *page, const char *twins,
+			 const char *device, const char *name, uint32_t *status,
+			 char *msg, size_t msglen);
+const char *w_app_define(struct wapp *a, const struct fwd_define *m,
+			 const struct fwd_param *params, const char *name);
+void w_app_push(struct wapp *a, struct witem *it);
+void w_app_close(struct wapp *a, int abandon);   /* BYE / app death / shutdown */
+void w_apps_tick(uint64_t now);                  /* heartbeats, deaths, reaping */
+int  w_apps_shutdown(uint64_t deadline_ns);     /* 1: every app finished */
+
+/* ---- launcher.c */
+void *w_launcher(void *arg);
+
+#endif
