@@ -208,26 +208,34 @@ SHIM_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuui
 }
 
 /* ---- launches -------------------------------------------------------- */
-/* CUfunction -> name, asked of the driver once per function. */
-static const void *name_key(CUfunction f)
+/* First launch of a CUfunction: ask the driver its name, once.  When the
+ * table is full, launches are still counted, just not by kernel. */
+static __attribute__((noinline)) struct shim_kernel *name_function(CUfunction f)
 {
 	static __typeof__(&cuFuncGetName) get_name;
 	const char *name = NULL;
 
-	if (!f || shim_kernel_find(f))
-		return f;
+	if (shim_kernel_table_full())
+		return NULL;
 	if (!get_name)
 		get_name = (__typeof__(get_name))shim_real_drv("cuFuncGetName");
 	if (get_name && get_name(&name, f) != CUDA_SUCCESS)
 		name = NULL;
-	shim_kernel_add(f, name ? name : "?");
-	return f;
+	return shim_kernel_add(f, name ? name : "?");
 }
 
 static inline void count_drv_launch(CUresult r, CUfunction f)
 {
-	if (r == CUDA_SUCCESS && !shim_in_runtime)
-		shim_count_launch(f ? name_key(f) : NULL);
+	struct shim_kernel *k;
+
+	if (r != CUDA_SUCCESS || shim_in_runtime)
+		return;
+	k = f ? shim_kernel_find(f) : NULL;
+	if (f && !k)
+		k = name_function(f);
+	shim_add(&shim_ctr->launches, 1);
+	if (k)
+		shim_add(&k->launches, 1);
 }
 
 #define LAUNCH(idx, params, args, fn)                                     \

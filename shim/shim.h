@@ -83,6 +83,9 @@ void shim_kernel_alias(const void *key, const void *key2);
 struct shim_kernel *shim_kernel_find(const void *key);
 /* Visit every kernel launched at least once. */
 void shim_kernel_each(void (*fn)(const struct shim_kernel *k, void *arg), void *arg);
+int shim_kernel_table_full(void);
+/* Forked child: zero the inherited per-kernel counts, re-create the locks. */
+void shim_names_after_fork(void);
 
 /* One successful launch of the kernel known by key (may be unknown). */
 static inline void shim_count_launch(const void *key)

@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KEY_SLOTS   16384u          /* power of two, > 2x MAX_KERNELS */
-#define MAX_KERNELS 4096u
+#define KEY_SLOTS   131072u         /* power of two, > 2x MAX_KERNELS */
+#define MAX_KERNELS 32768u          /* libtorch_cuda alone registers > 4096 */
 
 struct key_slot {
 	const void *key;                /* published last, with release */
@@ -29,6 +29,7 @@ static struct key_slot keys[KEY_SLOTS];
 static struct shim_kernel kernels[MAX_KERNELS];
 static uint32_t nkernels;
 static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static inline uint32_t hash_ptr(const void *p)
 {
@@ -86,10 +87,29 @@ struct shim_kernel *shim_kernel_add(const void *key, const char *name)
 		k->name = strdup(name ? name : "?");
 		if (!k->name)
 			k->name = "?";
-		put_key(key, nkernels++);
+		put_key(key, nkernels);
+		/* release: shim_kernel_each reads entries below nkernels */
+		__atomic_store_n(&nkernels, nkernels + 1, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&names_lock);
 	return k;
+}
+
+int shim_kernel_table_full(void)
+{
+	return __atomic_load_n(&nkernels, __ATOMIC_RELAXED) >= MAX_KERNELS;
+}
+
+void shim_names_after_fork(void)
+{
+	uint32_t i;
+
+	/* the child's counts start at zero; locks a parent thread held at
+	 * fork time would never be released in the child */
+	for (i = 0; i < nkernels; i++)
+		kernels[i].launches = 0;
+	pthread_mutex_init(&names_lock, NULL);
+	pthread_mutex_init(&alloc_lock, NULL);
 }
 
 void shim_kernel_alias(const void *key, const void *key2)
@@ -121,7 +141,6 @@ struct alloc {
 
 #define ALLOC_BUCKETS 4096u
 static struct alloc *allocs[ALLOC_BUCKETS];
-static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void shim_alloc_note(const void *ptr, size_t size)
 {
