@@ -22,7 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 static void *zctx, *zsock;
@@ -123,6 +126,23 @@ static const char *env_or(const char *name, const char *dflt)
 	return v && *v ? v : dflt;
 }
 
+/* Is anyone accepting on the unix socket at path?  One connect(2), no zmq. */
+static int socket_listens(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd, ok;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return 1;   /* cannot probe; let zmq try */
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return 1;
+	ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 || errno != ECONNREFUSED;
+	close(fd);
+	return ok;
+}
+
 int shim_ctl_register(char *why, size_t whylen)
 {
 	char endpoint[PATH_MAX + 16], sock_path[PATH_MAX], exe[PATH_MAX] = "";
@@ -140,6 +160,14 @@ int shim_ctl_register(char *why, size_t whylen)
 		snprintf(why, whylen, "no controller (%s missing)", sock_path);
 		return -1;
 	}
+	if (!socket_listens(sock_path)) {
+		/* a crashed controller leaves its socket file: do not wait for
+		 * an answer that cannot come */
+		snprintf(why, whylen, "no controller (stale %s)", sock_path);
+		return -1;
+	}
+	if (timeout_ms < 50 || timeout_ms > 60000)
+		timeout_ms = 1000;
 	if (zmqdl_load(shim_dlsym, why, whylen) < 0)
 		return -1;
 	zctx = zmq.ctx_new();
@@ -172,7 +200,7 @@ int shim_ctl_register(char *why, size_t whylen)
 	json_str(msg, sizeof(msg), name);
 	json_raw(msg, sizeof(msg), ",\"class\":");
 	json_str(msg, sizeof(msg), cls);
-	if (qos && *qos)
+	if (qos && *qos && isfinite(atof(qos)))   /* JSON has no inf/nan */
 		json_raw(msg, sizeof(msg), ",\"qos_ms\":%g", atof(qos));
 	else
 		json_raw(msg, sizeof(msg), ",\"qos_ms\":null");

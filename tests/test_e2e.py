@@ -193,3 +193,15 @@ def test_kernels_without_a_host_twin_are_reported(controller, rundir, tmp_path):
     colocate("run", "--device", "sim", "--name", "paired", "--", str(BIN / "vecadd"), rundir=rundir)
     wait_for(lambda: app_record(rundir, "paired")["state"] == "exited", what="final record")
     assert json.loads(colocate("kernels", "paired", "--json", "--no-twin", rundir=rundir).stdout) == []
+
+
+def test_a_stale_controller_socket_is_recognised_without_waiting(rundir):
+    """A crashed controller leaves ctl.sock behind: the shim probes it with
+    connect(2) and runs natively at once instead of waiting for a reply."""
+    import socket
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(rundir / "ctl.sock"))
+    s.close()                                   # the file stays, nobody listens
+    res = colocate("run", "--device", "sim", "--", str(BIN / "vecadd"), rundir=rundir, check=False)
+    assert res.returncode == 0 and "PASS vecadd" in res.stdout
+    assert "stale" in res.stderr and "running natively" in res.stderr, res.stderr
