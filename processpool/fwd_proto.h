@@ -17,10 +17,12 @@
  *                  in their first byte)
  *     u8  version  FWD_VERSION; another version is rejected with an ERROR
  *     u8  type     FWD_T_*
- *     u8  flags    per type (LAUNCH: FWD_LF_*), else 0
+ *     u8  flags    per type (HELLO, HELLO_REPLY: FWD_HF_*; LAUNCH:
+ *                  FWD_LF_*), else 0
  *     u32 len      length of the whole frame; must equal the zmq frame size
  *
  *   HELLO        shim -> worker, first frame of a connection
+ *     flags: FWD_HF_RING = launches come through the page's ring
  *     u32 pid        the application's pid (the worker drops the app when
  *                    it dies)
  *     u32 worker_id  the route the shim followed; a worker answers
@@ -38,6 +40,7 @@
  *                    BAD_PAGE, ...
  *     u32 worker_id, quota_pct, pid
  *     u16 msg_len; u16 pad; msg (why, for the shim's log line)
+ *     flags: FWD_HF_RING echoed when the worker takes the ring
  *   DEFINE       shim -> worker, once per kernel per connection, before
  *                the kernel's first LAUNCH
  *     u32 kid        the shim's kernel id (< FWD_MAX_KERNELS)
@@ -57,20 +60,43 @@
  *     argument bytes, laid out at the DEFINE's offsets
  *     flags: FWD_LF_COOP = cooperative launch
  *   BYE          shim -> worker: the app leaves; it has drained first
- *   ERROR        worker -> shim (and answer to any malformed frame)
+ *   ERROR        worker -> shim (and answer to any malformed frame); to a
+ *                shim it means the connection lost work: it replays
+ *                locally what did not complete.  FWD_E_CLOSING (seq 0)
+ *                comes after a SIGTERM, once the worker has finished
+ *                everything it had taken
  *     u32 code       FWD_E_*
  *     u32 pad
  *     u64 seq        the LAUNCH concerned, or 0
  *     u16 msg_len; u16 pad2; u32 pad3; msg
  *
- * Completions do not travel as messages.  The shim creates a small file
- * (struct fwd_page) per connection, the worker maps it at HELLO, and after
- * each forwarded kernel a host function in the worker's stream stores the
- * kernel's seq in done[sidx] and wakes futex waiters.  A sync in the app is
- * then a wait on memory (microseconds, no round trip), and after a worker
- * dies the page tells exactly which launches completed: the host function
- * sits between a kernel and the next one in stream order, so every launch
- * past done[sidx] has not started, or is the one that was running.
+ * The data path does not go through ZeroMQ.  The shim creates a file per
+ * connection (struct fwd_page, then a ring of ring_size bytes), the worker
+ * maps it at HELLO, and then:
+ *
+ *   launches   DEFINE and LAUNCH frames, encoded exactly as above, are
+ *              written into the ring (single producer: the shim, single
+ *              consumer: the app's launcher thread in the worker), which
+ *              copies each frame out before checking it.  The producer
+ *              publishes ring_head, then wakes the consumer if it sleeps on
+ *              ring_wake.  A frame the worker refuses stops the ring for
+ *              good and is reported in refused_seq/refused_code.
+ *   completions after each forwarded kernel a host function in the worker's
+ *              stream stores the kernel's seq in done[sidx] and wakes futex
+ *              waiters.  A sync in the app is a wait on memory, and after a
+ *              worker dies the page tells exactly which launches completed:
+ *              the host function sits between a kernel and the next one in
+ *              stream order, so every launch past done[sidx] has not
+ *              started, or is the one that was running.
+ *
+ * A HELLO without FWD_HF_RING (ring_size 0) sends DEFINE and LAUNCH as zmq
+ * frames instead (COLOCATE_FWD_RING_KB=0): two I/O threads and the worker's
+ * main thread then sit between a launch and its kernel, and the worker's
+ * main thread serialises every app's launches.
+ *
+ * Compatibility: any change of a frame or of the page bumps FWD_VERSION or
+ * FWD_PAGE_VERSION; both sides refuse the other version (ERROR VERSION,
+ * HELLO_REPLY BAD_PAGE), and the app then runs locally.
  */
 #ifndef COLOCATE_FWD_PROTO_H
 #define COLOCATE_FWD_PROTO_H
@@ -104,6 +130,10 @@ enum fwd_type {
 
 /* LAUNCH flags */
 #define FWD_LF_COOP 0x01u
+/* HELLO flags */
+#define FWD_HF_RING 0x01u        /* DEFINE/LAUNCH come through the page's ring:
+                                    frames back to back from any byte offset,
+                                    wrapping at the ring's end               */
 
 /* stream kinds: the default-stream rules of the app's stream */
 enum fwd_skind {
@@ -212,32 +242,57 @@ _Static_assert(sizeof(struct fwd_launch) == 56, "launch");
 _Static_assert(sizeof(struct fwd_errmsg) == 32, "error");
 
 /*
- * The completion page: one per connection, created by the shim in the
- * runtime dir (and unlinked once the worker has mapped it), MAP_SHARED by
- * both.  Writers: the shim writes magic/version at creation; the worker
- * everything else.  64-bit fields are accessed with atomics.
+ * The page: one per connection, created by the shim in the runtime dir (and
+ * unlinked once the worker has mapped it), MAP_SHARED by both.  The shim
+ * writes line 0 before HELLO and the producer line; the worker the rest.
+ * Fields written while both run are accessed with atomics; producer and
+ * consumer indexes live on lines of their own.
  */
 #define FWD_PAGE_MAGIC   0x45474150445746ULL    /* "FWDPAGE" */
-#define FWD_PAGE_VERSION 1u
-#define FWD_PAGE_SIZE    4096u
+#define FWD_PAGE_VERSION 2u
+#define FWD_PAGE_SIZE    4096u                  /* the ring starts here */
+#define FWD_RING_MIN     (64u << 10)
+#define FWD_RING_MAX     (64u << 20)
 
 struct fwd_page {
+	/* line 0: fixed at creation (shim), worker_pid at HELLO (worker) */
 	uint64_t magic;
 	uint32_t version;
-	uint32_t worker_pid;     /* set by the worker when it maps the page    */
-	uint32_t wake;           /* futex word: bumped after every done[] store */
+	uint32_t ring_size;      /* bytes of ring after the page, a power of 2;
+	                            0 when launches travel as zmq frames       */
+	uint32_t worker_pid;
+	uint32_t pad0[11];
+	/* line 1: completions and health (worker) */
+	_Alignas(64) uint32_t wake;   /* futex: bumped after every done[] store */
 	uint32_t waiters;        /* shim threads sleeping on wake              */
 	uint64_t beat_ns;        /* worker's CLOCK_MONOTONIC, every ~100 ms    */
 	uint64_t failed_seq;     /* first launch the worker could not run, 0   */
 	int32_t  failed_code;    /* its cudaError_t                            */
-	uint32_t pad;
+	int32_t  refused_code;   /* FWD_E_* when the worker refused ring
+	                            content: the connection is void            */
+	uint64_t refused_seq;    /* the LAUNCH concerned, or 0                 */
 	uint64_t executed;       /* launches completed for this connection     */
-	uint64_t reserved[2];
-	uint64_t done[FWD_MAX_STREAMS];  /* per stream index: seq of the last
-	                                    completed launch                   */
+	uint64_t pad1[2];
+	/* line 2: ring producer (shim) */
+	_Alignas(64) uint64_t ring_head;  /* bytes ever written               */
+	uint32_t ring_wake;      /* futex: bumped to wake a sleeping consumer  */
+	uint32_t pad2[13];
+	/* line 3: ring consumer (worker) */
+	_Alignas(64) uint64_t ring_tail;  /* bytes ever consumed              */
+	uint32_t ring_sleeping;  /* consumer sleeps (or is about to) on ring_wake */
+	uint32_t pad3[13];
+	/* per stream index: seq of the last completed launch (worker) */
+	_Alignas(64) uint64_t done[FWD_MAX_STREAMS];
 };
 
 _Static_assert(sizeof(struct fwd_page) <= FWD_PAGE_SIZE, "page fits");
+/* fixed offsets: tests (and any other language) map the page too */
+_Static_assert(offsetof(struct fwd_page, wake) == 64, "line 1");
+_Static_assert(offsetof(struct fwd_page, refused_code) == 92, "refused_code");
+_Static_assert(offsetof(struct fwd_page, refused_seq) == 96, "refused_seq");
+_Static_assert(offsetof(struct fwd_page, ring_head) == 128, "line 2");
+_Static_assert(offsetof(struct fwd_page, ring_tail) == 192, "line 3");
+_Static_assert(offsetof(struct fwd_page, done) == 256, "done");
 
 /* ---------------------------------------------------------------- decoding */
 

@@ -45,6 +45,12 @@ __typeof__(cudaMemcpyAsync) cudaMemcpyAsync_ptsz;
 __typeof__(cudaMemset) cudaMemset_ptds;
 __typeof__(cudaMemsetAsync) cudaMemsetAsync_ptsz;
 __typeof__(cudaStreamSynchronize) cudaStreamSynchronize_ptsz;
+__typeof__(cudaEventRecord) cudaEventRecord_ptsz;
+__typeof__(cudaEventRecordWithFlags) cudaEventRecordWithFlags_ptsz;
+__typeof__(cudaStreamWaitEvent) cudaStreamWaitEvent_ptsz;
+__typeof__(cudaStreamQuery) cudaStreamQuery_ptsz;
+__typeof__(cudaLaunchHostFunc) cudaLaunchHostFunc_ptsz;
+__typeof__(cudaStreamAddCallback) cudaStreamAddCallback_ptsz;
 
 /* The real function, looked up once.  On a miss the hook returns an error
  * of the function's own kind rather than crashing the application. */
@@ -112,36 +118,87 @@ SHIM_API cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun)
 }
 
 /* ---- launches -------------------------------------------------------- */
-#define LAUNCH_HOOK(name, key, params, args)                              \
-	SHIM_API cudaError_t name params                                  \
+/*
+ * Routed to a worker (shim_fwd_check: the slot's route epoch is not the one
+ * known to be local), a launch goes to shim_fwd_launch(), which forwards it
+ * or runs it locally in order, and counts it.  Otherwise: as before, plus
+ * that one relaxed load.
+ */
+#define FWD_LAUNCH(entry, ptsz, key, g, b, sh, s, a, cfg)                  \
+	if (shim_fwd_check()) {                                           \
+		struct shim_launch l_ = {                                 \
+			entry, ptsz, (const void *)(key), (void *)real_,  \
+			{ (g).x, (g).y, (g).z }, { (b).x, (b).y, (b).z }, \
+			(sh), (void *)(s), (a), (cfg) };                  \
+		return (cudaError_t)shim_fwd_launch(&l_);                 \
+	}
+
+#define LAUNCH_HOOK(name, entry, ptsz, KT)                                \
+	SHIM_API cudaError_t name(KT f, dim3 g, dim3 b, void **a, size_t sh, cudaStream_t s) \
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
-		r = IN_RUNTIME(real_ args);                               \
+		FWD_LAUNCH(entry, ptsz, f, g, b, sh, s, a, NULL)          \
+		r = IN_RUNTIME(real_(f, g, b, a, sh, s));                 \
 		if (r == cudaSuccess)                                     \
-			shim_count_launch(key);                           \
+			shim_count_launch(f);                             \
 		return r;                                                 \
 	}
 
-LAUNCH_HOOK(__cudaLaunchKernel, k,
-	    (cudaKernel_t k, dim3 g, dim3 b, void **a, size_t sh, cudaStream_t s), (k, g, b, a, sh, s))
-LAUNCH_HOOK(__cudaLaunchKernel_ptsz, k,
-	    (cudaKernel_t k, dim3 g, dim3 b, void **a, size_t sh, cudaStream_t s), (k, g, b, a, sh, s))
-LAUNCH_HOOK(cudaLaunchKernel, f,
-	    (const void *f, dim3 g, dim3 b, void **a, size_t sh, cudaStream_t s), (f, g, b, a, sh, s))
-LAUNCH_HOOK(cudaLaunchKernel_ptsz, f,
-	    (const void *f, dim3 g, dim3 b, void **a, size_t sh, cudaStream_t s), (f, g, b, a, sh, s))
-LAUNCH_HOOK(cudaLaunchKernelExC, f,
-	    (const cudaLaunchConfig_t *c, const void *f, void **a), (c, f, a))
-LAUNCH_HOOK(cudaLaunchKernelExC_ptsz, f,
-	    (const cudaLaunchConfig_t *c, const void *f, void **a), (c, f, a))
-LAUNCH_HOOK(cudaLaunchCooperativeKernel, f,
-	    (const void *f, dim3 g, dim3 b, void **a, size_t sh, cudaStream_t s), (f, g, b, a, sh, s))
-LAUNCH_HOOK(cudaLaunchCooperativeKernel_ptsz, f,
-	    (const void *f, dim3 g, dim3 b, void **a, size_t sh, cudaStream_t s), (f, g, b, a, sh, s))
-/* a graph launch counts as one launch; its kernels are not named */
-LAUNCH_HOOK(cudaGraphLaunch, (const void *)e, (cudaGraphExec_t e, cudaStream_t s), (e, s))
-LAUNCH_HOOK(cudaGraphLaunch_ptsz, (const void *)e, (cudaGraphExec_t e, cudaStream_t s), (e, s))
+LAUNCH_HOOK(__cudaLaunchKernel, SHIM_E_NVCC, 0, cudaKernel_t)
+LAUNCH_HOOK(__cudaLaunchKernel_ptsz, SHIM_E_NVCC, 1, cudaKernel_t)
+LAUNCH_HOOK(cudaLaunchKernel, SHIM_E_LAUNCH, 0, const void *)
+LAUNCH_HOOK(cudaLaunchKernel_ptsz, SHIM_E_LAUNCH, 1, const void *)
+LAUNCH_HOOK(cudaLaunchCooperativeKernel, SHIM_E_COOP, 0, const void *)
+LAUNCH_HOOK(cudaLaunchCooperativeKernel_ptsz, SHIM_E_COOP, 1, const void *)
+
+static const dim3 no_dim;
+
+#define LAUNCH_EXC_HOOK(name, ptsz)                                       \
+	SHIM_API cudaError_t name(const cudaLaunchConfig_t *c, const void *f, void **a) \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_LAUNCH(SHIM_E_EXC, ptsz, f, no_dim, no_dim, 0, NULL, a, c) \
+		r = IN_RUNTIME(real_(c, f, a));                           \
+		if (r == cudaSuccess)                                     \
+			shim_count_launch(f);                             \
+		return r;                                                 \
+	}
+LAUNCH_EXC_HOOK(cudaLaunchKernelExC, 0)
+LAUNCH_EXC_HOOK(cudaLaunchKernelExC_ptsz, 1)
+
+/* a graph launch counts as one launch; its kernels are not named, and it
+ * is never forwarded (it runs locally, in order with forwarded work) */
+#define GRAPH_HOOK(name, ptsz)                                            \
+	SHIM_API cudaError_t name(cudaGraphExec_t e, cudaStream_t s)      \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_LAUNCH(SHIM_E_GRAPH, ptsz, e, no_dim, no_dim, 0, s, NULL, NULL) \
+		r = IN_RUNTIME(real_(e, s));                              \
+		if (r == cudaSuccess)                                     \
+			shim_count_launch((const void *)e);               \
+		return r;                                                 \
+	}
+GRAPH_HOOK(cudaGraphLaunch, 0)
+GRAPH_HOOK(cudaGraphLaunch_ptsz, 1)
+
+/* Local work while launches may be forwarded: wait for the forwarded work
+ * it must follow (or report an error a forwarded launch left), and after
+ * an asynchronous operation, have the next forwarded launch on its stream
+ * wait for it.  One relaxed load when nothing is forwarded. */
+#define FWD_FENCE(s, ptsz, scope)                                         \
+	do {                                                              \
+		int e_;                                                   \
+		if (shim_fwd_active() && (e_ = shim_fwd_fence((void *)(s), ptsz, scope))) \
+			return (cudaError_t)e_;                           \
+	} while (0)
+#define FWD_LOCAL(s, ptsz)                                                \
+	do {                                                              \
+		if (shim_fwd_active())                                    \
+			shim_fwd_local_done((void *)(s), ptsz);           \
+	} while (0)
 
 /* ---- device memory --------------------------------------------------- */
 SHIM_API cudaError_t cudaMalloc(void **p, size_t n)
@@ -177,7 +234,7 @@ SHIM_API cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t w, size_t h
 	return r;
 }
 
-#define MALLOC_ASYNC_HOOK(name)                                           \
+#define MALLOC_ASYNC_HOOK(name, ptsz)                                     \
 	SHIM_API cudaError_t name(void **p, size_t n, cudaStream_t s)     \
 	{                                                                 \
 		cudaError_t r;                                            \
@@ -185,34 +242,40 @@ SHIM_API cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t w, size_t h
 		r = IN_RUNTIME(real_(p, n, s));                           \
 		if (r == cudaSuccess && p)                                \
 			shim_alloc_note(*p, n);                           \
+		FWD_LOCAL(s, ptsz);                                       \
 		return r;                                                 \
 	}
-MALLOC_ASYNC_HOOK(cudaMallocAsync)
-MALLOC_ASYNC_HOOK(cudaMallocAsync_ptsz)
+MALLOC_ASYNC_HOOK(cudaMallocAsync, 0)
+MALLOC_ASYNC_HOOK(cudaMallocAsync_ptsz, 1)
 
 SHIM_API cudaError_t cudaFree(void *p)
 {
 	cudaError_t r;
 
 	REAL(cudaFree, NOSYM);
+	/* forwarded kernels may still use it, as queued local ones may */
+	if (p)
+		FWD_FENCE(NULL, 0, SHIM_FENCE_ALL);
 	r = IN_RUNTIME(real_(p));
 	if (r == cudaSuccess && p)
 		shim_free_note(p);
 	return r;
 }
 
-#define FREE_ASYNC_HOOK(name)                                             \
+#define FREE_ASYNC_HOOK(name, ptsz)                                       \
 	SHIM_API cudaError_t name(void *p, cudaStream_t s)                \
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
 		r = IN_RUNTIME(real_(p, s));                              \
 		if (r == cudaSuccess && p)                                \
 			shim_free_note(p);                                \
+		FWD_LOCAL(s, ptsz);                                       \
 		return r;                                                 \
 	}
-FREE_ASYNC_HOOK(cudaFreeAsync)
-FREE_ASYNC_HOOK(cudaFreeAsync_ptsz)
+FREE_ASYNC_HOOK(cudaFreeAsync, 0)
+FREE_ASYNC_HOOK(cudaFreeAsync_ptsz, 1)
 
 /* Pinned host memory: passed through.  Hooked so that the copy path (and
  * the process pool's forwarding) can tell pinned from pageable sources. */
@@ -270,52 +333,66 @@ static void count_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 	}
 }
 
-#define COPY_HOOK(name)                                                   \
+/* Blocking copies run on the default stream (legacy, or per-thread for
+ * _ptds); even they may return before a device-side copy has finished. */
+#define COPY_HOOK(name, ptsz)                                             \
 	SHIM_API cudaError_t name(void *d, const void *s, size_t n, enum cudaMemcpyKind k) \
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
 		r = IN_RUNTIME(real_(d, s, n, k));                        \
 		if (r == cudaSuccess)                                     \
 			count_copy(d, s, n, k);                           \
+		FWD_LOCAL(NULL, ptsz);                                    \
 		return r;                                                 \
 	}
-COPY_HOOK(cudaMemcpy)
-COPY_HOOK(cudaMemcpy_ptds)
+COPY_HOOK(cudaMemcpy, 0)
+COPY_HOOK(cudaMemcpy_ptds, 1)
 
-#define COPY_ASYNC_HOOK(name)                                             \
+#define COPY_ASYNC_HOOK(name, ptsz)                                       \
 	SHIM_API cudaError_t name(void *d, const void *s, size_t n, enum cudaMemcpyKind k, \
 				  cudaStream_t st)                        \
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
 		r = IN_RUNTIME(real_(d, s, n, k, st));                    \
 		if (r == cudaSuccess)                                     \
 			count_copy(d, s, n, k);                           \
+		FWD_LOCAL(st, ptsz);                                      \
 		return r;                                                 \
 	}
-COPY_ASYNC_HOOK(cudaMemcpyAsync)
-COPY_ASYNC_HOOK(cudaMemcpyAsync_ptsz)
+COPY_ASYNC_HOOK(cudaMemcpyAsync, 0)
+COPY_ASYNC_HOOK(cudaMemcpyAsync_ptsz, 1)
 
-/* Memsets are passed through: they are stream work the process pool must
- * keep in order, but nothing is counted for them. */
-#define MEMSET_HOOK(name)                                                 \
+/* Memsets: stream work kept in order with forwarded launches; nothing is
+ * counted for them. */
+#define MEMSET_HOOK(name, ptsz)                                           \
 	SHIM_API cudaError_t name(void *p, int v, size_t n)               \
 	{                                                                 \
+		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
-		return IN_RUNTIME(real_(p, v, n));                        \
+		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
+		r = IN_RUNTIME(real_(p, v, n));                           \
+		FWD_LOCAL(NULL, ptsz);                                    \
+		return r;                                                 \
 	}
-MEMSET_HOOK(cudaMemset)
-MEMSET_HOOK(cudaMemset_ptds)
+MEMSET_HOOK(cudaMemset, 0)
+MEMSET_HOOK(cudaMemset_ptds, 1)
 
-#define MEMSET_ASYNC_HOOK(name)                                           \
+#define MEMSET_ASYNC_HOOK(name, ptsz)                                     \
 	SHIM_API cudaError_t name(void *p, int v, size_t n, cudaStream_t s) \
 	{                                                                 \
+		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
-		return IN_RUNTIME(real_(p, v, n, s));                     \
+		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
+		r = IN_RUNTIME(real_(p, v, n, s));                        \
+		FWD_LOCAL(s, ptsz);                                       \
+		return r;                                                 \
 	}
-MEMSET_ASYNC_HOOK(cudaMemsetAsync)
-MEMSET_ASYNC_HOOK(cudaMemsetAsync_ptsz)
+MEMSET_ASYNC_HOOK(cudaMemsetAsync, 0)
+MEMSET_ASYNC_HOOK(cudaMemsetAsync_ptsz, 1)
 
 /* ---- synchronisation ------------------------------------------------- */
 SHIM_API cudaError_t cudaDeviceSynchronize(void)
@@ -323,20 +400,107 @@ SHIM_API cudaError_t cudaDeviceSynchronize(void)
 	cudaError_t r;
 
 	REAL(cudaDeviceSynchronize, NOSYM);
+	FWD_FENCE(NULL, 0, SHIM_FENCE_ALL);
 	r = IN_RUNTIME(real_());
 	shim_sync_note();
 	return r;
 }
 
-#define SYNC1_HOOK(name, T)                                               \
-	SHIM_API cudaError_t name(T x)                                    \
+#define STREAM_SYNC_HOOK(name, ptsz)                                      \
+	SHIM_API cudaError_t name(cudaStream_t s)                         \
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
-		r = IN_RUNTIME(real_(x));                                 \
+		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
+		r = IN_RUNTIME(real_(s));                                 \
 		shim_sync_note();                                         \
 		return r;                                                 \
 	}
-SYNC1_HOOK(cudaStreamSynchronize, cudaStream_t)
-SYNC1_HOOK(cudaStreamSynchronize_ptsz, cudaStream_t)
-SYNC1_HOOK(cudaEventSynchronize, cudaEvent_t)
+STREAM_SYNC_HOOK(cudaStreamSynchronize, 0)
+STREAM_SYNC_HOOK(cudaStreamSynchronize_ptsz, 1)
+
+/* Events are recorded locally, after a fence: an event then completes
+ * after the forwarded work before it, so cudaEventSynchronize, queries,
+ * waits and timings cover it. */
+SHIM_API cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+	cudaError_t r;
+
+	REAL(cudaEventSynchronize, NOSYM);
+	r = IN_RUNTIME(real_(e));
+	shim_sync_note();
+	return r;
+}
+
+#define EVENT_RECORD_HOOK(name, ptsz)                                     \
+	SHIM_API cudaError_t name(cudaEvent_t e, cudaStream_t s)          \
+	{                                                                 \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
+		return IN_RUNTIME(real_(e, s));                           \
+	}
+EVENT_RECORD_HOOK(cudaEventRecord, 0)
+EVENT_RECORD_HOOK(cudaEventRecord_ptsz, 1)
+
+#define EVENT_RECORD_FLAGS_HOOK(name, ptsz)                               \
+	SHIM_API cudaError_t name(cudaEvent_t e, cudaStream_t s, unsigned int f) \
+	{                                                                 \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
+		return IN_RUNTIME(real_(e, s, f));                        \
+	}
+EVENT_RECORD_FLAGS_HOOK(cudaEventRecordWithFlags, 0)
+EVENT_RECORD_FLAGS_HOOK(cudaEventRecordWithFlags_ptsz, 1)
+
+/* A stream that waits for an event locally: the next launch forwarded on
+ * it waits for that first. */
+#define STREAM_WAIT_HOOK(name, ptsz)                                      \
+	SHIM_API cudaError_t name(cudaStream_t s, cudaEvent_t e, unsigned int f) \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		r = IN_RUNTIME(real_(s, e, f));                           \
+		FWD_LOCAL(s, ptsz);                                       \
+		return r;                                                 \
+	}
+STREAM_WAIT_HOOK(cudaStreamWaitEvent, 0)
+STREAM_WAIT_HOOK(cudaStreamWaitEvent_ptsz, 1)
+
+#define STREAM_QUERY_HOOK(name, ptsz)                                     \
+	SHIM_API cudaError_t name(cudaStream_t s)                         \
+	{                                                                 \
+		REAL(name, NOSYM);                                        \
+		if (shim_fwd_active() && shim_fwd_pending((void *)s, ptsz)) \
+			return cudaErrorNotReady;                         \
+		return IN_RUNTIME(real_(s));                              \
+	}
+STREAM_QUERY_HOOK(cudaStreamQuery, 0)
+STREAM_QUERY_HOOK(cudaStreamQuery_ptsz, 1)
+
+/* Host functions run locally, after the forwarded work before them. */
+#define HOST_FUNC_HOOK(name, ptsz)                                        \
+	SHIM_API cudaError_t name(cudaStream_t s, cudaHostFn_t fn, void *d) \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
+		r = IN_RUNTIME(real_(s, fn, d));                          \
+		FWD_LOCAL(s, ptsz);                                       \
+		return r;                                                 \
+	}
+HOST_FUNC_HOOK(cudaLaunchHostFunc, 0)
+HOST_FUNC_HOOK(cudaLaunchHostFunc_ptsz, 1)
+
+#define CALLBACK_HOOK(name, ptsz)                                         \
+	SHIM_API cudaError_t name(cudaStream_t s, cudaStreamCallback_t cb, void *d, \
+				  unsigned int f)                         \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
+		r = IN_RUNTIME(real_(s, cb, d, f));                       \
+		FWD_LOCAL(s, ptsz);                                       \
+		return r;                                                 \
+	}
+CALLBACK_HOOK(cudaStreamAddCallback, 0)
+CALLBACK_HOOK(cudaStreamAddCallback_ptsz, 1)

@@ -6,10 +6,15 @@
  *   shim_names.c  kernel handle -> device name table, allocation sizes
  *   hook_rt.c     CUDA runtime API hooks (what nvcc 13 emits)
  *   hook_drv.c    driver API hooks: dlsym, cuGetProcAddress, launches, memory
+ *   shim_fwd.c    launch forwarding to process-pool workers: routes, fences,
+ *                 replay (shim_fwd_conn.c: one connection to a worker)
+ *   zmqdl.c       libzmq loaded with dlopen (shared with colocate-worker)
  *
  * The launch path touches only this process's counter line of the shared
  * control block (ctlblock.h) and a process-local table: no lock, no syscall,
- * no Python.
+ * no Python.  Routed to a worker, a launch takes the forwarding path instead
+ * (a mutex and a copy into shared memory; still no syscall unless the
+ * worker's launcher sleeps and must be woken).
  */
 #ifndef COLOCATE_SHIM_H
 #define COLOCATE_SHIM_H
@@ -74,6 +79,7 @@ static inline void shim_add_signed(int64_t *p, int64_t v)
 struct shim_kernel {
 	const char *name;       /* mangled device name, or "?" when unknown */
 	uint64_t launches;
+	void *fwd;              /* forwarding's view (shim_fwd.c), under its lock */
 };
 
 /* Register key (host stub, cudaKernel_t, CUfunction) under a device name. */
@@ -112,5 +118,69 @@ void shim_ctl_exit(void);
 /* Forget the parent's connection in a forked child. */
 void shim_ctl_forget(void);
 const char *shim_runtime_dir(void);
+
+/* --- launch forwarding (shim_fwd.c, shim_fwd_conn.c) ------------------ */
+/*
+ * The launch fast path asks one question: is the slot's route_epoch the one
+ * for which this process already knows it runs locally?  shim_fwd_epoch is
+ * that epoch, or ~0 while launches must take shim_fwd_launch() (routed to a
+ * worker, or an error waits to be reported).  So route == 0 costs one
+ * relaxed load of the slot's control line more than before forwarding.
+ */
+extern uint64_t shim_fwd_epoch;
+/* Non-zero while forwarded work may be outstanding or an error is pending:
+ * copies, memsets, syncs and event records then fence first. */
+extern int shim_fwd_busy;
+
+static inline int shim_fwd_check(void)
+{
+	return __builtin_expect(__atomic_load_n(&shim_ctl->route_epoch, __ATOMIC_RELAXED) !=
+				__atomic_load_n(&shim_fwd_epoch, __ATOMIC_RELAXED), 0);
+}
+
+static inline int shim_fwd_active(void)
+{
+	return __builtin_expect(__atomic_load_n(&shim_fwd_busy, __ATOMIC_RELAXED), 0);
+}
+
+/* Which hook a launch came through: how to run it locally and replay it. */
+enum shim_entry {
+	SHIM_E_NVCC = 1,        /* __cudaLaunchKernel[_ptsz] (cudaKernel_t)  */
+	SHIM_E_LAUNCH,          /* cudaLaunchKernel[_ptsz]                   */
+	SHIM_E_COOP,            /* cudaLaunchCooperativeKernel[_ptsz]        */
+	SHIM_E_EXC,             /* cudaLaunchKernelExC[_ptsz]                */
+	SHIM_E_GRAPH,           /* cudaGraphLaunch[_ptsz]: never forwarded   */
+};
+
+struct shim_launch {
+	int entry;              /* enum shim_entry                           */
+	int ptsz;               /* the _ptsz variant: stream 0 is per-thread */
+	const void *key;        /* host stub, cudaKernel_t or graph exec     */
+	void *real;             /* the real entry point the hook would call  */
+	uint32_t grid[3], block[3];
+	size_t shmem;
+	void *stream;
+	void **args;
+	const void *config;     /* SHIM_E_EXC: the cudaLaunchConfig_t        */
+};
+
+/* A launch while shim_fwd_check() says so: forwards it, or runs it locally
+ * in order with forwarded work; counts it.  Returns its cudaError_t. */
+int shim_fwd_launch(const struct shim_launch *l);
+
+/* Scopes of a fence before a local operation. */
+#define SHIM_FENCE_STREAM 0     /* the stream, with default-stream rules  */
+#define SHIM_FENCE_ALL    1     /* every stream (device sync, cudaFree)   */
+/* Before a local operation on stream s: wait for the forwarded work it must
+ * follow.  Returns a pending error to report instead (once), else 0. */
+int shim_fwd_fence(void *stream, int ptsz, int scope);
+/* After an asynchronous local operation queued on s while routed: the next
+ * forwarded launch on s waits for it first. */
+void shim_fwd_local_done(void *stream, int ptsz);
+/* Forwarded work on s not finished yet (cudaStreamQuery). */
+int shim_fwd_pending(void *stream, int ptsz);
+/* Drain and leave the worker at exit; forget everything in a fork child. */
+void shim_fwd_exit(void);
+void shim_fwd_forget(void);
 
 #endif

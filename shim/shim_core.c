@@ -125,6 +125,7 @@ static void on_fork_child(void)
 	shim_ctl = &local_ctl;
 	block = NULL;          /* the mapping stays; it is simply not used */
 	shim_ctl_forget();
+	shim_fwd_forget();
 	shim_names_after_fork();
 	pthread_mutex_init(&start_lock, NULL);
 	__atomic_store_n(&shim_started, 0, __ATOMIC_RELEASE);
@@ -132,6 +133,7 @@ static void on_fork_child(void)
 
 static void on_exit_cb(void)
 {
+	shim_fwd_exit();     /* leave the worker before the controller hears */
 	shim_ctl_exit();
 }
 

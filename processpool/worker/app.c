@@ -86,35 +86,70 @@ static void load_twins(const char *list, const char *app)
 	free(copy);
 }
 
-static struct fwd_page *map_page(const char *path, char *msg, size_t msglen)
+/* Map the app's page, and its launch ring when it asks for one. */
+static int map_page(struct wapp *a, const char *path, int want_ring, char *msg, size_t msglen)
 {
 	struct fwd_page *pg;
 	struct stat st;
+	uint32_t ring;
+	size_t len;
 	int fd;
 
 	fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
 	if (fd < 0) {
 		snprintf(msg, msglen, "cannot open page %s: %s", path, strerror(errno));
-		return NULL;
+		return -1;
 	}
 	if (fstat(fd, &st) < 0 || !safe_file(&st) || st.st_size < (off_t)FWD_PAGE_SIZE) {
-		snprintf(msg, msglen, "page %s is not a %u-byte file of ours", path, FWD_PAGE_SIZE);
+		snprintf(msg, msglen, "page %s is not a file of ours of %u bytes or more", path,
+			 FWD_PAGE_SIZE);
 		close(fd);
-		return NULL;
+		return -1;
 	}
 	pg = mmap(NULL, FWD_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
 	if (pg == MAP_FAILED) {
 		snprintf(msg, msglen, "cannot map page %s: %s", path, strerror(errno));
-		return NULL;
+		close(fd);
+		return -1;
 	}
 	if (__atomic_load_n(&pg->magic, __ATOMIC_ACQUIRE) != FWD_PAGE_MAGIC ||
 	    pg->version != FWD_PAGE_VERSION) {
 		snprintf(msg, msglen, "page %s has another magic or version", path);
-		munmap(pg, FWD_PAGE_SIZE);
-		return NULL;
+		goto fail;
 	}
-	return pg;
+	ring = want_ring ? pg->ring_size : 0;
+	if (want_ring && (ring < FWD_RING_MIN || ring > FWD_RING_MAX || (ring & (ring - 1)) ||
+			  (uint64_t)st.st_size < (uint64_t)FWD_PAGE_SIZE + ring)) {
+		snprintf(msg, msglen, "page %s: bad ring size %u", path, ring);
+		goto fail;
+	}
+	len = FWD_PAGE_SIZE + ring;
+	if (ring) {
+		munmap(pg, FWD_PAGE_SIZE);
+		pg = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (pg == MAP_FAILED) {
+			snprintf(msg, msglen, "cannot map the ring of %s: %s", path, strerror(errno));
+			close(fd);
+			return -1;
+		}
+		a->frame = malloc(FWD_MAX_FRAME);
+		if (!a->frame) {
+			snprintf(msg, msglen, "out of memory");
+			munmap(pg, len);
+			close(fd);
+			return -1;
+		}
+		a->ring = (unsigned char *)pg + FWD_PAGE_SIZE;
+		a->ring_size = ring;
+	}
+	close(fd);
+	a->page = pg;
+	a->map_len = len;
+	return 0;
+fail:
+	munmap(pg, FWD_PAGE_SIZE);
+	close(fd);
+	return -1;
 }
 
 static int same_device(const char *dev)
@@ -170,8 +205,7 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 		snprintf(msg, msglen, "out of memory");
 		return NULL;
 	}
-	a->page = map_page(page, msg, msglen);
-	if (!a->page) {
+	if (map_page(a, page, m->h.flags & FWD_HF_RING, msg, msglen) < 0) {
 		*status = FWD_S_BAD_PAGE;
 		free(a);
 		return NULL;
@@ -192,13 +226,13 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 	if (pthread_create(&a->thread, NULL, w_launcher, a) != 0) {
 		*status = FWD_S_FULL;
 		snprintf(msg, msglen, "cannot start a launcher thread");
-		munmap(a->page, FWD_PAGE_SIZE);
+		munmap(a->page, a->map_len);
+		free(a->frame);
 		free(a);
 		return NULL;
 	}
 	a->thread_ok = 1;
 	apps[slot] = a;
-	w_log("app %s (pid %u) connected", a->name, a->pid);
 	return a;
 }
 
@@ -257,6 +291,8 @@ void w_app_close(struct wapp *a, int abandon)
 		__atomic_store_n(&a->abandon, 1, __ATOMIC_RELAXED);
 	pthread_cond_signal(&a->cv);
 	pthread_mutex_unlock(&a->mu);
+	if (a->ring)
+		w_ring_kick(a);
 }
 
 static void app_free(struct wapp *a)
@@ -273,7 +309,8 @@ static void app_free(struct wapp *a)
 		}
 	}
 	/* the launcher is done with it; a shim may still read it (its own map) */
-	munmap(a->page, FWD_PAGE_SIZE);
+	munmap(a->page, a->map_len);
+	free(a->frame);
 	pthread_mutex_destroy(&a->mu);
 	pthread_cond_destroy(&a->cv);
 	free(a);

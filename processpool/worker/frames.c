@@ -81,31 +81,43 @@ static void reject(const unsigned char *id, size_t id_len, int delim, uint32_t c
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
-	W.bad_frames++;
-	if (W.bad_frames <= BAD_LOG_CAP) {
+	uint64_t nbad = atomic_fetch_add(&W.bad_frames, 1) + 1;
+
+	if (nbad <= BAD_LOG_CAP) {
 		hexid(id, id_len, who, sizeof(who));
 		w_log("bad frame from %s (%zu bytes): %s%s", who, len, why,
-		      W.bad_frames == BAD_LOG_CAP ? " (further bad frames are not logged)" : "");
+		      nbad == BAD_LOG_CAP ? " (further bad frames are not logged)" : "");
 	}
 	w_send_error(id, id_len, delim, code, seq, why);
 }
 
 /* ---------------------------------------------------------------- JSON */
 
-/* The value of "type" in a flat JSON object, into out; -1 if none. */
+/* The value of "type" in a flat JSON object, into out; -1 if none or if
+ * the text is not an object.  Not a JSON parser: enough to tell a stats
+ * request from anything else, and strict about what it reads. */
 static int json_type(const char *js, size_t n, char *out, size_t outlen)
 {
-	const char *p = memmem(js, n, "\"type\"", 6), *end = js + n;
+	const char *p, *end = js + n;
 	size_t o = 0;
 
+	while (end > js && (end[-1] == ' ' || end[-1] == '\n' || end[-1] == '\t' || end[-1] == '\r'))
+		end--;
+	if (end - js < 2 || js[0] != '{' || end[-1] != '}')
+		return -1;
+	p = memmem(js, (size_t)(end - js), "\"type\"", 6);
 	if (!p)
 		return -1;
 	p += 6;
-	while (p < end && (*p == ' ' || *p == '\t' || *p == ':'))
+	while (p < end && (*p == ' ' || *p == '\t'))
+		p++;
+	if (p >= end || *p++ != ':')
+		return -1;
+	while (p < end && (*p == ' ' || *p == '\t'))
 		p++;
 	if (p >= end || *p++ != '"')
 		return -1;
-	while (p < end && *p != '"' && o + 1 < outlen)
+	while (p < end && *p != '"' && *p != '\\' && o + 1 < outlen)
 		out[o++] = *p++;
 	out[o] = 0;
 	return p < end && *p == '"' ? 0 : -1;
@@ -117,8 +129,7 @@ static void handle_json(const unsigned char *id, size_t id_len, int delim, size_
 	int len;
 
 	if (json_type((const char *)buf, n, type, sizeof(type)) < 0 || strcmp(type, "stats") != 0) {
-		W.bad_frames++;
-		if (W.bad_frames <= BAD_LOG_CAP)
+		if (atomic_fetch_add(&W.bad_frames, 1) < BAD_LOG_CAP)
 			w_log("unknown JSON request (%zu bytes)", n);
 		len = snprintf(out, sizeof(out),
 			       "{\"v\":1,\"type\":\"error\",\"error\":\"unknown request; "
@@ -132,7 +143,7 @@ static void handle_json(const unsigned char *id, size_t id_len, int delim, size_
 		       "\"by_name\":%s}",
 		       W.id, W.quota, W.pid, (unsigned long long)atomic_load(&W.executed),
 		       w_app_count(), W.closing ? "closing" : "ready",
-		       (unsigned long long)W.bad_frames, W.has_by_name ? "true" : "false");
+		       (unsigned long long)atomic_load(&W.bad_frames), W.has_by_name ? "true" : "false");
 	w_send(NULL, id, id_len, delim, out, (size_t)len);
 }
 
@@ -154,6 +165,7 @@ static void handle_hello(const unsigned char *id, size_t id_len, int delim, size
 	const unsigned char *p = buf + sizeof(m);
 	char msg[256] = "";
 	uint32_t status;
+	struct wapp *a = NULL;
 	size_t ml;
 
 	(void)n;
@@ -173,12 +185,13 @@ static void handle_hello(const unsigned char *id, size_t id_len, int delim, size
 		status = FWD_S_CLOSING;
 		snprintf(msg, sizeof(msg), "worker %u is shutting down", W.id);
 	} else {
-		w_app_hello(id, id_len, delim, &m, page, twins, device, name, &status, msg,
-			    sizeof(msg));
+		a = w_app_hello(id, id_len, delim, &m, page, twins, device, name, &status, msg,
+				sizeof(msg));
 	}
 	ml = strlen(msg);
 	memset(&r, 0, sizeof(r));
-	fwd_hdr_init(&r.h, FWD_T_HELLO_REPLY, 0, sizeof(r) + ml);
+	/* FWD_HF_RING echoed: launches are taken from the ring */
+	fwd_hdr_init(&r.h, FWD_T_HELLO_REPLY, a && a->ring ? FWD_HF_RING : 0, sizeof(r) + ml);
 	r.status = status;
 	r.worker_id = W.id;
 	r.quota_pct = W.quota;
@@ -283,6 +296,11 @@ static void handle_binary(const unsigned char *id, size_t id_len, int delim, siz
 		reject(id, id_len, delim, FWD_E_UNKNOWN_APP, seq, n, "type %u before HELLO", h.type);
 		return;
 	}
+	if (a->ring && h.type != FWD_T_BYE) {
+		reject(id, id_len, delim, FWD_E_TYPE, seq, n,
+		       "type %u from an app whose launches come through its ring", h.type);
+		return;
+	}
 	switch (h.type) {
 	case FWD_T_DEFINE:
 		handle_define(a, n);
@@ -316,7 +334,10 @@ static int recv_part(void *dst, size_t cap, int flags, int *more)
 
 void w_frames_drain(void)
 {
-	for (;;) {
+	int budget;
+
+	/* bounded: under a flood the poll loop still stamps heartbeats */
+	for (budget = 4096; budget > 0; budget--) {
 		size_t id_len;
 		int n, more, delim = 0, extra = 0;
 

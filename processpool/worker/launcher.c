@@ -1,6 +1,7 @@
 /*
  * launcher.c - an app's launcher thread: runs its forwarded launches, in
- * arrival order, on worker streams that mirror the app's streams.
+ * arrival order (from its ring, ring.c, or from the queue the main thread
+ * fills with zmq frames), on worker streams that mirror the app's streams.
  *
  * Streams: one non-blocking worker stream per app stream index, so apps
  * sharing this worker never wait for one another.  The app's default-stream
@@ -19,6 +20,13 @@
  * simgpu blocks a launch whose argument layout it does not know (kernels
  * made by simgpu_kernel_by_name) until the kernel has read its arguments;
  * that is why launches are made here and not on the main thread.
+ *
+ * simgpu maps another process's device memory on first touch; but a worker
+ * outlives apps, and an arena slot of a dead app is reused by the next
+ * one, at the same addresses: a touch then hits the old mapping and faults
+ * nothing.  So every argument word that may be a device pointer goes
+ * through simgpu_map_peer() first, which remaps a slot that changed hands
+ * (and costs two loads when nothing changed).
  */
 #define _GNU_SOURCE
 #include "worker.h"
@@ -31,7 +39,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SPIN_NS 20000ull   /* an idle launcher polls this long before sleeping */
 
 static void CUDART_CB on_mark(void *arg)
 {
@@ -39,6 +46,16 @@ static void CUDART_CB on_mark(void *arg)
 	struct fwd_page *pg = ws->app->page;
 	uint64_t t = atomic_load_explicit(&ws->mtail, memory_order_relaxed);
 	uint64_t v = ws->marks[t & (W_MARKS - 1)];
+
+	/* simgpu runs host functions even after a kernel faulted (a GPU would
+	 * not run them): never report a faulted kernel as done.  A host
+	 * function may not call CUDA on a GPU; on simgpu this one only reads. */
+	if (W.has_by_name) {
+		cudaError_t e = cudaPeekAtLastError();
+
+		if (w_sticky(e))
+			w_die(e);
+	}
 
 	atomic_store_explicit(&ws->mtail, t + 1, memory_order_release);
 	/* seq_cst pairs with the waiter's increment of `waiters` */
@@ -147,11 +164,24 @@ static void order(struct wapp *a, struct wstream *ws)
 	}
 }
 
-static void launch_one(struct wapp *a, struct witem *it)
+static void map_pointers(const unsigned char *args, uint32_t n)
+{
+	uint32_t o;
+
+	for (o = 0; o + 8 <= n; o += 8) {
+		uint64_t v;
+
+		memcpy(&v, args + o, sizeof(v));
+		/* user-space addresses only; simgpu ignores the rest quickly */
+		if (v >= 0x10000 && v < (1ull << 47))
+			W.map_peer((const void *)(uintptr_t)v);
+	}
+}
+
+void w_launch(struct wapp *a, const struct fwd_launch *m, struct wkernel *k,
+	      const unsigned char *args)
 {
 	void *argv[FWD_MAX_PARAMS];
-	const struct fwd_launch *m = &it->m;
-	const struct wkernel *k = it->k;
 	struct wstream *ws = get_stream(a, m->sidx, m->skind);
 	dim3 g, b;
 	cudaError_t e;
@@ -166,8 +196,10 @@ static void launch_one(struct wapp *a, struct witem *it)
 		return;
 	}
 	order(a, ws);
+	if (W.map_peer)
+		map_pointers(args, m->argbytes);
 	for (i = 0; i < k->nparams; i++)
-		argv[i] = it->args + k->params[i].offset;
+		argv[i] = (void *)(args + k->params[i].offset);
 	g.x = m->grid[0], g.y = m->grid[1], g.z = m->grid[2];
 	b.x = m->block[0], b.y = m->block[1], b.z = m->block[2];
 	if (!k->handle)
@@ -176,6 +208,8 @@ static void launch_one(struct wapp *a, struct witem *it)
 		e = cudaLaunchCooperativeKernel(k->handle, g, b, argv, m->shmem, ws->s);
 	else
 		e = cudaLaunchKernel(k->handle, g, b, argv, m->shmem, ws->s);
+	if (w_sticky(e))
+		w_die(e);          /* no launch of anyone's can run here any more */
 	if (e != cudaSuccess) {
 		cudaGetLastError();
 		record_failure(a, m->seq, e);
@@ -187,21 +221,29 @@ static void launch_one(struct wapp *a, struct witem *it)
 		ws->dirty = 1;
 }
 
+static uint64_t mono_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static int stopping(struct wapp *a)
+{
+	return __atomic_load_n(&a->stop, __ATOMIC_ACQUIRE);
+}
+
 /* Take the whole queue; spin briefly first, as launch loops refill it
  * sooner than a sleep and wake-up would take. */
 static struct witem *take(struct wapp *a, int *stop)
 {
 	struct witem *list;
-	struct timespec t0, t;
+	uint64_t t0 = mono_ns();
 
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	while (!__atomic_load_n(&a->qhead, __ATOMIC_RELAXED) &&
-	       !__atomic_load_n(&a->stop, __ATOMIC_RELAXED)) {
-		clock_gettime(CLOCK_MONOTONIC, &t);
-		if ((uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000ull + (uint64_t)t.tv_nsec -
-		    (uint64_t)t0.tv_nsec > SPIN_NS)
-			break;
-	}
+	while (!__atomic_load_n(&a->qhead, __ATOMIC_RELAXED) && !stopping(a) &&
+	       mono_ns() - t0 < W.spin_ns)
+		;
 	pthread_mutex_lock(&a->mu);
 	while (!a->qhead && !a->stop) {
 		a->sleeping = 1;
@@ -216,11 +258,8 @@ static struct witem *take(struct wapp *a, int *stop)
 	return list;
 }
 
-void *w_launcher(void *arg)
+static void queue_loop(struct wapp *a)
 {
-	struct wapp *a = arg;
-	unsigned i;
-
 	for (;;) {
 		int stop;
 		struct witem *list = take(a, &stop), *next;
@@ -228,12 +267,55 @@ void *w_launcher(void *arg)
 		for (; list; list = next) {
 			next = list->next;
 			if (!__atomic_load_n(&a->abandon, __ATOMIC_RELAXED))
-				launch_one(a, list);
+				w_launch(a, &list->m, list->k, list->args);
 			free(list);
 		}
 		if (stop && !__atomic_load_n(&a->qhead, __ATOMIC_ACQUIRE))
 			break;
 	}
+}
+
+static int ring_wake_up(struct wapp *a)
+{
+	return !w_ring_empty(a) || stopping(a);
+}
+
+/* After a stop, what the ring holds then still runs (shutdown finishes
+ * queued work); after an abandon (the app died), nothing more does. */
+static void ring_loop(struct wapp *a)
+{
+	for (;;) {
+		uint64_t t0;
+
+		if (w_ring_run(a) > 0)
+			continue;
+		if (stopping(a)) {
+			while (!a->poisoned && w_ring_run(a) > 0)
+				;
+			break;
+		}
+		if (a->poisoned) {
+			/* refused: wait for the app to notice and leave */
+			w_ring_sleep(a, stopping);
+			continue;
+		}
+		t0 = mono_ns();
+		while (!ring_wake_up(a) && mono_ns() - t0 < W.spin_ns)
+			;
+		if (!ring_wake_up(a))
+			w_ring_sleep(a, ring_wake_up);
+	}
+}
+
+void *w_launcher(void *arg)
+{
+	struct wapp *a = arg;
+	unsigned i;
+
+	if (a->ring)
+		ring_loop(a);
+	else
+		queue_loop(a);
 	for (i = 0; i < FWD_MAX_STREAMS; i++) {
 		struct wstream *ws = a->streams[i];
 

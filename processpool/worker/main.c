@@ -81,6 +81,36 @@ int w_pid_alive(uint32_t pid)
 	return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
+/* Errors after which a CUDA context accepts no more work. */
+int w_sticky(cudaError_t e)
+{
+	switch (e) {
+	case cudaErrorIllegalAddress:
+	case cudaErrorLaunchFailure:
+	case cudaErrorLaunchTimeout:
+	case cudaErrorHardwareStackError:
+	case cudaErrorIllegalInstruction:
+	case cudaErrorMisalignedAddress:
+	case cudaErrorInvalidAddressSpace:
+	case cudaErrorInvalidPc:
+	case cudaErrorAssert:
+	case cudaErrorECCUncorrectable:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+static void remove_files(void);
+
+void w_die(cudaError_t e)
+{
+	w_log("CUDA context broken (%s, by a kernel run for an app); exiting: apps replay "
+	      "what did not complete, the pool starts another worker", cudaGetErrorName(e));
+	remove_files();
+	_exit(70);
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: colocate-worker --id N --quota Q --runtime-dir DIR\n");
@@ -272,6 +302,10 @@ int main(int argc, char **argv)
 
 	quota_env();
 	device_identity();
+	/* as the shim's waits: poll only when cores are to spare */
+	W.spin_ns = getenv("COLOCATE_FWD_SPIN_US") && *getenv("COLOCATE_FWD_SPIN_US")
+		? strtoull(getenv("COLOCATE_FWD_SPIN_US"), NULL, 10) * 1000ull
+		: sysconf(_SC_NPROCESSORS_ONLN) > 4 ? 30000ull : 2000ull;
 	if (zmqdl_load(dlsym, why, sizeof(why)) < 0) {
 		w_log("%s; set COLOCATE_LIBZMQ", why);
 		return 1;
@@ -284,6 +318,7 @@ int main(int argc, char **argv)
 	}
 	*(void **)&W.kernel_by_name = dlsym(RTLD_DEFAULT, "simgpu_kernel_by_name");
 	W.has_by_name = W.kernel_by_name != NULL;
+	*(void **)&W.map_peer = dlsym(RTLD_DEFAULT, "simgpu_map_peer");
 	if (!W.has_by_name)
 		w_log("no simgpu_kernel_by_name: kernels cannot be run by name here (fatbin "
 		      "shipping is not implemented); apps will be told so and run locally");
@@ -319,6 +354,11 @@ int main(int argc, char **argv)
 		w_frames_drain();
 		now = w_now_ns();
 		if (now - last_tick >= 100000000ull) {
+			cudaError_t ce = cudaPeekAtLastError();
+
+			/* a fault that no later launch or mark has reported yet */
+			if (w_sticky(ce))
+				w_die(ce);
 			w_apps_tick(now);
 			last_tick = now;
 		}

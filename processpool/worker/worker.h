@@ -16,12 +16,16 @@
  *   app.c       one connected application: HELLO, its page, kernels, twins
  *   launcher.c  an application's launcher thread: streams, ordering, marks
  *
- * Threads: the main thread owns the socket and every app's tables; each app
- * has one launcher thread that makes the CUDA calls, so one app's launch
- * that blocks (simgpu blocks a launch whose argument layout it does not
- * know until the kernel starts) never delays another app, a stats request
- * or a heartbeat.  Completions reach the app through its page, written by
- * host functions in stream order (no message, no main-thread hop).
+ *   ring.c      an app's launch ring: taking frames out of shared memory
+ *
+ * Threads: the main thread owns the socket and the app table; each app has
+ * one launcher thread that makes the CUDA calls, so one app's launch that
+ * blocks (simgpu blocks a launch whose argument layout it does not know
+ * until the kernel starts) never delays another app, a stats request or a
+ * heartbeat.  Launches reach the launcher through the app's ring in shared
+ * memory (or, without a ring, as zmq frames queued by the main thread);
+ * completions reach the app through its page, written by host functions in
+ * stream order.  Neither direction involves the main thread or a message.
  */
 #ifndef COLOCATE_WORKER_H
 #define COLOCATE_WORKER_H
@@ -77,7 +81,14 @@ struct wapp {
 	uint32_t pid;
 	char name[64];
 	struct fwd_page *page;
-	struct wkernel *kernels[FWD_MAX_KERNELS];   /* main thread writes once */
+	size_t map_len;
+	unsigned char *ring;           /* launch ring, or NULL: zmq frames      */
+	uint32_t ring_size;
+	unsigned char *frame;          /* a frame copied out of the ring        */
+	int poisoned;                  /* launcher: a refused frame stopped it  */
+	/* written once per id: by the main thread (zmq frames) or by the
+	 * launcher (ring); never both for one app */
+	struct wkernel *kernels[FWD_MAX_KERNELS];
 	struct wstream *streams[FWD_MAX_STREAMS];   /* launcher thread only    */
 	uint64_t legacy_launches;                   /* launcher thread only    */
 
@@ -104,18 +115,25 @@ struct wglobal {
 	int closing;
 	int has_by_name;               /* simgpu_kernel_by_name is available    */
 	void *(*kernel_by_name)(const char *);
+	int (*map_peer)(const void *);  /* simgpu: (re)map an app's arena       */
 	char device[4096];             /* realpath($SIMGPU_DIR) or ""           */
+	uint64_t spin_ns;              /* an idle launcher polls this long      */
 	_Atomic uint64_t executed;     /* kernels completed for apps            */
-	uint64_t bad_frames;
+	_Atomic uint64_t bad_frames;
 };
 extern struct wglobal W;
 
 void w_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The CUDA context is unusable (a sticky error): leave at once, from any
+ * thread, so that apps replay their unfinished launches locally and the
+ * pool starts a fresh worker. */
+void w_die(cudaError_t e) __attribute__((noreturn));
+int w_sticky(cudaError_t e);
 uint64_t w_now_ns(void);
 int w_pid_alive(uint32_t pid);
 
 /* ---- frames.c */
-void w_frames_drain(void);     /* receive and handle every queued message  */
+void w_frames_drain(void);     /* receive and handle queued messages (4096 at most) */
 void w_send(struct wapp *a, const unsigned char *rid, size_t rid_len, int delim,
 	    const void *buf, size_t len);
 void w_send_error(const unsigned char *rid, size_t rid_len, int delim, uint32_t code,
@@ -138,5 +156,14 @@ int  w_apps_shutdown(uint64_t deadline_ns);     /* 1: every app finished */
 
 /* ---- launcher.c */
 void *w_launcher(void *arg);
+void w_launch(struct wapp *a, const struct fwd_launch *m, struct wkernel *k,
+	      const unsigned char *args);
+
+/* ---- ring.c */
+/* Run what the ring holds: >0 frames taken, 0 empty, -1 refused (poisoned). */
+int  w_ring_run(struct wapp *a);
+int  w_ring_empty(struct wapp *a);
+void w_ring_sleep(struct wapp *a, int (*wake_up)(struct wapp *));
+void w_ring_kick(struct wapp *a);
 
 #endif

@@ -1,6 +1,6 @@
 // hotspot: Rodinia-style 2D transient thermal simulation of a chip.
 //
-//   hotspot [--size N] [--iters K] [--repeat R]
+//   hotspot [--size N] [--iters K] [--repeat R] [--check]
 //
 // A square N x N grid of cell temperatures (K) and dissipated power (W).
 // Every iteration computes each cell's new temperature from its 4 neighbours
@@ -20,6 +20,9 @@
 // The kernel's float arithmetic is spelled with __fadd_rn/__fsub_rn/__fmul_rn
 // so that nvcc does not contract it into FMAs: the CPU reference, the simgpu
 // twin and the GPU then do the same IEEE float operations in the same order.
+//
+// --check also prints `CHECK fnv1a64=<hex>`, a hash of the output grid's
+// bytes, so that runs on different routes can be compared bit for bit.
 //
 // CUDA calls per run: cudaMalloc x3, cudaMemcpy H2D power once, per repeat
 // cudaMemcpy H2D temp + cudaMemset + K launches, cudaDeviceSynchronize,
@@ -145,6 +148,7 @@ static void cpu_step(const float *power, const float *src, float *dst, int rows,
 int main(int argc, char **argv)
 {
 	long long size = 256, iters = 20, repeat = 1;
+	int check = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--size"))
 			size = arg_int(argc, argv, &i, 1, 16384);
@@ -152,8 +156,10 @@ int main(int argc, char **argv)
 			iters = arg_int(argc, argv, &i, 1, 1LL << 30);
 		else if (!strcmp(argv[i], "--repeat"))
 			repeat = arg_int(argc, argv, &i, 1, 1LL << 30);
+		else if (!strcmp(argv[i], "--check"))
+			check = 1;
 		else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-			printf("usage: hotspot [--size N] [--iters K] [--repeat R]\n");
+			printf("usage: hotspot [--size N] [--iters K] [--repeat R] [--check]\n");
 			return 0;
 		} else
 			fail("unknown option %s%s", argv[i], "");
@@ -248,6 +254,14 @@ int main(int argc, char **argv)
 	       size, iters, repeat, elapsed, elapsed > 0 ? total_iters / elapsed : 0.0, max_err,
 	       tmin, tmax);
 	printf("STATS launches=%llu h2d_bytes=%llu d2h_bytes=%llu\n", launches, h2d, d2h);
+	if (check) {
+		/* FNV-1a over the output grid's bytes */
+		unsigned long long hsh = 0xcbf29ce484222325ULL;
+		const unsigned char *p = (const unsigned char *)out;
+		for (size_t i = 0; i < bytes; i++)
+			hsh = (hsh ^ p[i]) * 0x100000001b3ULL;
+		printf("CHECK fnv1a64=%016llx\n", hsh);
+	}
 	if (bad) {
 		printf("FAIL %s %zu of %zu cells off by more than %g K (max_err %.3g at %zu: got "
 		       "%.6f want %.6f)\n",

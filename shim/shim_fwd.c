@@ -1,0 +1,907 @@
+/*
+ * shim_fwd.c - forwarding an application's kernel launches to a process-pool
+ * worker, and switching routes without losing, duplicating or reordering
+ * work.
+ *
+ * The controller writes a route (0: local, N: worker N) and bumps
+ * route_epoch in the app's control-block slot.  A launch notices a new
+ * epoch (shim_fwd_check: one relaxed load of the slot) and comes here,
+ * where the switch happens at that launch boundary:
+ *
+ *   local -> N   the app's local work is synchronised first (work queued
+ *                before the switch must finish before the worker runs what
+ *                follows), then connect and HELLO (or reuse a kept
+ *                connection to N)
+ *   N -> M, 0    every launch forwarded to N is waited for; the connection
+ *                is kept for a return
+ *
+ * While routed, a launch is encoded (fwd_proto.h), kept in a window of at
+ * most FWD_WINDOW launches not known to be complete, and sent without
+ * waiting for anything.  Completions come through the connection's page.
+ * Copies, memsets, event records and syncs stay local, after a fence: a
+ * wait for exactly the forwarded launches they must follow, by the CUDA
+ * default-stream rules.  A local operation queued while routed marks its
+ * stream, and the next launch forwarded on that stream first synchronises
+ * it locally.  Kernels that cannot be forwarded (no argument layout from
+ * cudaFuncGetParamInfo, too many streams, graphs) run locally in the same
+ * way, in order.
+ *
+ * A connection left by a route change is drained and kept (the last
+ * FWD_KEEP of them): going back to that worker then costs no connect, no
+ * HELLO and no new worker streams, only the drain that ordering needs.
+ *
+ * When the worker dies, hangs or refuses work, every launch of the window
+ * that did not complete (the page says exactly which) is replayed locally,
+ * in order, and the app runs locally until the route changes.  A launch
+ * that cannot be replayed, or that failed in the worker, is reported by the
+ * next launch, copy, memset or sync (never silently dropped).
+ */
+#define _GNU_SOURCE
+#include "shim_fwd.h"
+
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define FWD_WINDOW   4096u      /* launches in flight, like a GPU's queue  */
+#define FWD_KEEP     3u         /* drained connections kept for a return   */
+#define POLL_EVERY   64u        /* launches between looks at the socket    */
+#define CHECK_EVERY  50000000ull /* ns between liveness checks when busy   */
+
+uint64_t shim_fwd_epoch;
+int shim_fwd_busy;
+
+struct fkernel {
+	int ok;                         /* 1 forwardable                        */
+	uint32_t kid;
+	uint16_t nparams;
+	uint32_t argbytes;
+	struct fwd_param *params;
+	unsigned char *define;          /* the DEFINE frame                     */
+	size_t define_len;
+};
+
+struct fstream {
+	uint64_t key;                   /* handle value, or per-thread key      */
+	void *handle;                   /* what the real runtime is given       */
+	uint8_t kind;                   /* FWD_SK_*                             */
+	uint8_t local_pending;          /* local work queued since last synced  */
+	uint64_t last_seq;              /* last launch forwarded on it          */
+};
+
+struct rentry {                     /* a forwarded launch, until completed  */
+	uint64_t seq;
+	uint32_t sidx;
+	int entry;                      /* enum shim_entry                      */
+	int coop;
+	int counted;                    /* counted in shim_ctr->forwarded       */
+	const void *key;
+	struct fkernel *k;
+	unsigned char *frame;
+	size_t len;
+};
+
+static struct {
+	pthread_mutex_t mu;
+	int acted;                      /* epoch below has been acted on        */
+	uint64_t epoch;
+	struct fconn *conn;             /* non-NULL: launches are forwarded     */
+	struct fconn *kept[FWD_KEEP];   /* drained, idle, most recent first     */
+	uint64_t seq;
+	int err;                        /* cudaError_t for the app's next call  */
+	struct fstream streams[FWD_MAX_STREAMS];
+	uint32_t nstreams, last_stream;
+	int any_pending;                /* some stream has local_pending        */
+	int unknown_pending;            /* local work on a stream not tabled    */
+	struct rentry ring[FWD_WINDOW];
+	uint64_t head, tail;
+	uint32_t nkernels;
+	uint64_t nsent;
+	uint32_t refused_worker;        /* the last worker we could not reach   */
+	uint64_t local_runs;            /* launches run locally while routed    */
+} F = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static struct fkernel not_forwardable = { .ok = 0 };
+static __thread uint64_t thread_key;
+/* This thread holds F.mu: a hook reached from inside the real runtime
+ * (a runtime calling its own exported entry points) must not take it again. */
+static __thread int holding;
+
+static int lock(void)
+{
+	if (holding)
+		return -1;
+	pthread_mutex_lock(&F.mu);
+	holding = 1;
+	return 0;
+}
+
+static void unlock(void)
+{
+	holding = 0;
+	pthread_mutex_unlock(&F.mu);
+}
+
+#define IN_RT(expr) ({ __typeof__(expr) r_; shim_in_runtime++; r_ = (expr); shim_in_runtime--; r_; })
+
+/* ---------------------------------------------------------------- real calls */
+
+typedef cudaError_t (*launch_fn)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
+typedef cudaError_t (*launch_exc_fn)(const cudaLaunchConfig_t *, const void *, void **);
+typedef cudaError_t (*graph_fn)(cudaGraphExec_t, cudaStream_t);
+
+#define REAL_FN(var, name)                                                 \
+	static void *var;                                                  \
+	if (!var)                                                          \
+		var = shim_real_rt(name)
+
+static cudaError_t real_device_sync(void)
+{
+	REAL_FN(f, "cudaDeviceSynchronize");
+	return f ? IN_RT(((cudaError_t (*)(void))f)()) : cudaErrorSharedObjectSymbolNotFound;
+}
+
+static cudaError_t real_stream_sync(void *s)
+{
+	REAL_FN(f, "cudaStreamSynchronize");
+	return f ? IN_RT(((cudaError_t (*)(cudaStream_t))f)(s)) : cudaErrorSharedObjectSymbolNotFound;
+}
+
+static void real_clear_error(void)
+{
+	REAL_FN(f, "cudaGetLastError");
+	if (f)
+		((cudaError_t (*)(void))f)();
+}
+
+static cudaError_t real_peek_error(void)
+{
+	REAL_FN(f, "cudaPeekAtLastError");
+	return f ? ((cudaError_t (*)(void))f)() : cudaSuccess;
+}
+
+/* The non-ptsz entry point to replay a launch with, from any thread. */
+static launch_fn replay_fn(int entry, int coop)
+{
+	static void *nvcc, *plain, *coopf;
+
+	if (entry == SHIM_E_NVCC)
+		return (launch_fn)(nvcc ? nvcc : (nvcc = shim_real_rt("__cudaLaunchKernel")));
+	if (coop || entry == SHIM_E_COOP)
+		return (launch_fn)(coopf ? coopf : (coopf = shim_real_rt("cudaLaunchCooperativeKernel")));
+	return (launch_fn)(plain ? plain : (plain = shim_real_rt("cudaLaunchKernel")));
+}
+
+static dim3 mkdim(const uint32_t v[3])
+{
+	dim3 d;
+
+	d.x = v[0], d.y = v[1], d.z = v[2];
+	return d;
+}
+
+/* Run a launch as its hook would have, and count it. */
+static int local_launch(const struct shim_launch *l)
+{
+	cudaError_t r;
+
+	switch (l->entry) {
+	case SHIM_E_EXC:
+		r = IN_RT(((launch_exc_fn)l->real)(l->config, l->key, l->args));
+		break;
+	case SHIM_E_GRAPH:
+		r = IN_RT(((graph_fn)l->real)((cudaGraphExec_t)l->key, l->stream));
+		break;
+	default:
+		r = IN_RT(((launch_fn)l->real)(l->key, mkdim(l->grid), mkdim(l->block), l->args,
+					       l->shmem, l->stream));
+		break;
+	}
+	if (r == cudaSuccess)
+		shim_count_launch(l->key);
+	return r;
+}
+
+/* ---------------------------------------------------------------- state */
+
+/* The fast path's view of the state; F.mu held. */
+static void publish(void)
+{
+	int routed = F.conn != NULL || F.err != 0;
+
+	__atomic_store_n(&shim_fwd_busy, routed, __ATOMIC_RELAXED);
+	__atomic_store_n(&shim_fwd_epoch, routed ? ~0ull : F.epoch, __ATOMIC_RELEASE);
+}
+
+static int take_error(void)
+{
+	int e = F.err;
+
+	F.err = 0;
+	publish();
+	return e;
+}
+
+static void note_failed(struct fconn *c)
+{
+	uint64_t seq = __atomic_load_n(&c->page->failed_seq, __ATOMIC_ACQUIRE);
+
+	if (seq && !c->failed_reported) {
+		c->failed_reported = 1;
+		if (!F.err)
+			F.err = c->page->failed_code ? c->page->failed_code : cudaErrorLaunchFailure;
+		shim_log("worker %u could not run launch %llu (cudaError_t %d); reporting it "
+			 "to the app", c->worker, (unsigned long long)seq, c->page->failed_code);
+	}
+}
+
+/* ---------------------------------------------------------------- streams */
+
+static struct fstream *stream_get(void *s, int ptsz)
+{
+	uintptr_t v = (uintptr_t)s;
+	uint64_t key;
+	uint8_t kind;
+	void *handle = s;
+	uint32_t i;
+
+	if (v == 0 ? !ptsz : s == cudaStreamLegacy) {
+		key = 1, kind = FWD_SK_LEGACY, handle = cudaStreamLegacy;
+	} else if (v == 0 || s == cudaStreamPerThread) {
+		/* a thread's own default stream: its key must differ per thread
+		 * and never equal a stream pointer (8-aligned) */
+		if (!thread_key)
+			thread_key = ((uint64_t)syscall(SYS_gettid) << 3) | 2;
+		key = thread_key, kind = FWD_SK_PERTHREAD, handle = cudaStreamPerThread;
+	} else {
+		key = v, kind = 0xff;
+	}
+	if (F.last_stream < F.nstreams && F.streams[F.last_stream].key == key)
+		return &F.streams[F.last_stream];
+	for (i = 0; i < F.nstreams; i++)
+		if (F.streams[i].key == key)
+			return &F.streams[F.last_stream = i];
+	if (F.nstreams >= FWD_MAX_STREAMS)
+		return NULL;
+	if (kind == 0xff) {
+		/* flags once per stream; a destroyed stream's handle reused by a
+		 * new stream keeps the old kind (streams are not hooked) */
+		REAL_FN(get_flags, "cudaStreamGetFlags");
+		unsigned flags = 0;
+
+		if (!get_flags ||
+		    IN_RT(((cudaError_t (*)(cudaStream_t, unsigned *))get_flags)(s, &flags)) !=
+			    cudaSuccess)
+			return NULL;  /* the local launch reports the bad handle */
+		kind = (flags & cudaStreamNonBlocking) ? FWD_SK_NONBLOCKING : FWD_SK_BLOCKING;
+	}
+	i = F.nstreams++;
+	F.streams[i] = (struct fstream){ .key = key, .handle = handle, .kind = kind };
+	return &F.streams[F.last_stream = i];
+}
+
+static struct fstream *legacy_stream(void)
+{
+	uint32_t i;
+
+	for (i = 0; i < F.nstreams; i++)
+		if (F.streams[i].kind == FWD_SK_LEGACY)
+			return &F.streams[i];
+	return NULL;
+}
+
+static int blocking(uint8_t kind)
+{
+	return kind == FWD_SK_BLOCKING || kind == FWD_SK_PERTHREAD;
+}
+
+/*
+ * What a local operation on st must wait for (st NULL: everything):
+ * its own forwarded launches; on the legacy stream also every blocking
+ * stream's; on a blocking stream also the legacy stream's.
+ */
+static int fence_set(struct fstream *st, struct fwait *w)
+{
+	uint32_t i;
+	int n = 0;
+
+	for (i = 0; i < F.nstreams; i++) {
+		struct fstream *o = &F.streams[i];
+
+		if (!o->last_seq || fconn_done(F.conn, i, o->last_seq))
+			continue;
+		if (!st || o == st || (st->kind == FWD_SK_LEGACY && blocking(o->kind)) ||
+		    (blocking(st->kind) && o->kind == FWD_SK_LEGACY))
+			w[n++] = (struct fwait){ i, o->last_seq };
+	}
+	return n;
+}
+
+/* Before a launch is forwarded on st: local work it must follow is done. */
+static void settle_local(struct fstream *st)
+{
+	struct fstream *lg;
+	uint32_t i;
+
+	if (F.unknown_pending || (st->kind == FWD_SK_LEGACY && F.any_pending)) {
+		real_device_sync();
+		for (i = 0; i < F.nstreams; i++)
+			F.streams[i].local_pending = 0;
+		F.any_pending = F.unknown_pending = 0;
+		return;
+	}
+	if (st->local_pending) {
+		real_stream_sync(st->handle);
+		st->local_pending = 0;
+	}
+	if (blocking(st->kind) && (lg = legacy_stream()) && lg->local_pending) {
+		real_stream_sync(lg->handle);
+		lg->local_pending = 0;
+	}
+}
+
+static void mark_local(void *s, int ptsz)
+{
+	struct fstream *st = stream_get(s, ptsz);
+
+	if (st)
+		st->local_pending = 1;
+	else
+		F.unknown_pending = 1;
+	F.any_pending = 1;
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+static struct fkernel *kernel_info(const void *key)
+{
+	static int warned_probe;
+	struct shim_kernel *sk = shim_kernel_find(key);
+	struct fwd_param params[FWD_MAX_PARAMS];
+	struct fwd_define m;
+	struct fkernel *k;
+	size_t nlen, o;
+	uint32_t n = 0, total = 0;
+	REAL_FN(param_info, "cudaFuncGetParamInfo");
+
+	if (!sk || !sk->name || !strcmp(sk->name, "?"))
+		return &not_forwardable;
+	if (sk->fwd)
+		return sk->fwd;
+	if (!param_info) {
+		if (!warned_probe++)
+			shim_log("the CUDA runtime has no cudaFuncGetParamInfo (CUDA < 12.4): "
+				 "kernels run locally");
+		return &not_forwardable;
+	}
+	/* the probe ends in an error the app must not see from
+	 * cudaGetLastError; with one of its own pending, try another time */
+	if (real_peek_error() != cudaSuccess)
+		return NULL;
+	while (n < FWD_MAX_PARAMS) {
+		size_t off, size;
+
+		if (((cudaError_t (*)(const void *, size_t, size_t *, size_t *))param_info)(
+			    key, n, &off, &size) != cudaSuccess)
+			break;
+		if (off > FWD_MAX_ARGBYTES || size == 0 || size > FWD_MAX_ARGBYTES ||
+		    off + size > FWD_MAX_ARGBYTES) {
+			n = FWD_MAX_PARAMS + 1;
+			break;
+		}
+		params[n].offset = (uint32_t)off;
+		params[n].size = (uint32_t)size;
+		if (off + size > total)
+			total = (uint32_t)(off + size);
+		n++;
+	}
+	real_clear_error();
+	nlen = strlen(sk->name);
+	k = calloc(1, sizeof(*k));
+	if (!k)
+		return NULL;
+	if (n == 0 || n > FWD_MAX_PARAMS || nlen > FWD_MAX_STR || F.nkernels >= FWD_MAX_KERNELS) {
+		shim_log("kernel %s runs locally even when routed to a worker: %s", sk->name,
+			 n == 0 ? "its parameter layout is unknown (or it has none)"
+				: F.nkernels >= FWD_MAX_KERNELS ? "too many kernels"
+								 : "parameters beyond the protocol's limits");
+		sk->fwd = k;            /* ok = 0: not forwardable, said once */
+		return k;
+	}
+	k->params = malloc(n * sizeof(*params));
+	k->define_len = sizeof(m) + n * sizeof(*params) + nlen;
+	k->define = malloc(k->define_len);
+	if (!k->params || !k->define) {
+		free(k->params);
+		free(k->define);
+		free(k);
+		return NULL;
+	}
+	memcpy(k->params, params, n * sizeof(*params));
+	k->nparams = (uint16_t)n;
+	k->argbytes = total;
+	k->kid = F.nkernels++;
+	memset(&m, 0, sizeof(m));
+	fwd_hdr_init(&m.h, FWD_T_DEFINE, 0, k->define_len);
+	m.kid = k->kid;
+	m.nparams = (uint16_t)n;
+	m.name_len = (uint16_t)nlen;
+	m.argbytes = total;
+	memcpy(k->define, &m, sizeof(m));
+	o = sizeof(m);
+	memcpy(k->define + o, params, n * sizeof(*params));
+	o += n * sizeof(*params);
+	memcpy(k->define + o, sk->name, nlen);
+	k->ok = 1;
+	sk->fwd = k;
+	return k;
+}
+
+/* ---------------------------------------------------------------- losing a worker */
+
+static void ring_free(struct rentry *e)
+{
+	free(e->frame);
+	e->frame = NULL;
+}
+
+/* Retire completed launches from the window's tail. */
+static void reap(void)
+{
+	while (F.tail < F.head) {
+		struct rentry *e = &F.ring[F.tail % FWD_WINDOW];
+
+		if (!fconn_done(F.conn, e->sidx, e->seq))
+			break;
+		ring_free(e);
+		F.tail++;
+	}
+}
+
+/*
+ * The worker is gone (or refused work): replay locally, in order, every
+ * launch of the window it did not complete, then run locally until the
+ * route changes.  F.mu held.
+ */
+static void lose_worker(const char *why)
+{
+	struct fconn *c = F.conn;
+	uint64_t i, unfinished = 0, failed = 0;
+
+	note_failed(c);
+	for (i = F.tail; i < F.head; i++) {
+		struct rentry *e = &F.ring[i % FWD_WINDOW];
+		void *argv[FWD_MAX_PARAMS];
+		struct fwd_launch m;
+		launch_fn fn;
+		uint32_t j;
+
+		if (fconn_done(c, e->sidx, e->seq)) {
+			ring_free(e);
+			continue;
+		}
+		unfinished++;
+		memcpy(&m, e->frame, sizeof(m));
+		for (j = 0; j < e->k->nparams; j++)
+			argv[j] = e->frame + sizeof(m) + e->k->params[j].offset;
+		fn = replay_fn(e->entry, e->coop);
+		/* per-thread default streams belong to their threads: replay their
+		 * work on the legacy stream, which orders with all of them */
+		if (!fn || IN_RT(fn(e->key, mkdim(m.grid), mkdim(m.block), argv, m.shmem,
+				    F.streams[e->sidx].kind == FWD_SK_PERTHREAD
+					    ? cudaStreamLegacy
+					    : F.streams[e->sidx].handle)) != cudaSuccess)
+			failed++;
+		else if (!e->counted)
+			shim_count_launch(e->key);   /* it never reached the worker */
+		if (e->counted)
+			__atomic_fetch_sub(&shim_ctr->forwarded, 1, __ATOMIC_RELAXED);
+		ring_free(e);
+	}
+	F.tail = F.head;
+	if (failed && !F.err)
+		F.err = cudaErrorLaunchFailure;
+	shim_log("worker %u (pid %u) lost: %s; replayed %llu unfinished launch%s locally%s%s; "
+		 "running locally until the route changes", c->worker, c->worker_pid, why,
+		 (unsigned long long)unfinished, unfinished == 1 ? "" : "es",
+		 failed ? ", failed: " : "", failed ? "reported to the app" : "");
+	F.conn = NULL;
+	fconn_close(c, 0);
+	publish();
+}
+
+/* Wait for everything forwarded to complete; 0, or -1 when the worker was
+ * lost (and its work replayed).  F.mu held. */
+static int drain(void)
+{
+	struct fwait w[FWD_MAX_STREAMS];
+	char why[256];
+	int n = fence_set(NULL, w);
+
+	if (n && fconn_wait(F.conn, w, n, why, sizeof(why)) < 0) {
+		lose_worker(why);
+		return -1;
+	}
+	note_failed(F.conn);
+	reap();
+	return 0;
+}
+
+/* ---------------------------------------------------------------- routes */
+
+/* Keep a drained connection for a later return; the oldest kept one goes. */
+static void keep(struct fconn *c)
+{
+	struct fconn *old = F.kept[FWD_KEEP - 1];
+
+	memmove(&F.kept[1], &F.kept[0], (FWD_KEEP - 1) * sizeof(F.kept[0]));
+	F.kept[0] = c;
+	if (old)
+		fconn_close(old, 1);
+}
+
+/* A kept connection to worker `route` that is still sound, or NULL. */
+static struct fconn *unkeep(uint32_t route)
+{
+	char why[256];
+	unsigned i;
+
+	for (i = 0; i < FWD_KEEP; i++) {
+		struct fconn *c = F.kept[i];
+
+		if (!c || c->worker != route)
+			continue;
+		memmove(&F.kept[i], &F.kept[i + 1], (FWD_KEEP - 1 - i) * sizeof(F.kept[0]));
+		F.kept[FWD_KEEP - 1] = NULL;
+		/* nothing of ours is outstanding there: a lost one just goes */
+		if (fconn_lost(c, why, sizeof(why))) {
+			fconn_close(c, 0);
+			return NULL;
+		}
+		return c;
+	}
+	return NULL;
+}
+
+static void leave_worker(void)
+{
+	struct fconn *c = F.conn;
+
+	if (drain() < 0)
+		return;
+	F.conn = NULL;
+	keep(c);
+}
+
+static void join_worker(uint32_t route)
+{
+	char why[512];
+	struct fconn *c;
+	uint32_t i;
+
+	/* local work queued before the switch finishes before the worker
+	 * runs anything that follows it */
+	real_device_sync();
+	c = unkeep(route);
+	if (!c)
+		c = fconn_open(route, why, sizeof(why));
+	if (!c) {
+		/* said once per worker, not at every route change to it */
+		if (F.refused_worker != route)
+			shim_log("cannot forward to worker %u: %s; running locally", route, why);
+		F.refused_worker = route;
+		return;
+	}
+	if (F.refused_worker == route)
+		F.refused_worker = 0;
+	for (i = 0; i < F.nstreams; i++) {
+		F.streams[i].last_seq = 0;
+		F.streams[i].local_pending = 0;
+	}
+	F.any_pending = F.unknown_pending = 0;
+	F.head = F.tail = 0;
+	F.nsent = 0;
+	F.conn = c;
+}
+
+/* Act on a new route epoch, at a launch boundary.  F.mu held. */
+static void follow_route(void)
+{
+	uint64_t e = __atomic_load_n(&shim_ctl->route_epoch, __ATOMIC_ACQUIRE);
+	uint32_t route;
+
+	if (F.acted && e == F.epoch)
+		return;
+	route = __atomic_load_n(&shim_ctl->route, __ATOMIC_RELAXED);
+	F.acted = 1;
+	F.epoch = e;
+	if (F.conn && F.conn->worker == route) {
+		publish();                 /* the quota changed, not the worker */
+		return;
+	}
+	if (F.conn)
+		leave_worker();
+	if (route != CB_ROUTE_LOCAL)
+		join_worker(route);
+	publish();
+}
+
+/* ---------------------------------------------------------------- launches */
+
+/* A launch that stays local while routed: after the forwarded work it
+ * follows, and before the forwarded work that follows it. */
+static int ordered_local(const struct shim_launch *l)
+{
+	struct fwait w[FWD_MAX_STREAMS];
+	struct fstream *st = stream_get(l->stream, l->ptsz);
+	char lost[256];
+	int n, r;
+
+	n = fence_set(st, w);
+	if (n && fconn_wait(F.conn, w, n, lost, sizeof(lost)) < 0)
+		lose_worker(lost);
+	r = local_launch(l);
+	F.local_runs++;
+	if (F.conn)
+		mark_local(l->stream, l->ptsz);
+	return r;
+}
+
+/* Make room in the window.  0, or -1 when the worker was lost. */
+static int window_room(void)
+{
+	char why[256];
+
+	reap();
+	while (F.head - F.tail >= FWD_WINDOW) {
+		struct rentry *e = &F.ring[F.tail % FWD_WINDOW];
+		struct fwait w = { e->sidx, e->seq };
+
+		if (fconn_wait(F.conn, &w, 1, why, sizeof(why)) < 0) {
+			lose_worker(why);
+			return -1;
+		}
+		reap();
+	}
+	return 0;
+}
+
+static int forward(const struct shim_launch *l)
+{
+	const cudaLaunchConfig_t *cfg = l->config;
+	uint32_t grid[3], block[3];
+	size_t shmem = l->shmem;
+	void *stream = l->stream;
+	struct fwd_launch m;
+	struct fkernel *k;
+	struct fstream *st;
+	struct rentry *e;
+	int coop = l->entry == SHIM_E_COOP;
+	char why[256];
+	unsigned i;
+
+	if (l->entry == SHIM_E_GRAPH)
+		return ordered_local(l);
+	memcpy(grid, l->grid, sizeof(grid));
+	memcpy(block, l->block, sizeof(block));
+	if (l->entry == SHIM_E_EXC) {
+		if (!cfg || (cfg->numAttrs && !cfg->attrs))
+			return ordered_local(l);
+		for (i = 0; i < cfg->numAttrs; i++) {
+			if (cfg->attrs[i].id != cudaLaunchAttributeCooperative)
+				return ordered_local(l);
+			coop |= cfg->attrs[i].val.cooperative != 0;
+		}
+		grid[0] = cfg->gridDim.x, grid[1] = cfg->gridDim.y, grid[2] = cfg->gridDim.z;
+		block[0] = cfg->blockDim.x, block[1] = cfg->blockDim.y, block[2] = cfg->blockDim.z;
+		shmem = cfg->dynamicSmemBytes;
+		stream = cfg->stream;
+	}
+	k = kernel_info(l->key);
+	if (!k || !k->ok || (k->nparams && !l->args) || shmem > UINT32_MAX)
+		return ordered_local(l);
+	st = stream_get(stream, l->ptsz);
+	if (!st)
+		return ordered_local(l);
+	for (i = 0; i < k->nparams; i++)
+		if (!l->args[i])
+			return ordered_local(l);   /* the runtime says why */
+	settle_local(st);
+	if (window_room() < 0)
+		return local_launch(l);
+
+	e = &F.ring[F.head % FWD_WINDOW];
+	memset(e, 0, sizeof(*e));
+	e->len = sizeof(m) + k->argbytes;
+	e->frame = malloc(e->len);
+	if (!e->frame)
+		return ordered_local(l);
+	memset(&m, 0, sizeof(m));
+	fwd_hdr_init(&m.h, FWD_T_LAUNCH, coop ? FWD_LF_COOP : 0, e->len);
+	m.seq = ++F.seq;
+	m.kid = k->kid;
+	m.sidx = (uint16_t)(st - F.streams);
+	m.skind = st->kind;
+	memcpy(m.grid, grid, sizeof(grid));
+	memcpy(m.block, block, sizeof(block));
+	m.shmem = (uint32_t)shmem;
+	m.argbytes = k->argbytes;
+	memcpy(e->frame, &m, sizeof(m));
+	memset(e->frame + sizeof(m), 0, k->argbytes);   /* padding between args */
+	for (i = 0; i < k->nparams; i++)
+		memcpy(e->frame + sizeof(m) + k->params[i].offset, l->args[i], k->params[i].size);
+	e->seq = m.seq;
+	e->sidx = m.sidx;
+	e->entry = l->entry;
+	e->coop = coop;
+	e->key = l->key;
+	e->k = k;
+	F.head++;                       /* in the window before it is sent */
+
+	if (!(F.conn->defined[k->kid / 64] & (1ull << (k->kid % 64)))) {
+		if (fconn_send(F.conn, k->define, k->define_len) < 0) {
+			lose_worker("cannot send to the worker");
+			return F.err ? take_error() : cudaSuccess;
+		}
+		F.conn->defined[k->kid / 64] |= 1ull << (k->kid % 64);
+	}
+	if (fconn_send(F.conn, e->frame, e->len) < 0) {
+		lose_worker("cannot send to the worker");   /* replays this one */
+		return F.err ? take_error() : cudaSuccess;
+	}
+	st->last_seq = m.seq;
+	e->counted = 1;
+	shim_count_launch(l->key);
+	shim_add(&shim_ctr->forwarded, 1);
+
+	if (++F.nsent % POLL_EVERY == 0) {
+		note_failed(F.conn);
+		if (shim_now_ns() - F.conn->last_check_ns >= CHECK_EVERY &&
+		    fconn_lost(F.conn, why, sizeof(why)))
+			lose_worker(why);
+		else
+			fconn_poll(F.conn);
+		if (F.conn && __atomic_load_n(&F.conn->lost, __ATOMIC_ACQUIRE))
+			lose_worker(F.conn->lost_why);
+		publish();
+	}
+	return cudaSuccess;
+}
+
+int shim_fwd_launch(const struct shim_launch *l)
+{
+	int r;
+
+	if (lock() < 0)
+		return local_launch(l);
+	follow_route();
+	if (F.err) {
+		r = take_error();
+	} else if (!F.conn) {
+		unlock();
+		return local_launch(l);
+	} else {
+		r = forward(l);
+	}
+	unlock();
+	return r;
+}
+
+/* ---------------------------------------------------------------- local operations */
+
+int shim_fwd_fence(void *stream, int ptsz, int scope)
+{
+	struct fwait w[FWD_MAX_STREAMS];
+	struct fconn *c;
+	char why[256];
+	int n, r;
+
+	if (lock() < 0)
+		return 0;
+	if (F.err || !F.conn) {
+		r = take_error();
+		unlock();
+		return r;
+	}
+	n = fence_set(scope == SHIM_FENCE_ALL ? NULL : stream_get(stream, ptsz), w);
+	c = F.conn;
+	fconn_get(c);
+	unlock();
+
+	/* wait without the lock: other threads keep launching meanwhile */
+	r = n ? fconn_wait(c, w, n, why, sizeof(why)) : 0;
+
+	lock();
+	if (F.conn == c) {
+		if (r < 0)
+			lose_worker(why);
+		else {
+			note_failed(c);
+			reap();
+		}
+	}
+	fconn_put(c);
+	r = take_error();
+	unlock();
+	return r;
+}
+
+void shim_fwd_local_done(void *stream, int ptsz)
+{
+	if (lock() < 0)
+		return;
+	if (F.conn)
+		mark_local(stream, ptsz);
+	unlock();
+}
+
+int shim_fwd_pending(void *stream, int ptsz)
+{
+	struct fwait w[FWD_MAX_STREAMS];
+	int n = 0;
+
+	if (lock() < 0)
+		return 0;
+	if (F.conn)
+		n = fence_set(stream_get(stream, ptsz), w);
+	unlock();
+	return n > 0;
+}
+
+void shim_fwd_exit(void)
+{
+	if (lock() < 0)
+		return;
+	if (F.conn) {
+		struct fwait w[FWD_MAX_STREAMS];
+		struct fconn *c = F.conn;
+		char why[256];
+		int n = fence_set(NULL, w);
+
+		/* work the app did not wait for is unobservable after exit;
+		 * finish it on the worker anyway, but do not replay it */
+		if (n && fconn_wait(c, w, n, why, sizeof(why)) < 0)
+			shim_log("worker %u lost at exit: %s", c->worker, why);
+		F.conn = NULL;
+		fconn_close(c, 1);
+	}
+	for (unsigned i = 0; i < FWD_KEEP; i++) {
+		if (F.kept[i])
+			fconn_close(F.kept[i], 1);
+		F.kept[i] = NULL;
+	}
+	if (F.local_runs)
+		shim_log("%llu launch%s ran locally while routed to a worker (see above why)",
+			 (unsigned long long)F.local_runs, F.local_runs == 1 ? "" : "es");
+	publish();
+	unlock();
+}
+
+void shim_fwd_forget(void)
+{
+	uint64_t i;
+
+	/* the child shares no worker connection, slot or window with its
+	 * parent; libzmq's threads are gone: drop everything, touch nothing */
+	for (i = F.tail; i < F.head; i++)
+		free(F.ring[i % FWD_WINDOW].frame);
+	memset(F.ring, 0, sizeof(F.ring));
+	F.head = F.tail = 0;
+	F.conn = NULL;
+	memset(F.kept, 0, sizeof(F.kept));     /* leaked: they are the parent's */
+	F.acted = 0;
+	F.epoch = 0;
+	F.err = 0;
+	F.nstreams = F.last_stream = 0;
+	F.any_pending = F.unknown_pending = 0;
+	F.refused_worker = 0;
+	F.local_runs = 0;
+	thread_key = 0;
+	holding = 0;
+	pthread_mutex_init(&F.mu, NULL);
+	fconn_forget();
+	__atomic_store_n(&shim_fwd_busy, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&shim_fwd_epoch, 0, __ATOMIC_RELEASE);
+}

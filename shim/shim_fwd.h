@@ -1,0 +1,73 @@
+/*
+ * shim_fwd.h - internals shared by the forwarding client's two files:
+ *
+ *   shim_fwd.c       routes, launches, fences, the window of launches not
+ *                    yet completed and their local replay
+ *   shim_fwd_conn.c  one connection to a worker: socket, completion page,
+ *                    HELLO, liveness, waiting on the page
+ *
+ * Locking: shim_fwd.c's mutex covers its state and every send; a
+ * connection's socket has its own small mutex (taken inside the first, or
+ * alone by a fence that waits without the first), so a thread waiting for
+ * a stream never stops another thread's launches.  A connection is
+ * reference-counted: a waiter keeps the page mapped while the route moves
+ * on under it.
+ */
+#ifndef COLOCATE_SHIM_FWD_H
+#define COLOCATE_SHIM_FWD_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "fwd_proto.h"
+#include "shim.h"
+
+struct fconn {
+	int refs;                      /* atomic                               */
+	uint32_t worker;               /* the route (worker id)                */
+	uint32_t worker_pid;
+	uint32_t quota;
+	void *sock;
+	pthread_mutex_t sock_mu;
+	struct fwd_page *page;
+	unsigned char *ring;           /* launch ring after the page, or NULL  */
+	uint32_t ring_size;
+	size_t map_len;
+	int lost;                      /* the worker said this connection lost
+	                                  work (any ERROR frame); atomic       */
+	char lost_why[200];
+	int failed_reported;           /* page->failed_seq turned into an error */
+	uint64_t defined[FWD_MAX_KERNELS / 64];  /* DEFINE sent, by kernel id */
+	uint64_t last_check_ns;
+};
+
+struct fwait {
+	uint32_t idx;                  /* stream index                          */
+	uint64_t seq;                  /* wait until done[idx] >= seq           */
+};
+
+/* Connect to worker `worker` and say HELLO; NULL with a reason. */
+struct fconn *fconn_open(uint32_t worker, char *why, size_t whylen);
+void fconn_get(struct fconn *c);
+void fconn_put(struct fconn *c);
+/* Send one frame without waiting; -1 when the socket refuses it. */
+int fconn_send(struct fconn *c, const void *buf, size_t len);
+/* Read what the worker sent (ERROR frames mark the connection lost). */
+void fconn_poll(struct fconn *c);
+/* 1 with a reason when the worker is gone, hung, or lost work. */
+int fconn_lost(struct fconn *c, char *why, size_t whylen);
+/* Wait until every done[w[i].idx] >= w[i].seq: 0, or -1 (lost, why). */
+int fconn_wait(struct fconn *c, const struct fwait *w, int n, char *why, size_t whylen);
+static inline int fconn_done(const struct fconn *c, uint32_t idx, uint64_t seq)
+{
+	return __atomic_load_n(&c->page->done[idx], __ATOMIC_ACQUIRE) >= seq;
+}
+/* Leave: BYE when the worker should expect nothing more from us (it has
+ * finished our work), then drop the route's reference. */
+void fconn_close(struct fconn *c, int bye);
+/* Forget the process's ZeroMQ context in a fork child. */
+void fconn_forget(void);
+/* Polling before sleeping, in ns: 30 us with more than 4 cores, else 2 us. */
+uint64_t shim_fwd_spin_ns(void);
+
+#endif

@@ -1,0 +1,484 @@
+"""Launch forwarding on simgpu: the worker executable (shim/lib/colocate-worker),
+the shim's forwarding client, route switches, worker death, bad frames.
+
+No controller is needed: a tiny stand-in answers the shim's "register" on
+ctl.sock and claims a slot in a control block the test created, so the test
+writes routes itself (ControlBlock.set_route) while the app runs.  Workers are
+started with the pool's contract (`--id N --quota Q --runtime-dir DIR`).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import re
+import signal
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.forwarding import Rig
+from shim import paths
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / "bench" / "bin"
+WORKER = paths.LIB_DIR / "colocate-worker"
+
+pytestmark = pytest.mark.skipif(
+    not (BIN / "hotspot").exists() or not WORKER.exists() or not paths.SIMGPU_CUDART.exists(),
+    reason="bench programs, simgpu or colocate-worker not built (make build)")
+
+# wire constants of processpool/fwd_proto.h
+MAGIC, VERSION = 0xC0, 1
+T_HELLO, T_HELLO_REPLY, T_DEFINE, T_LAUNCH, T_BYE, T_ERROR = 1, 2, 3, 4, 5, 6
+
+# hotspot: launches spread over time (a copy, i.e. a fence, every 6 launches),
+# so that route changes land between launches while it runs
+HOT = ["--size", "64", "--iters", "6", "--repeat", "50", "--check"]
+
+
+def result_of(out: str) -> dict[str, str]:
+    """The lines that must be identical whatever the route."""
+    got = {}
+    for key in ("CHECK", "STATS"):
+        m = re.search(rf"^{key} (.*)$", out, re.M)
+        assert m, f"no {key} line in:\n{out}"
+        got[key] = m.group(1)
+    m = re.search(r"^HOTSPOT .*?(max_err=\S+ temp_min=\S+ temp_max=\S+)$", out, re.M)
+    assert m, out
+    got["HOTSPOT"] = m.group(1)
+    assert re.search(r"^PASS hotspot", out, re.M), out
+    return got
+
+
+@pytest.fixture
+def rig():
+    r = Rig()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def slow_rig():
+    # simgpu time stretched: a 64x64 hotspot step takes ~7 ms of wall time
+    r = Rig(timescale="2000")
+    yield r
+    r.close()
+
+
+# ---------------------------------------------------------------- the worker
+
+
+def test_worker_contract(rig):
+    p = rig.start_worker(7, 30)
+    assert (rig.dir / "worker-7.pid").read_text().strip() == str(p.pid)
+    assert (rig.dir / "worker-7.sock").exists()
+    s = rig.stats(7)
+    assert s == {**s, "v": 1, "type": "stats", "id": 7, "quota_pct": 30, "pid": p.pid,
+                 "forwarded": 0, "apps": 0, "state": "ready"}
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == 0
+    assert not (rig.dir / "worker-7.pid").exists() and not (rig.dir / "worker-7.sock").exists()
+
+
+def test_worker_rejects_bad_command_lines(rig):
+    for args in ([], ["--id", "0", "--quota", "5", "--runtime-dir", "/tmp"],
+                 ["--id", "1", "--quota", "101", "--runtime-dir", "/tmp"],
+                 ["--id", "1", "--quota", "5"], ["--bogus", "1"]):
+        res = subprocess.run([str(WORKER), *args], env=rig.env, capture_output=True, timeout=10)
+        assert res.returncode == 2, (args, res)
+        assert b"usage" in res.stderr or b"colocate-worker" in res.stderr
+
+
+# ---------------------------------------------------------------- same results on every route
+
+
+def test_hotspot_identical_local_forwarded_and_switched(slow_rig):
+    rig = slow_rig
+    for wid, q in ((1, 10), (2, 40), (3, 100)):
+        rig.start_worker(wid, q)
+    # local (registered, route 0), on a device of its own at full speed
+    out, _, local = rig.run("hotspot", *HOT, **rig.fast)
+    want = result_of(out)
+    assert local["launches"] == 300 and local["forwarded"] == 0
+
+    # everything forwarded to one worker
+    out, err, fwd = rig.run("hotspot", *HOT, routes=1)
+    assert result_of(out) == want, err
+    assert fwd["launches"] == 300 and fwd["forwarded"] == 300
+    assert rig.stats(1)["forwarded"] == 300
+
+    # switched between workers at 10/40/100 % and local every 30 ms (~2 s run)
+    before = {w: rig.stats(w)["forwarded"] for w in (1, 2, 3)}
+    out, err, sw = rig.run("hotspot", *HOT, routes=[1, 2, 3, 0])
+    assert result_of(out) == want, err
+    moved = {w: rig.stats(w)["forwarded"] - before[w] for w in (1, 2, 3)}
+    assert sw["launches"] == 300
+    assert 0 < sw["forwarded"] < 300, sw            # some ran locally too
+    assert sw["forwarded"] == sum(moved.values()), (sw, moved)
+    assert all(n > 0 for n in moved.values()), moved
+    for w in (1, 2, 3):
+        assert rig.stats(w)["apps"] == 0            # every app said BYE
+    assert "lost" not in err and "bad frame" not in rig.worker_log(1)
+
+
+def test_two_apps_share_a_worker(rig):
+    rig.start_worker(1, 50)
+    a = rig.app("hotspot", *HOT)
+    b = rig.app("vecadd", "--repeat", "20", "--stream")
+    for p in (a, b):
+        rig.cb.set_route(rig.slot_of(p), 1, 50)
+    (oa, ea), (ob, eb) = a.communicate(timeout=60), b.communicate(timeout=60)
+    assert a.returncode == 0 and b.returncode == 0, oa + ea + ob + eb
+    assert "PASS hotspot" in oa and "PASS vecadd" in ob
+    ca, cb_ = rig.cb.counters(rig.slots[a.pid]), rig.cb.counters(rig.slots[b.pid])
+    assert ca["forwarded"] > 0 and cb_["forwarded"] > 0
+    assert rig.stats(1)["forwarded"] == ca["forwarded"] + cb_["forwarded"]
+
+
+def test_stream_events_and_async_copies_forwarded(rig):
+    """vecadd --stream: async copies, event records around the launches, a
+    D2H copy and syncs on a user stream, all ordered with forwarded kernels."""
+    rig.start_worker(1, 40)
+    out, err, c = rig.run("vecadd", "--repeat", "25", "--stream", routes=1)
+    assert "PASS vecadd" in out, out + err
+    assert c["launches"] == 25 and c["forwarded"] == 25
+
+
+# ---------------------------------------------------------------- falling back
+
+
+def test_worker_killed_mid_run_replays_locally(slow_rig):
+    rig = slow_rig
+    w = rig.start_worker(1, 10)
+    # all launches queued at once: the app then waits in its last sync
+    p = rig.app("hotspot", "--size", "64", "--iters", "300", "--check")
+    rig.cb.set_route(rig.slot_of(p), 1, 10)
+    time.sleep(0.6)
+    w.kill()
+    w.wait()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, out + err
+    assert "PASS hotspot" in out
+    m = re.search(r"worker 1 \(pid \d+\) lost: (.*); replayed (\d+) unfinished", err)
+    assert m, err
+    c = rig.cb.counters(rig.slots[p.pid])
+    assert c["launches"] == 300 and 0 < c["forwarded"] < 300
+    assert c["forwarded"] + int(m.group(2)) == 300
+    # bit for bit the result of a local run
+    out_local, _, _ = rig.run("hotspot", "--size", "64", "--iters", "300", "--check", **rig.fast)
+    assert result_of(out) == result_of(out_local)
+
+
+def test_worker_stopped_mid_run_finishes_then_hands_back(slow_rig):
+    """SIGTERM: the worker finishes what it has, tells the app, exits 0; the
+    app carries on locally with the same result."""
+    rig = slow_rig
+    w = rig.start_worker(1, 40)
+    p = rig.app("hotspot", "--size", "64", "--iters", "150", "--check")
+    rig.cb.set_route(rig.slot_of(p), 1, 40)
+    time.sleep(0.4)
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(10) == 0
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, out + err
+    out_local, _, _ = rig.run("hotspot", "--size", "64", "--iters", "150", "--check", **rig.fast)
+    assert result_of(out) == result_of(out_local)
+    assert "shutting down" in rig.worker_log(1)
+
+
+def test_zmq_transport_gives_the_same_result(rig):
+    """COLOCATE_FWD_RING_KB=0: launches as zmq frames instead of the ring."""
+    rig.start_worker(1, 40)
+    out, _, _ = rig.run("hotspot", *HOT, **rig.fast)
+    want = result_of(out)
+    out, err, c = rig.run("hotspot", *HOT, routes=1, COLOCATE_FWD_RING_KB="0")
+    assert result_of(out) == want, err
+    assert c["forwarded"] == 300 and rig.stats(1)["forwarded"] == 300
+    out, err, c = rig.run("vecadd", "--repeat", "10", "--stream", routes=1, COLOCATE_FWD_RING_KB="0")
+    assert "PASS vecadd" in out and c["forwarded"] == 10
+
+
+def test_missing_worker_means_local(rig):
+    out, err, c = rig.run("hotspot", *HOT, routes=9)
+    assert "PASS hotspot" in out
+    assert c["forwarded"] == 0 and c["launches"] == 300
+    assert "cannot forward to worker 9" in err
+    assert err.count("cannot forward") == 1          # said once per route change
+
+
+def test_dead_worker_on_the_route_is_skipped_at_once(rig):
+    """A route to a worker that was killed (stale socket and pid file): no
+    HELLO timeout at each route change, one log line, the app runs locally."""
+    rig.start_worker(1, 40)
+    dead = rig.start_worker(2, 40)
+    dead.kill()
+    dead.wait()
+    assert (rig.dir / "worker-2.sock").exists()        # SIGKILL leaves both behind
+    out, err, c = rig.run("hotspot", *HOT, routes=[2, 1], period=0.002)
+    assert "PASS hotspot" in out
+    assert err.count("cannot forward to worker 2: worker 2 (pid") == 1, err
+    assert "no answer to HELLO" not in err
+
+
+def test_kernel_without_layout_runs_locally(rig):
+    """Without a parameter layout (cudaFuncGetParamInfo fails), a kernel is
+    not forwarded: it runs locally, in order, and the app says so once."""
+    rig.start_worker(1, 40)
+    out, err, c = rig.run("hotspot", *HOT, routes=1, SIMGPU_IGNORE_CUBIN="1")
+    assert "PASS hotspot" in out, out + err
+    assert c["forwarded"] == 0 and c["launches"] == 300
+    assert err.count("runs locally even when routed") == 1
+
+
+# ---------------------------------------------------------------- bad frames
+
+
+def hdr(type_: int, length: int, version: int = VERSION, flags: int = 0) -> bytes:
+    return struct.pack("<BBBBI", MAGIC, version, type_, flags, length)
+
+
+def is_error_reply(reply: list[bytes]) -> bool:
+    body = reply[-1]
+    if body.startswith(b"{"):
+        return json.loads(body)["type"] == "error"
+    magic, version, type_, _, length = struct.unpack_from("<BBBBI", body)
+    return (magic, version, length) == (MAGIC, VERSION, len(body)) and type_ in (T_ERROR, T_HELLO_REPLY)
+
+
+@pytest.fixture(scope="module")
+def fuzz_worker():
+    r = Rig()
+    r.start_worker(5, 20)
+    r.sock = r.ctx.socket(zmq.DEALER)
+    r.sock.setsockopt(zmq.LINGER, 0)
+    r.sock.connect(f"ipc://{r.dir}/worker-5.sock")
+    yield r
+    r.sock.close()
+    r.close()
+
+
+def send_recv(r, *frames: bytes) -> list[bytes]:
+    r.sock.send_multipart(list(frames))
+    assert r.sock.poll(3000), f"no answer to {frames!r}"
+    return r.sock.recv_multipart()
+
+
+def test_bad_frames_are_rejected_and_logged(fuzz_worker):
+    r = fuzz_worker
+    launch = hdr(T_LAUNCH, 56) + struct.pack("<QIHBB6I2I", 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0)
+    cases = [
+        b"\x00random bytes",
+        hdr(T_BYE, 8, version=9),                      # wrong version
+        hdr(T_LAUNCH, 56)[:5],                         # truncated header
+        launch[:40],                                   # truncated body
+        hdr(T_LAUNCH, 57) + launch[8:],                # length field lies
+        launch,                                        # valid LAUNCH before HELLO
+        hdr(77, 8),                                    # unknown type
+        hdr(T_ERROR, 32) + bytes(24),                  # a type workers do not take
+    ]
+    for frame in cases:
+        reply = send_recv(r, frame)
+        assert len(reply) == 1 and is_error_reply(reply), (frame, reply)
+    assert is_error_reply(send_recv(r, b"", b'{"v":1,"type":"nope"}'))
+    assert is_error_reply(send_recv(r, b"one", b"two", b"three"))
+    log = r.worker_log(5)
+    assert log.count("bad frame from") >= len(cases), log
+    assert r.stats(5)["state"] == "ready"
+
+
+def test_hello_with_a_bad_page_is_refused(fuzz_worker):
+    r = fuzz_worker
+    page, twins, dev, name = b"/nonexistent/page", b"", b"", b"fuzz"
+    body = struct.pack("<II4HI", os.getpid(), 5, len(page), len(twins), len(dev), len(name), 0)
+    frame = body + page + twins + dev + name
+    reply = send_recv(r, hdr(T_HELLO, 8 + len(frame)) + frame)
+    status = struct.unpack_from("<I", reply[0], 8)[0]
+    assert reply[0][2] == T_HELLO_REPLY and status != 0, reply
+    wrong = struct.pack("<II4HI", os.getpid(), 6, len(page), 0, 0, len(name), 0) + page + name
+    reply = send_recv(r, hdr(T_HELLO, 8 + len(wrong)) + wrong)
+    assert struct.unpack_from("<I", reply[0], 8)[0] == 2      # FWD_S_WRONG_WORKER
+
+
+def is_stats_request(data: bytes) -> bool:
+    try:
+        return json.loads(data)["type"] == "stats"
+    except (ValueError, TypeError, KeyError, IndexError):
+        return False
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.binary(max_size=300),
+                 st.text(max_size=60).map(lambda t: ('{"type":' + t).encode())))
+def test_fuzz_random_bytes(fuzz_worker, data):
+    reply = send_recv(fuzz_worker, data)
+    if reply[-1].startswith(b'{"v":1,"type":"stats"'):
+        assert is_stats_request(data), data     # answered as stats only when it asked
+    else:
+        assert is_error_reply(reply), (data, reply)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 8), st.integers(0, 255), st.binary(max_size=200), st.integers(-3, 3))
+def test_fuzz_framed_bodies(fuzz_worker, type_, flags, body, skew):
+    """A sound header on random bodies, with the length right or off by a little."""
+    frame = hdr(type_, max(0, 8 + len(body) + skew), flags=flags) + body
+    reply = send_recv(fuzz_worker, frame)
+    assert is_error_reply(reply), (frame, reply)
+
+
+def test_worker_survives_the_fuzzing(fuzz_worker):
+    r = fuzz_worker
+    assert r.workers[5].poll() is None
+    s = r.stats(5)
+    assert s["state"] == "ready" and s["apps"] == 0 and s["bad_frames"] > 0
+
+
+# ---------------------------------------------------------------- the launch ring
+
+
+PAGE, RING = 4096, 1 << 16
+OFF_REFUSED_CODE, OFF_EXECUTED, OFF_HEAD, OFF_WAKE, OFF_TAIL, OFF_DONE = 92, 104, 128, 136, 192, 256
+LIBC = ctypes.CDLL(None, use_errno=True)
+SYS_FUTEX = 202 if os.uname().machine == "x86_64" else 98
+
+
+class RingApp:
+    """Plays the shim's side of a ring connection, from Python."""
+
+    def __init__(self, r: Rig, wid: int, name: str = "ringtest", twins: str = ""):
+        self.r, self.path = r, r.dir / f"page-{os.urandom(4).hex()}"
+        with open(self.path, "wb") as f:
+            f.write(struct.pack("<QII", 0x45474150445746, 2, RING))
+            f.truncate(PAGE + RING)
+        fd = os.open(self.path, os.O_RDWR)
+        self.mm = mmap.mmap(fd, PAGE + RING)
+        os.close(fd)
+        self.head = 0
+        self.sock = r.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(f"ipc://{r.dir}/worker-{wid}.sock")
+        page = str(self.path).encode()
+        dev = os.path.realpath(r.env["SIMGPU_DIR"]).encode()     # the same simulated device
+        tw = twins.encode()
+        body = (struct.pack("<II4HI", os.getpid(), wid, len(page), len(tw), len(dev), len(name), 0)
+                + page + tw + dev + name.encode())
+        self.sock.send(hdr(T_HELLO, 8 + len(body), flags=1) + body)
+        ok = self.sock.poll(3000)
+        reply = self.sock.recv() if ok else b""
+        if not (ok and reply[2] == T_HELLO_REPLY and reply[3] == 1
+                and struct.unpack_from("<I", reply, 8)[0] == 0):
+            self.sock.close()
+            self.mm.close()
+            raise AssertionError(f"HELLO refused: {reply!r}")
+
+    def u64(self, off: int) -> int:
+        return struct.unpack_from("<Q", self.mm, off)[0]
+
+    def write(self, frame: bytes) -> None:
+        off = self.head % RING
+        first = min(len(frame), RING - off)
+        self.mm[PAGE + off:PAGE + off + first] = frame[:first]
+        self.mm[PAGE:PAGE + len(frame) - first] = frame[first:]
+        self.head += len(frame)
+        struct.pack_into("<Q", self.mm, OFF_HEAD, self.head)
+        # wake the launcher as the shim does: bump ring_wake, FUTEX_WAKE it
+        wake = struct.unpack_from("<I", self.mm, OFF_WAKE)[0]
+        struct.pack_into("<I", self.mm, OFF_WAKE, (wake + 1) & 0xffffffff)
+        word = ctypes.c_uint32.from_buffer(self.mm, OFF_WAKE)
+        LIBC.syscall(SYS_FUTEX, ctypes.byref(word), 1, 1, None, None, 0)
+        del word
+
+    def refused(self) -> int:
+        return struct.unpack_from("<i", self.mm, OFF_REFUSED_CODE)[0]
+
+    def settle(self, timeout: float = 3.0) -> None:
+        end = time.monotonic() + timeout
+        while self.u64(OFF_TAIL) != self.head and not self.refused():
+            assert time.monotonic() < end, "worker did not take the ring's frames"
+            time.sleep(0.002)
+
+    def close(self) -> None:
+        self.sock.send(hdr(T_BYE, 8))
+        self.sock.close()
+        self.mm.close()
+        self.path.unlink()
+
+
+def define(kid: int, name: bytes, params: list[tuple[int, int]], argbytes: int) -> bytes:
+    body = struct.pack("<IHHI", kid, len(params), len(name), argbytes)
+    body += b"".join(struct.pack("<II", o, n) for o, n in params) + name
+    return hdr(T_DEFINE, 8 + len(body)) + body
+
+
+def launch(seq: int, kid: int, args: bytes, sidx: int = 0) -> bytes:
+    body = struct.pack("<QIHBB3I3III", seq, kid, sidx, 0, 0, 1, 1, 1, 32, 1, 1, 0, len(args)) + args
+    return hdr(T_LAUNCH, 8 + len(body)) + body
+
+
+def test_ring_runs_launches_and_refuses_garbage(fuzz_worker):
+    r = fuzz_worker
+    before = r.stats(5)["forwarded"]
+    app = RingApp(r, 5)
+    try:
+        # a kernel without a host twin: simgpu times it and does nothing
+        app.write(define(0, b"_Z11ring_no_opPii", [(0, 8), (8, 4)], 16))
+        for seq in (1, 2, 3):
+            app.write(launch(seq, 0, struct.pack("<Qi4x", 0, seq)))
+        app.settle()
+        end = time.monotonic() + 3
+        while app.u64(OFF_DONE) != 3:
+            assert time.monotonic() < end, "launches did not complete"
+            time.sleep(0.002)
+        assert app.u64(OFF_EXECUTED) == 3 and not app.refused()
+        assert r.stats(5)["forwarded"] == before + 3
+        app.write(launch(4, 7, b""))                    # kernel 7 was never defined
+        app.settle()
+        assert app.refused() == 4                       # FWD_E_UNKNOWN_KERNEL
+        assert "refusing its launch ring" in r.worker_log(5)
+    finally:
+        app.close()
+    assert r.stats(5)["state"] == "ready"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(min_size=1, max_size=400), st.integers(0, 400), st.booleans())
+def test_fuzz_ring_contents(fuzz_worker, junk, length, framed):
+    """Whatever an app writes into its ring, the worker refuses it or takes
+    it, and stays up."""
+    app = RingApp(fuzz_worker, 5, name="ringfuzz")
+    try:
+        if framed:      # a sound header in front, with some length
+            junk = struct.pack("<BBBBI", MAGIC, VERSION, junk[0] % 8, 0, length) + junk
+        app.write(junk)
+        app.settle()
+    finally:
+        app.close()
+    assert fuzz_worker.workers[5].poll() is None
+
+
+def test_kernel_fault_takes_the_worker_down_cleanly(rig):
+    """A forwarded kernel that faults breaks the worker's CUDA context (as on
+    a GPU): the worker exits at once without reporting the kernel done, so
+    the app replays it locally and gets the fault there, as natively."""
+    w = rig.start_worker(5, 20)
+    app = RingApp(rig, 5, twins=str(BIN / "hotspot.twins.so"))
+    try:
+        params = [(0, 8), (8, 8), (16, 8)] + [(24 + 4 * i, 4) for i in range(7)]
+        app.write(define(0, b"_Z12hotspot_stepPKfS0_Pfiifffff", params, 52))
+        bad = struct.pack("<QQQii5f", 0x10, 0x10, 0x10, 16, 16, 1, 1, 1, 1, 1)   # NULL-ish pointers
+        app.write(launch(1, 0, bad))
+        assert w.wait(10) == 70
+        assert app.u64(OFF_DONE) == 0                   # the faulted kernel is not "done"
+    finally:
+        app.mm.close()
+        app.sock.close()
+    assert "CUDA context broken (cudaErrorIllegalAddress" in rig.worker_log(5)
+    assert not (rig.dir / "worker-5.sock").exists() and not (rig.dir / "worker-5.pid").exists()
