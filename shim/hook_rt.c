@@ -65,10 +65,23 @@ __typeof__(cudaStreamAddCallback) cudaStreamAddCallback_ptsz;
 #define NOSYM cudaErrorSharedObjectSymbolNotFound
 
 /* ---- registration ---------------------------------------------------- */
+/*
+ * The registration hooks never start the shim (register with the
+ * controller): they run from static constructors, possibly inside another
+ * thread's dlopen() holding the loader lock, and starting means dlopen'ing
+ * libzmq, which needs that lock.  The first real API call starts it.
+ */
 SHIM_API void **__cudaRegisterFatBinary(void *fatCubin)
 {
-	REAL(__cudaRegisterFatBinary, NULL);
-	return IN_RUNTIME(real_(fatCubin));
+	static __typeof__(&__cudaRegisterFatBinary) real_;
+	void **r;
+
+	if (!real_ && !(real_ = (__typeof__(real_))shim_real_rt("__cudaRegisterFatBinary")))
+		return NULL;
+	shim_in_runtime++;
+	r = real_(fatCubin);
+	shim_in_runtime--;
+	return r;
 }
 
 SHIM_API void __cudaRegisterFatBinaryEnd(void **h)
@@ -312,6 +325,8 @@ static int is_device_ptr(const void *p)
 
 static void count_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
+	if (shim_in_runtime || n == 0)
+		return;
 	if (kind == cudaMemcpyDefault) {
 		int d = is_device_ptr(dst), s = is_device_ptr(src);
 

@@ -93,11 +93,17 @@ int shim_kernel_table_full(void);
 /* Forked child: zero the inherited per-kernel counts, re-create the locks. */
 void shim_names_after_fork(void);
 
-/* One successful launch of the kernel known by key (may be unknown). */
+/* One successful launch of the kernel known by key (may be unknown).
+ * Like every counting helper, it counts only in the outermost hook: a
+ * runtime that calls its own exported entry points (simgpu's cudaMallocPitch
+ * calls cudaMalloc) lands in our hooks again, with shim_in_runtime > 0. */
 static inline void shim_count_launch(const void *key)
 {
-	struct shim_kernel *k = shim_kernel_find(key);
+	struct shim_kernel *k;
 
+	if (shim_in_runtime)
+		return;
+	k = shim_kernel_find(key);
 	shim_add(&shim_ctr->launches, 1);
 	if (k)
 		shim_add(&k->launches, 1);

@@ -194,6 +194,8 @@ out:
 
 void shim_sync_note(void)
 {
+	if (shim_in_runtime)
+		return;
 	shim_add(&shim_ctr->syncs, 1);
 	__atomic_store_n(&shim_ctr->last_sync_ns, shim_now_ns(), __ATOMIC_RELAXED);
 }

@@ -144,8 +144,12 @@ static struct alloc *allocs[ALLOC_BUCKETS];
 
 void shim_alloc_note(const void *ptr, size_t size)
 {
-	struct alloc *a = malloc(sizeof(*a));
+	struct alloc *a;
 	uint32_t h = hash_ptr(ptr) & (ALLOC_BUCKETS - 1);
+
+	if (shim_in_runtime)   /* counted by the outermost hook (shim.h) */
+		return;
+	a = malloc(sizeof(*a));
 
 	shim_add_signed(&shim_ctr->allocs_live, 1);
 	shim_add_signed(&shim_ctr->alloc_bytes_live, (int64_t)size);
@@ -163,6 +167,9 @@ void shim_free_note(const void *ptr)
 {
 	uint32_t h = hash_ptr(ptr) & (ALLOC_BUCKETS - 1);
 	struct alloc **pp, *a = NULL;
+
+	if (shim_in_runtime)
+		return;
 
 	pthread_mutex_lock(&alloc_lock);
 	for (pp = &allocs[h]; *pp; pp = &(*pp)->next) {

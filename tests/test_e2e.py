@@ -205,3 +205,45 @@ def test_a_stale_controller_socket_is_recognised_without_waiting(rundir):
     res = colocate("run", "--device", "sim", "--", str(BIN / "vecadd"), rundir=rundir, check=False)
     assert res.returncode == 0 and "PASS vecadd" in res.stdout
     assert "stale" in res.stderr and "running natively" in res.stderr, res.stderr
+
+
+NESTED_ALLOCS = r"""
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    void *a, *b, *c; size_t pitch;
+    if (cudaMallocPitch(&a, &pitch, 1000, 10) || cudaMallocAsync(&b, 4096, 0) ||
+        cudaMalloc(&c, 4096) || cudaFree(a) || cudaFree(b) || cudaFree(c)) return 1;
+    printf("FREED\n"); fflush(stdout);
+    sleep(30);                       /* the test reads our slot, then kills us */
+    return 0;
+}
+"""
+
+
+def test_allocations_are_counted_once_when_the_runtime_calls_itself(controller, rundir, tmp_path):
+    """simgpu implements cudaMallocPitch and cudaMallocAsync with its own
+    exported cudaMalloc, which lands in our hook again: only the outermost
+    hook may count, so after freeing everything nothing is live."""
+    from shim.ctlblock import ControlBlock
+    src = tmp_path / "allocs.c"
+    src.write_text(NESTED_ALLOCS)
+    exe = tmp_path / "allocs"
+    subprocess.run(["cc", "-o", exe, src, f"-I{paths.SHIM_DIR.parent}", "-I/usr/local/cuda/include",
+                    f"-L{paths.SIMGPU_DIR}", "-lcudart"], check=True)
+    proc = subprocess.Popen([*COLOCATE, "run", "--runtime-dir", str(rundir), "--device", "sim",
+                             "--name", "allocs", "--", str(exe)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "FREED"
+        rec = wait_for(lambda: [a for a in json.loads(colocate("quotas", "--json", rundir=rundir).stdout)
+                                if a["name"] == "allocs"], what="live record")[0]
+        cb = ControlBlock(rundir / "ctlblock")
+        slot = next(i for i in range(256) if cb.control(i)["pid"] == rec["pid"]
+                    and cb.control(i)["state"] == 1)
+        c = cb.counters(slot)
+        assert (c["allocs_live"], c["alloc_bytes_live"]) == (0, 0), c
+    finally:
+        proc.kill()
+        proc.wait()
