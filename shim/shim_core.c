@@ -135,6 +135,11 @@ static void on_exit_cb(void)
 {
 	shim_fwd_exit();     /* leave the worker before the controller hears */
 	shim_ctl_exit();
+	/* The controller frees our slot on that message and may give it to
+	 * another app; CUDA work done later in exit (handlers registered before
+	 * ours, other threads) is counted privately, never into that slot. */
+	__atomic_store_n(&shim_ctr, &local_ctr, __ATOMIC_RELEASE);
+	__atomic_store_n(&shim_ctl, &local_ctl, __ATOMIC_RELEASE);
 }
 
 void shim_start_slow(void)
