@@ -287,7 +287,35 @@ def main() -> int:
           f"p50 {sw['to_first_kernel_us']['p50']:.0f} us p99 {sw['to_first_kernel_us']['p99']:.0f} us; "
           f"from that launch call: p50 {sw['launch_call_to_kernel_us']['p50']:.0f} us "
           f"p99 {sw['launch_call_to_kernel_us']['p99']:.0f} us")
+    print_targets(lat, thr, sw)
     return 0
+
+
+# issue 3's targets on simgpu on the 2-core development machines
+TARGETS = {"added_us": 20.0, "launches_per_s": 100_000.0, "switch_us": 200.0}
+
+
+def print_targets(lat: dict, thr: dict, sw: dict) -> None:
+    """The three figures next to their targets, each met or missed."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = [
+        ("added latency of a forwarded launch, median", lat["added_p50_us"], TARGETS["added_us"],
+         "us", lambda v, t: v <= t),
+        ("forwarded launches/s, pipelined", thr["forwarded"]["launches_per_s"],
+         TARGETS["launches_per_s"], "/s", lambda v, t: v >= t),
+        ("route change -> first launch at the new quota, median", sw["to_first_kernel_us"]["p50"],
+         TARGETS["switch_us"], "us", lambda v, t: v <= t),
+    ]
+    t = Table(title="issue 3 targets (simgpu)")
+    for col in ("figure", "measured", "target", ""):
+        t.add_column(col, justify="left" if col == "figure" else "right")
+    for name, v, tgt, unit, ok in rows:
+        cmp = "<=" if unit == "us" else ">="
+        t.add_row(name, f"{v:,.1f} {unit}", f"{cmp} {tgt:,.0f} {unit}",
+                  "met" if ok(v, tgt) else "[bold red]missed[/]")
+    Console().print(t)
 
 
 if __name__ == "__main__":
