@@ -114,7 +114,7 @@ def build_native() -> None:
 
     # libcolocate.so: plain C, no Python, every symbol resolved at link time.
     shim_src = (sorted(HERE.glob("hook_*.c")) + sorted(HERE.glob("shim_*.c"))
-                + [HERE / "ctlblock.c"] + sorted(HERE.glob("zmqdl.c")))
+                + [HERE / "ctlblock.c", HERE / "zmqdl.c", HERE / "unixutil.c"])
     vs = _version_script(LIB / "libcolocate.map", None, exported_names())
     _link(LIB / "libcolocate.so", shim_src,
           ["-Wl,-z,defs", f"-Wl,--version-script={vs}", "-Wl,-soname,libcolocate.so", "-ldl", "-lpthread"],
@@ -124,7 +124,7 @@ def build_native() -> None:
     # an rpath, so LD_LIBRARY_PATH picks simgpu's libcudart.so.13 or the real one.
     worker_src = sorted(WORKER_SRC.glob("*.c"))
     if worker_src:
-        _link(LIB / "colocate-worker", worker_src + [HERE / "zmqdl.c"],
+        _link(LIB / "colocate-worker", worker_src + [HERE / "zmqdl.c", HERE / "unixutil.c"],
               [f"-L{cuda_home() / 'lib64'}", "-lcudart", "-ldl", "-lpthread"],
               headers + [POOL / "fwd_proto.h", *sorted(WORKER_SRC.glob("*.h"))], shared=False)
 

@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "unixutil.h"
 #include "zmqdl.h"
 
 #include <dlfcn.h>
@@ -126,23 +127,6 @@ static const char *env_or(const char *name, const char *dflt)
 	return v && *v ? v : dflt;
 }
 
-/* Is anyone accepting on the unix socket at path?  One connect(2), no zmq. */
-static int socket_listens(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd, ok;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return 1;   /* cannot probe; let zmq try */
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return 1;
-	ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 || errno != ECONNREFUSED;
-	close(fd);
-	return ok;
-}
-
 int shim_ctl_register(char *why, size_t whylen)
 {
 	char endpoint[PATH_MAX + 16], sock_path[PATH_MAX], exe[PATH_MAX] = "";
@@ -160,7 +144,7 @@ int shim_ctl_register(char *why, size_t whylen)
 		snprintf(why, whylen, "no controller (%s missing)", sock_path);
 		return -1;
 	}
-	if (!socket_listens(sock_path)) {
+	if (!colocate_socket_listens(sock_path)) {
 		/* a crashed controller leaves its socket file: do not wait for
 		 * an answer that cannot come */
 		snprintf(why, whylen, "no controller (stale %s)", sock_path);

@@ -29,6 +29,7 @@
  */
 #define _GNU_SOURCE
 #include "shim_fwd.h"
+#include "unixutil.h"
 #include "zmqdl.h"
 
 #include <dlfcn.h>
@@ -101,44 +102,6 @@ static int timeout_ms(void)
 	return ms;
 }
 
-static int pid_alive(uint32_t pid)
-{
-	char path[64], buf[256], *p;
-	ssize_t n;
-	int fd;
-
-	if (!pid || (kill((pid_t)pid, 0) < 0 && errno == ESRCH))
-		return 0;
-	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno != ENOENT;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 1;
-	buf[n] = 0;
-	/* a killed worker not yet reaped by its parent still answers kill(0) */
-	p = strrchr(buf, ')');
-	return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
-}
-
-/* Is anyone accepting on the unix socket at path?  One connect(2). */
-static int socket_listens(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd, ok;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return 1;           /* cannot probe; let zmq try */
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return 1;
-	ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 || errno != ECONNREFUSED;
-	close(fd);
-	return ok;
-}
 
 /* The pid in <runtime dir>/worker-<N>.pid, 0 when unreadable. */
 static uint32_t pid_file(uint32_t worker)
@@ -363,11 +326,11 @@ struct fconn *fconn_open(uint32_t worker, char *why, size_t whylen)
 		return NULL;
 	}
 	pid = pid_file(worker);
-	if (pid && !pid_alive(pid)) {
+	if (pid && !colocate_pid_alive(pid)) {
 		snprintf(why, whylen, "worker %u (pid %u) is not running", worker, pid);
 		return NULL;
 	}
-	if (!socket_listens(sock_path)) {
+	if (!colocate_socket_listens(sock_path)) {
 		snprintf(why, whylen, "worker %u does not listen on %s", worker, sock_path);
 		return NULL;
 	}
@@ -537,7 +500,7 @@ int fconn_lost(struct fconn *c, char *why, size_t whylen)
 			 c->page->refused_code);
 		return 1;
 	}
-	if (!pid_alive(c->worker_pid)) {
+	if (!colocate_pid_alive(c->worker_pid)) {
 		snprintf(why, whylen, "worker process %u exited", c->worker_pid);
 		return 1;
 	}

@@ -351,7 +351,7 @@ void w_apps_tick(uint64_t now)
 		__atomic_store_n(&a->page->beat_ns, now, __ATOMIC_RELAXED);
 		if (now - a->last_alive_check_ns >= 500000000ull) {
 			a->last_alive_check_ns = now;
-			if (!w_pid_alive(a->pid)) {
+			if (!colocate_pid_alive(a->pid)) {
 				w_log("app %s (pid %u) is gone; dropping its queued launches",
 				      a->name, a->pid);
 				w_app_close(a, 1);

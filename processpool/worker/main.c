@@ -58,29 +58,6 @@ uint64_t w_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Alive and not a zombie: a killed child of a parent that has not reaped
- * it yet still answers kill(pid, 0). */
-int w_pid_alive(uint32_t pid)
-{
-	char path[64], buf[256], *p;
-	ssize_t n;
-	int fd;
-
-	if (!pid || (kill((pid_t)pid, 0) < 0 && errno == ESRCH))
-		return 0;
-	snprintf(path, sizeof(path), "/proc/%u/stat", pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno != ENOENT;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 1;
-	buf[n] = 0;
-	p = strrchr(buf, ')');      /* the command name may contain anything */
-	return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
-}
-
 /* Errors after which a CUDA context accepts no more work. */
 int w_sticky(cudaError_t e)
 {

@@ -130,7 +130,8 @@ void w_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void w_die(cudaError_t e) __attribute__((noreturn));
 int w_sticky(cudaError_t e);
 uint64_t w_now_ns(void);
-int w_pid_alive(uint32_t pid);
+#include "unixutil.h"
+
 
 /* ---- frames.c */
 void w_frames_drain(void);     /* receive and handle queued messages (4096 at most) */
