@@ -21,7 +21,8 @@ all: build
 
 build: $(VENV)/.installed native progs
 
-$(VENV)/.installed: pyproject.toml setup.py
+# reinstall when a package appears: the editable finder maps packages at install time
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard */__init__.py)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel cffi
 	$(BIN)/pip install -q --no-build-isolation -e '.[test]'
