@@ -54,10 +54,14 @@ __typeof__(cudaStreamAddCallback) cudaStreamAddCallback_ptsz;
 
 /* The real function, looked up once.  On a miss the hook returns an error
  * of the function's own kind rather than crashing the application. */
-#define REAL(fn, on_missing)                                              \
+#define FIND_REAL(fn, on_missing)                                         \
 	static __typeof__(&fn) real_;                                     \
 	if (!real_ && !(real_ = (__typeof__(&fn))shim_real_rt(#fn)))      \
-		return on_missing;                                        \
+		return on_missing
+
+/* ... and start the shim (register with the controller) if not yet done. */
+#define REAL(fn, on_missing)                                              \
+	FIND_REAL(fn, on_missing);                                        \
 	shim_start()
 
 #define IN_RUNTIME(expr) ({ __typeof__(expr) r_; shim_in_runtime++; r_ = (expr); shim_in_runtime--; r_; })
@@ -73,23 +77,13 @@ __typeof__(cudaStreamAddCallback) cudaStreamAddCallback_ptsz;
  */
 SHIM_API void **__cudaRegisterFatBinary(void *fatCubin)
 {
-	static __typeof__(&__cudaRegisterFatBinary) real_;
-	void **r;
-
-	if (!real_ && !(real_ = (__typeof__(real_))shim_real_rt("__cudaRegisterFatBinary")))
-		return NULL;
-	shim_in_runtime++;
-	r = real_(fatCubin);
-	shim_in_runtime--;
-	return r;
+	FIND_REAL(__cudaRegisterFatBinary, NULL);
+	return IN_RUNTIME(real_(fatCubin));
 }
 
 SHIM_API void __cudaRegisterFatBinaryEnd(void **h)
 {
-	static __typeof__(&__cudaRegisterFatBinaryEnd) real_;
-
-	if (!real_ && !(real_ = (__typeof__(real_))shim_real_rt("__cudaRegisterFatBinaryEnd")))
-		return;
+	FIND_REAL(__cudaRegisterFatBinaryEnd, );
 	shim_in_runtime++;
 	real_(h);
 	shim_in_runtime--;
@@ -97,10 +91,7 @@ SHIM_API void __cudaRegisterFatBinaryEnd(void **h)
 
 SHIM_API void __cudaUnregisterFatBinary(void **h)
 {
-	static __typeof__(&__cudaUnregisterFatBinary) real_;
-
-	if (!real_ && !(real_ = (__typeof__(real_))shim_real_rt("__cudaUnregisterFatBinary")))
-		return;
+	FIND_REAL(__cudaUnregisterFatBinary, );
 	shim_in_runtime++;
 	real_(h);
 	shim_in_runtime--;
@@ -110,10 +101,7 @@ SHIM_API void __cudaRegisterFunction(void **h, const char *hostFun, char *device
 				     const char *deviceName, int thread_limit, uint3 *tid,
 				     uint3 *bid, dim3 *bDim, dim3 *gDim, int *wSize)
 {
-	static __typeof__(&__cudaRegisterFunction) real_;
-
-	if (!real_ && !(real_ = (__typeof__(real_))shim_real_rt("__cudaRegisterFunction")))
-		return;
+	FIND_REAL(__cudaRegisterFunction, );
 	/* deviceFun is the mangled device name: what a launch is called */
 	shim_kernel_add(hostFun, deviceFun);
 	real_(h, hostFun, deviceFun, deviceName, thread_limit, tid, bid, bDim, gDim, wSize);

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "unixutil.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -33,9 +34,7 @@ static int quiet = -1;
 
 void shim_log(const char *fmt, ...)
 {
-	char buf[512];
 	va_list ap;
-	int n;
 
 	if (quiet < 0) {
 		const char *q = getenv("COLOCATE_QUIET");
@@ -43,15 +42,9 @@ void shim_log(const char *fmt, ...)
 	}
 	if (quiet)
 		return;
-	n = snprintf(buf, sizeof(buf), "colocate[%d]: ", (int)getpid());
 	va_start(ap, fmt);
-	vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
+	colocate_vlog("colocate", (unsigned)getpid(), fmt, ap);
 	va_end(ap);
-	n = (int)strlen(buf);
-	buf[n++] = '\n';
-	/* one write(2): lines of concurrent processes do not interleave */
-	if (write(2, buf, (size_t)n) < 0)
-		return;
 }
 
 /* ------------------------------------------------------------------ */

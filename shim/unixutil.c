@@ -50,3 +50,18 @@ int colocate_socket_listens(const char *path)
 	close(fd);
 	return ok;
 }
+
+void colocate_vlog(const char *who, unsigned id, const char *fmt, va_list ap)
+{
+	char buf[1024];
+	int n;
+
+	n = snprintf(buf, sizeof(buf), "%s[%u]: ", who, id);
+	if (n < 0 || n >= (int)sizeof(buf) - 1)
+		return;
+	vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
+	n = (int)strlen(buf);
+	buf[n++] = '\n';
+	if (write(2, buf, (size_t)n) < 0)
+		return;
+}

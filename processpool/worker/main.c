@@ -35,19 +35,11 @@ static char sock_path[PATH_MAX], pid_path[PATH_MAX];
 
 void w_log(const char *fmt, ...)
 {
-	char buf[1024];
 	va_list ap;
-	int n;
 
-	n = snprintf(buf, sizeof(buf), "colocate-worker[%u]: ", W.id);
 	va_start(ap, fmt);
-	vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
+	colocate_vlog("colocate-worker", W.id, fmt, ap);
 	va_end(ap);
-	n = (int)strlen(buf);
-	buf[n++] = '\n';
-	/* one write: lines of concurrent processes do not interleave */
-	if (write(2, buf, (size_t)n) < 0)
-		return;
 }
 
 uint64_t w_now_ns(void)
