@@ -7,10 +7,11 @@ NVCC    ?= nvcc
 CUDA_HOME ?= $(firstword $(wildcard /usr/local/cuda) $(patsubst %/bin/nvcc,%,$(realpath $(shell command -v $(NVCC)))))
 # sm_90 for the H100/H200 we validate on, plus PTX so newer GPUs JIT it.
 NVCC_ARCH ?= -gencode arch=compute_90,code=[sm_90,compute_90]
-NVCCFLAGS ?= -O2 -cudart shared $(NVCC_ARCH) -I shim/simgpu
+NVCCFLAGS ?= -O2 -cudart shared $(NVCC_ARCH) -I shim/simgpu -I shim/include -I bench/common
 TWINFLAGS := -O2 -g -fPIC -shared -Wall -I shim/simgpu
 
-PROGS   := $(filter-out common,$(notdir $(wildcard bench/progs/*)))
+# every bench/{progs,rodinia}/NAME/main.cu becomes bench/bin/NAME, its twins.c bench/bin/NAME.twins.so
+PROGS   := $(notdir $(wildcard bench/progs/* bench/rodinia/*))
 BINS    := $(addprefix bench/bin/,$(PROGS)) $(addprefix bench/bin/,$(addsuffix .twins.so,$(PROGS)))
 TESTPROGS := $(patsubst tests/progs/%.c,bench/bin/test-%,$(wildcard tests/progs/*.c))
 # one default-static-cudart build, for the real-GPU check of driver-level hooks
@@ -33,7 +34,12 @@ native: $(VENV)/.installed
 
 progs: $(BINS) $(TESTPROGS) $(STATIC)
 
-bench/bin/%: bench/progs/%/main.cu $(wildcard bench/progs/common/*.h)
+COMMON_H := $(wildcard bench/common/*.h shim/include/*.h)
+bench/bin/%: bench/progs/%/main.cu $(COMMON_H)
+	@mkdir -p bench/bin
+	$(NVCC) $(NVCCFLAGS) -o $@ $<
+
+bench/bin/%: bench/rodinia/%/main.cu $(COMMON_H)
 	@mkdir -p bench/bin
 	$(NVCC) $(NVCCFLAGS) -o $@ $<
 
@@ -41,13 +47,20 @@ bench/bin/%.twins.so: bench/progs/%/twins.c shim/simgpu/simgpu_twin.h
 	@mkdir -p bench/bin
 	$(CC) $(TWINFLAGS) -o $@ $< -lm
 
+bench/bin/%.twins.so: bench/rodinia/%/twins.c shim/simgpu/simgpu_twin.h
+	@mkdir -p bench/bin
+	$(CC) $(TWINFLAGS) -o $@ $< -lm
+
 bench/bin/vecadd-static: bench/progs/vecadd/main.cu
 	@mkdir -p bench/bin
-	$(NVCC) -O2 $(NVCC_ARCH) -I shim/simgpu -o $@ $<
+	$(NVCC) -O2 $(NVCC_ARCH) -I shim/simgpu -I bench/common -o $@ $<
 
 bench/bin/test-%: tests/progs/%.c
 	@mkdir -p bench/bin
 	$(CC) -O2 -Wall -I $(CUDA_HOME)/include -o $@ $< -ldl -lpthread
+
+# the Tonic services (bench/tonic) add their own targets to `progs`
+-include bench/tonic/build.mk
 
 test: build
 	$(BIN)/python -m pytest -q

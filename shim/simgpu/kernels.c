@@ -24,6 +24,8 @@
  *       -1 no kernel of that name is registered.
  *   void *simgpu_kernel_by_name(const char *mangled)
  *       a cudaKernel_t for a kernel known only by name (see below).
+ *   void *simgpu_kernel_define(const char *mangled, int n, const unsigned *sizes)
+ *       the same, with a parameter layout, so launches need not wait.
  *   At exit, if $SIMGPU_REPORT names a file, one JSON line per launched
  *   kernel is appended to it:
  *       {"pid":N,"name":"<mangled>","launches":N,"twin":true|false,
@@ -180,9 +182,11 @@ void sg_kernel_resolve(struct sg_kernel *k)
 		/* dlsym hands out object pointers; the ABI makes them functions */
 		memcpy(&k->twin, &t, sizeof(t));
 		memcpy(&k->cost, &c, sizeof(c));
-		k->params.n = -1;
-		/* SIMGPU_IGNORE_CUBIN=1 forces the borrowed-argument path (tests) */
-		if (k->mod && k->mod->fb && !getenv("SIMGPU_IGNORE_CUBIN"))
+		/* a layout given by simgpu_kernel_define stands; else the cubin's.
+		 * SIMGPU_IGNORE_CUBIN=1 forces the borrowed-argument path (tests) */
+		if (k->params.n >= 0 && !k->mod)
+			;
+		else if ((k->params.n = -1), k->mod && k->mod->fb && !getenv("SIMGPU_IGNORE_CUBIN"))
 			sg_fatbin_params(k->mod->fb, k->name, &k->params);
 		if (k->params.n < 0)
 			sg_log("%s: parameter layout unknown, launches will wait for the executor",
@@ -244,6 +248,62 @@ SG_API void *simgpu_kernel_by_name(const char *mangled)
 	b = bucket(k);
 	atomic_store(&k->by_self_next, atomic_load(&by_self[b]));
 	atomic_store_explicit(&by_self[b], k, memory_order_release);
+out:
+	pthread_mutex_unlock(&mu);
+	return k;
+}
+
+/*
+ * simgpu_kernel_define - simgpu_kernel_by_name, with the parameter layout
+ * given by the caller: n parameters of sizes[i] bytes, laid out with the
+ * natural alignment of their size (min(size, 8), as nvcc does).  With a
+ * layout a launch copies its arguments and returns at once instead of
+ * lending them to the executor.  Used by the process-pool worker (the
+ * app's shim knows each kernel's layout) and by simgpu's CPU cuDNN/cuBLAS,
+ * whose "kernels" have no cubin.  A kernel already registered from a cubin,
+ * or defined before, keeps its layout.  NULL when out of memory or when
+ * n/sizes are unusable.
+ */
+SG_API void *simgpu_kernel_define(const char *mangled, int n, const unsigned *sizes)
+{
+	struct sg_kernel *k;
+	uint32_t *off, *size, total = 0;
+	int i;
+
+	if (n < 0 || n > 4096 || (n > 0 && !sizes))
+		return NULL;
+	k = simgpu_kernel_by_name(mangled);
+	if (!k)
+		return NULL;
+	pthread_mutex_lock(&mu);
+	if (k->mod || k->params.n >= 0 || atomic_load(&k->resolved))
+		goto out;
+	off = calloc((size_t)n + 1, sizeof(*off));
+	size = calloc((size_t)n + 1, sizeof(*size));
+	if (!off || !size) {
+		free(off);
+		free(size);
+		k = NULL;
+		goto out;
+	}
+	for (i = 0; i < n; i++) {
+		uint32_t a = sizes[i] >= 8 ? 8 : (sizes[i] >= 4 ? 4 : (sizes[i] >= 2 ? 2 : 1));
+
+		if (sizes[i] == 0 || sizes[i] > 4096) {
+			free(off);
+			free(size);
+			k = NULL;
+			goto out;
+		}
+		total = (total + a - 1) & ~(a - 1);
+		off[i] = total;
+		size[i] = sizes[i];
+		total += sizes[i];
+	}
+	k->params.off = off;
+	k->params.size = size;
+	k->params.total = total;
+	k->params.n = n;
 out:
 	pthread_mutex_unlock(&mu);
 	return k;

@@ -27,6 +27,7 @@
  * real libcudart does not have them):
  *   int   simgpu_kernel_has_twin(const char *mangled)  1 / 0 / -1 unknown
  *   void *simgpu_kernel_by_name(const char *mangled)   cudaKernel_t by name
+ *   void *simgpu_kernel_define(name, n, sizes)          the same, with a layout
  *   int   simgpu_map_peer(const void *devptr)          map a peer's arena
  *   int   simgpu_quota_pct(void)                       the MPS-style SM quota
  * and writes $SIMGPU_REPORT at exit (kernels.c).  Environment: config.c.

@@ -21,7 +21,7 @@
 
 static const char *NAME = "fwdprobe";
 
-#include "../common/progutil.h"
+#include "progutil.h"
 
 static long long now_ns(void)
 {

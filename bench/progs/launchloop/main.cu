@@ -20,7 +20,7 @@
 
 static const char *NAME = "launchloop";
 
-#include "../common/progutil.h"
+#include "progutil.h"
 
 __global__ void launchloop_tick(int *out, int value)
 {

@@ -18,7 +18,7 @@
 
 static const char *NAME = "vecadd";
 
-#include "../common/progutil.h"
+#include "progutil.h"
 
 __global__ void vecadd(const float *a, const float *b, float *c, int n)
 {

@@ -48,7 +48,7 @@ static const char *NAME = "hotspot";
 static const double t_chip = 0.0005, chip_height = 0.016, chip_width = 0.016;
 static const double amb_temp = 80.0;
 
-#include "../common/progutil.h"
+#include "progutil.h"
 
 static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
