@@ -18,11 +18,12 @@ no modelled time, so the figures are the software path alone.
   throughput  launchloop: L launches back to back then one sync, local and
               routed; launches/s over the whole run and issue ns per launch
               (the worker's pace once the window is full)
-  switch      fwdprobe --interval-us 200 while the route flips between a
-              10 % and a 100 % worker every 50 ms; for each flip, time from
-              the control-block write to the first probe kernel that ran in
-              the new worker (the probe's twin records its pid and clock),
-              and from that iteration's launch call to it
+  switch      fwdprobe --interval-us 50 (--switch-interval-us) while the
+              route flips between a 10 % and a 100 % worker every 50 ms; for
+              each flip, time from the control-block write to the first probe
+              kernel that ran in the new worker (the probe's twin records its
+              pid and clock), and from that iteration's launch call to it;
+              against the same probe run locally (launch call -> kernel)
 Rig is also what tests/test_forwarding.py uses.
 """
 from __future__ import annotations
@@ -224,7 +225,12 @@ def throughput(rig: Rig, launches: int, reps: int = 3) -> dict:
     return res
 
 
-def switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: int = 200) -> dict:
+def switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: int = 50) -> dict:
+    """Route flips between the 10 % and 100 % workers under fwdprobe, which
+    launches, syncs and sleeps interval_us.  A switch happens at the app's
+    next launch, so the pause between launches is part of the first figure
+    (about half an iteration on average) and none of the second.  The local
+    baseline is the same probe unrouted: launch call -> kernel running."""
     pids = {w: p.pid for w, p in rig.workers.items()}
     flips: list[tuple[int, int]] = []
     n = int(flips_wanted * period * 1e6 / (interval_us + 60)) + 200
@@ -238,14 +244,19 @@ def switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: in
                 total.append((t_exec - t_set) / 1e3)
                 boundary.append((t_exec - max(t_launch, t_set)) / 1e3)
                 break
+    out, _, _ = rig.run("fwdprobe", "--n", "2000", "--interval-us", str(interval_us), "--dump")
+    local = [(t_exec - t_launch) / 1e3 for _, t_launch, _d, t_exec, _w in
+             (tuple(map(int, ln.split()[1:])) for ln in out.splitlines() if ln.startswith("I "))]
 
     def q(v: list[float], p: float) -> float:
         v = sorted(v)
         return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")
     return {"flips": len(total), "iterations": len(recs), "forwarded": c["forwarded"],
+            "interval_us": interval_us,
             "to_first_kernel_us": {"p50": q(total, 0.5), "p99": q(total, 0.99),
                                    "mean": statistics.fmean(total) if total else float("nan")},
-            "launch_call_to_kernel_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)}}
+            "launch_call_to_kernel_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)},
+            "local_launch_call_to_kernel_us": {"p50": q(local, 0.5), "p99": q(local, 0.99)}}
 
 
 def main() -> int:
@@ -253,6 +264,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=5000, help="latency iterations (default 5000)")
     ap.add_argument("--launches", type=int, default=200000, help="throughput launches (default 200000)")
     ap.add_argument("--flips", type=int, default=100, help="route changes to time (default 100)")
+    ap.add_argument("--switch-interval-us", type=int, default=50,
+                    help="pause of the switch probe between launch+sync iterations (default 50)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     for need in (WORKER, BIN / "fwdprobe", BIN / "launchloop", paths.LIBCOLOCATE):
@@ -265,7 +278,7 @@ def main() -> int:
         rig.start_worker(2, 100)
         res = {"device": "simgpu, SIMGPU_TIMESCALE=0", "cpus": os.cpu_count(),
                "latency": latency(rig, a.n), "issue": issue(rig),
-               "throughput": throughput(rig, a.launches), "switch": switching(rig, a.flips)}
+               "throughput": throughput(rig, a.launches), "switch": switching(rig, a.flips, interval_us=a.switch_interval_us)}
     finally:
         rig.close()
     if a.json:
@@ -283,10 +296,12 @@ def main() -> int:
           f"{thr['local']['launches_per_s'] / 1e6:.3f} M/s ({thr['local']['issue_ns_per_launch']:.0f} ns issue) | "
           f"forwarded {thr['forwarded']['launches_per_s'] / 1e6:.3f} M/s "
           f"({thr['forwarded']['issue_ns_per_launch']:.0f} ns issue)")
-    print(f"route change -> first kernel in the new worker ({sw['flips']} flips, 10% <-> 100%): "
+    print(f"route change -> first kernel in the new worker ({sw['flips']} flips, 10% <-> 100%, "
+          f"probe pausing {sw['interval_us']} us): "
           f"p50 {sw['to_first_kernel_us']['p50']:.0f} us p99 {sw['to_first_kernel_us']['p99']:.0f} us; "
           f"from that launch call: p50 {sw['launch_call_to_kernel_us']['p50']:.0f} us "
-          f"p99 {sw['launch_call_to_kernel_us']['p99']:.0f} us")
+          f"p99 {sw['launch_call_to_kernel_us']['p99']:.0f} us | local launch call -> kernel: "
+          f"p50 {sw['local_launch_call_to_kernel_us']['p50']:.0f} us")
     print_targets(lat, thr, sw)
     return 0
 

@@ -56,6 +56,8 @@ int fconn_send(struct fconn *c, const void *buf, size_t len);
 void fconn_poll(struct fconn *c);
 /* 1 with a reason when the worker is gone, hung, or lost work. */
 int fconn_lost(struct fconn *c, char *why, size_t whylen);
+/* The same without a socket poll or a /proc read (route changes). */
+int fconn_lost_quick(struct fconn *c, char *why, size_t whylen);
 /* Wait until every done[w[i].idx] >= w[i].seq: 0, or -1 (lost, why). */
 int fconn_wait(struct fconn *c, const struct fwait *w, int n, char *why, size_t whylen);
 static inline int fconn_done(const struct fconn *c, uint32_t idx, uint64_t seq)

@@ -784,3 +784,35 @@ def test_mps_quota_is_a_cap_not_a_reservation(progs, simdir):
     # ... two full-quota kernels share the SMs: each takes twice as long
     fulls = _together(progs, simdir, "compute", 100)
     assert min(fulls) > 1.5 * 2.0, fulls
+
+
+DEFINE_PY = r"""
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+define = lib.simgpu_kernel_define_layout
+define.restype = ctypes.c_void_p
+define.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint)]
+nat = lib.simgpu_kernel_define
+nat.restype = ctypes.c_void_p
+nat.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint)]
+U = lambda *v: (ctypes.c_uint * len(v))(*v)
+a = define(b"_Z1kPfi", 2, U(0, 8), U(8, 4))
+print("first", bool(a))
+print("same", define(b"_Z1kPfi", 2, U(0, 8), U(8, 4)) == a)
+print("other", define(b"_Z1kPfi", 2, U(0, 8), U(8, 8)))
+print("overlap", define(b"_Z2k2v", 2, U(0, 4), U(8, 4)))
+print("natural", nat(b"_Z1kPfi", 2, U(8, 4)) == a)
+print("natural_mismatch", nat(b"_Z1kPfi", 2, U(4, 8)))
+"""
+
+
+def test_kernel_define_layout_is_kept_and_conflicts_refused(simdir):
+    """The worker's by-name kernels get a layout (launches copy their
+    arguments): a second definition must agree, or be refused (NULL)."""
+    _ensure_simgpu()
+    r = subprocess.run([sys.executable, "-c", DEFINE_PY, str(SIMGPU_LIB / "libcudart.so.13")],
+                       env=_clean_env(simdir), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    got = dict(ln.split(" ", 1) for ln in r.stdout.splitlines())
+    assert got == {"first": "True", "same": "True", "other": "None", "overlap": "None",
+                   "natural": "True", "natural_mismatch": "None"}, r.stdout

@@ -236,6 +236,32 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 	return a;
 }
 
+/*
+ * The kernel's handle: with its layout when simgpu can take one (launches
+ * then copy their arguments and return at once), else by name only (each
+ * launch waits until the kernel has read its arguments).  Parameters must
+ * be in increasing offset order, as the shim sends them.
+ */
+static void *define_handle(const struct wkernel *k)
+{
+	unsigned off[FWD_MAX_PARAMS], size[FWD_MAX_PARAMS];
+	void *h;
+	unsigned i;
+
+	if (W.kernel_define) {
+		for (i = 0; i < k->nparams; i++) {
+			off[i] = k->params[i].offset;
+			size[i] = k->params[i].size;
+		}
+		h = W.kernel_define(k->name, k->nparams, off, size);
+		if (h)
+			return h;
+		w_log("%s: layout refused (defined differently before?); launches will wait "
+		      "for their arguments to be read", k->name);
+	}
+	return W.kernel_by_name(k->name);
+}
+
 const char *w_app_define(struct wapp *a, const struct fwd_define *m,
 			 const struct fwd_param *params, const char *name)
 {
@@ -263,7 +289,7 @@ const char *w_app_define(struct wapp *a, const struct fwd_define *m,
 	memcpy(k->params, params, (size_t)m->nparams * sizeof(*params));
 	k->nparams = m->nparams;
 	k->argbytes = m->argbytes;
-	k->handle = W.kernel_by_name(k->name);
+	k->handle = define_handle(k);
 	if (!k->handle)
 		w_log("app %s: no kernel handle for %s; its launches will fail", a->name, k->name);
 	a->kernels[m->kid] = k;

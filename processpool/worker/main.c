@@ -286,6 +286,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	*(void **)&W.kernel_by_name = dlsym(RTLD_DEFAULT, "simgpu_kernel_by_name");
+	/* with the layout, a launch copies its arguments and returns at once */
+	*(void **)&W.kernel_define = dlsym(RTLD_DEFAULT, "simgpu_kernel_define_layout");
 	W.has_by_name = W.kernel_by_name != NULL;
 	*(void **)&W.map_peer = dlsym(RTLD_DEFAULT, "simgpu_map_peer");
 	if (!W.has_by_name)

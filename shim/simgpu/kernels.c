@@ -25,6 +25,7 @@
  *   void *simgpu_kernel_by_name(const char *mangled)
  *       a cudaKernel_t for a kernel known only by name (see below).
  *   void *simgpu_kernel_define(const char *mangled, int n, const unsigned *sizes)
+ *   void *simgpu_kernel_define_layout(mangled, n, offsets, sizes)
  *       the same, with a parameter layout, so launches need not wait.
  *   At exit, if $SIMGPU_REPORT names a file, one JSON line per launched
  *   kernel is appended to it:
@@ -254,29 +255,44 @@ out:
 }
 
 /*
- * simgpu_kernel_define - simgpu_kernel_by_name, with the parameter layout
- * given by the caller: n parameters of sizes[i] bytes, laid out with the
- * natural alignment of their size (min(size, 8), as nvcc does).  With a
- * layout a launch copies its arguments and returns at once instead of
- * lending them to the executor.  Used by the process-pool worker (the
- * app's shim knows each kernel's layout) and by simgpu's CPU cuDNN/cuBLAS,
- * whose "kernels" have no cubin.  A kernel already registered from a cubin,
- * or defined before, keeps its layout.  NULL when out of memory or when
- * n/sizes are unusable.
+ * simgpu_kernel_define_layout - simgpu_kernel_by_name, with the parameter
+ * layout given by the caller: n parameters, the i-th of sizes[i] bytes at
+ * offsets[i] in the argument buffer.  With a layout a launch copies its
+ * arguments and returns at once instead of lending them to the executor.
+ * Used by the process-pool worker (the app's shim sends each kernel's
+ * layout).  A kernel defined before keeps its layout; NULL when that
+ * differs from this one, when out of memory, or when the layout is
+ * unusable (a zero or oversized parameter, overlapping offsets).
  */
-SG_API void *simgpu_kernel_define(const char *mangled, int n, const unsigned *sizes)
+SG_API void *simgpu_kernel_define_layout(const char *mangled, int n, const unsigned *offsets,
+					 const unsigned *sizes)
 {
 	struct sg_kernel *k;
 	uint32_t *off, *size, total = 0;
 	int i;
 
-	if (n < 0 || n > 4096 || (n > 0 && !sizes))
+	if (n < 0 || n > 4096 || (n > 0 && (!sizes || !offsets)))
 		return NULL;
+	for (i = 0; i < n; i++)
+		if (sizes[i] == 0 || sizes[i] > 4096 || offsets[i] > (1u << 20) ||
+		    offsets[i] < total)
+			return NULL;
+		else
+			total = offsets[i] + sizes[i];
 	k = simgpu_kernel_by_name(mangled);
 	if (!k)
 		return NULL;
 	pthread_mutex_lock(&mu);
-	if (k->mod || k->params.n >= 0 || atomic_load(&k->resolved))
+	if (k->params.n >= 0) {
+		/* defined before (or from a cubin): the same layout, or refuse */
+		if (k->params.n != n)
+			k = NULL;
+		for (i = 0; k && i < n; i++)
+			if (k->params.off[i] != offsets[i] || k->params.size[i] != sizes[i])
+				k = NULL;
+		goto out;
+	}
+	if (k->mod || atomic_load(&k->resolved))
 		goto out;
 	off = calloc((size_t)n + 1, sizeof(*off));
 	size = calloc((size_t)n + 1, sizeof(*size));
@@ -287,18 +303,8 @@ SG_API void *simgpu_kernel_define(const char *mangled, int n, const unsigned *si
 		goto out;
 	}
 	for (i = 0; i < n; i++) {
-		uint32_t a = sizes[i] >= 8 ? 8 : (sizes[i] >= 4 ? 4 : (sizes[i] >= 2 ? 2 : 1));
-
-		if (sizes[i] == 0 || sizes[i] > 4096) {
-			free(off);
-			free(size);
-			k = NULL;
-			goto out;
-		}
-		total = (total + a - 1) & ~(a - 1);
-		off[i] = total;
+		off[i] = offsets[i];
 		size[i] = sizes[i];
-		total += sizes[i];
 	}
 	k->params.off = off;
 	k->params.size = size;
@@ -307,6 +313,28 @@ SG_API void *simgpu_kernel_define(const char *mangled, int n, const unsigned *si
 out:
 	pthread_mutex_unlock(&mu);
 	return k;
+}
+
+/*
+ * simgpu_kernel_define - the same with the layout nvcc uses for a list of
+ * parameter sizes: each at the natural alignment of its size (min(size, 8)).
+ * For simgpu's CPU cuDNN/cuBLAS, whose "kernels" have no cubin.
+ */
+SG_API void *simgpu_kernel_define(const char *mangled, int n, const unsigned *sizes)
+{
+	unsigned off[64], total = 0;
+	int i;
+
+	if (n < 0 || n > 64 || (n > 0 && !sizes))
+		return NULL;
+	for (i = 0; i < n; i++) {
+		unsigned a = sizes[i] >= 8 ? 8 : (sizes[i] >= 4 ? 4 : (sizes[i] >= 2 ? 2 : 1));
+
+		total = (total + a - 1) & ~(a - 1);
+		off[i] = total;
+		total += sizes[i];
+	}
+	return simgpu_kernel_define_layout(mangled, n, off, sizes);
 }
 
 /* ---------------------------------------------------------------- registration */
