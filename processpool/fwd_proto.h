@@ -87,7 +87,8 @@
  *              worker dies the page tells exactly which launches completed:
  *              the host function sits between a kernel and the next one in
  *              stream order, so every launch past done[sidx] has not
- *              started, or is the one that was running.
+ *              started, or is the one that was running; submitted[sidx]
+ *              (stored before the launch call) tells which of the two.
  *
  * A HELLO without FWD_HF_RING (ring_size 0) sends DEFINE and LAUNCH as zmq
  * frames instead (COLOCATE_FWD_RING_KB=0): two I/O threads and the worker's
@@ -249,7 +250,7 @@ _Static_assert(sizeof(struct fwd_errmsg) == 32, "error");
  * consumer indexes live on lines of their own.
  */
 #define FWD_PAGE_MAGIC   0x45474150445746ULL    /* "FWDPAGE" */
-#define FWD_PAGE_VERSION 2u
+#define FWD_PAGE_VERSION 3u
 #define FWD_PAGE_SIZE    4096u                  /* the ring starts here */
 #define FWD_RING_MIN     (64u << 10)
 #define FWD_RING_MAX     (64u << 20)
@@ -283,11 +284,17 @@ struct fwd_page {
 	uint32_t pad3[13];
 	/* per stream index: seq of the last completed launch (worker) */
 	_Alignas(64) uint64_t done[FWD_MAX_STREAMS];
+	/* per stream index: seq of the last launch handed to CUDA (worker,
+	 * stored before the launch call).  After a worker dies, a launch past
+	 * this has certainly not run; the first unfinished one at or below it
+	 * may have run in part (see the shim's lose_worker). */
+	_Alignas(64) uint64_t submitted[FWD_MAX_STREAMS];
 };
 
 _Static_assert(sizeof(struct fwd_page) <= FWD_PAGE_SIZE, "page fits");
 /* fixed offsets: tests (and any other language) map the page too */
 _Static_assert(offsetof(struct fwd_page, wake) == 64, "line 1");
+_Static_assert(offsetof(struct fwd_page, submitted) == 768, "submitted");
 _Static_assert(offsetof(struct fwd_page, refused_code) == 92, "refused_code");
 _Static_assert(offsetof(struct fwd_page, refused_seq) == 96, "refused_seq");
 _Static_assert(offsetof(struct fwd_page, ring_head) == 128, "line 2");

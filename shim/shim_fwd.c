@@ -55,6 +55,7 @@ int shim_fwd_busy;
 
 struct fkernel {
 	int ok;                         /* 1 forwardable                        */
+	const char *name;               /* mangled device name, for logs        */
 	uint32_t kid;
 	uint16_t nparams;
 	uint32_t argbytes;
@@ -402,6 +403,7 @@ static struct fkernel *kernel_info(const void *key)
 	k = calloc(1, sizeof(*k));
 	if (!k)
 		return NULL;
+	k->name = sk->name;             /* the names table is never freed */
 	if (n == 0 || n > FWD_MAX_PARAMS || nlen > FWD_MAX_STR || F.nkernels >= FWD_MAX_KERNELS) {
 		shim_log("kernel %s runs locally even when routed to a worker: %s", sk->name,
 			 n == 0 ? "its parameter layout is unknown (or it has none)"
@@ -460,15 +462,40 @@ static void reap(void)
 	}
 }
 
+/* COLOCATE_REPLAY_IN_DOUBT=1: the user vouches that the app's kernels
+ * can run twice (none reads what it writes), so a launch that may have run
+ * in part in the dead worker is replayed instead of reported. */
+static int replay_in_doubt(void)
+{
+	static int v = -1;
+
+	if (v < 0) {
+		const char *e = getenv("COLOCATE_REPLAY_IN_DOUBT");
+
+		v = e && *e && strcmp(e, "0") != 0;
+	}
+	return v;
+}
+
 /*
  * The worker is gone (or refused work): replay locally, in order, every
  * launch of the window it did not complete, then run locally until the
  * route changes.  F.mu held.
+ *
+ * Exactly once: on each stream, the launches past done[] form a run in
+ * stream order.  All but the first of them certainly never started (the
+ * stream had not finished the first), and so did the first when it was
+ * never handed to CUDA (past submitted[]): those are replayed.  The first,
+ * when handed to CUDA, may have run in part - an in-place kernel replayed
+ * would apply twice - so it is not run again but reported to the app as a
+ * launch failure (unless COLOCATE_REPLAY_IN_DOUBT=1).
  */
 static void lose_worker(const char *why)
 {
 	struct fconn *c = F.conn;
-	uint64_t i, unfinished = 0, failed = 0;
+	uint64_t i, unfinished = 0, failed = 0, doubt = 0;
+	uint8_t seen[FWD_MAX_STREAMS] = { 0 };
+	const char *doubt_name = NULL;
 
 	note_failed(c);
 	for (i = F.tail; i < F.head; i++) {
@@ -477,12 +504,24 @@ static void lose_worker(const char *why)
 		struct fwd_launch m;
 		launch_fn fn;
 		uint32_t j;
+		int first;
 
 		if (fconn_done(c, e->sidx, e->seq)) {
 			ring_free(e);
 			continue;
 		}
 		unfinished++;
+		first = !seen[e->sidx];
+		seen[e->sidx] = 1;
+		if (first && e->counted &&
+		    __atomic_load_n(&c->page->submitted[e->sidx], __ATOMIC_ACQUIRE) >= e->seq &&
+		    !replay_in_doubt()) {
+			doubt++;
+			if (!doubt_name)
+				doubt_name = e->k->name;
+			ring_free(e);
+			continue;          /* counted as launched and forwarded */
+		}
 		memcpy(&m, e->frame, sizeof(m));
 		for (j = 0; j < e->k->nparams; j++)
 			argv[j] = e->frame + sizeof(m) + e->k->params[j].offset;
@@ -501,12 +540,19 @@ static void lose_worker(const char *why)
 		ring_free(e);
 	}
 	F.tail = F.head;
-	if (failed && !F.err)
+	if ((failed || doubt) && !F.err)
 		F.err = cudaErrorLaunchFailure;
 	shim_log("worker %u (pid %u) lost: %s; replayed %llu unfinished launch%s locally%s%s; "
 		 "running locally until the route changes", c->worker, c->worker_pid, why,
-		 (unsigned long long)unfinished, unfinished == 1 ? "" : "es",
+		 (unsigned long long)(unfinished - doubt), unfinished - doubt == 1 ? "" : "es",
 		 failed ? ", failed: " : "", failed ? "reported to the app" : "");
+	if (doubt)
+		shim_log("%llu launch%s (%s%s) may have run in part in the dead worker and %s not run "
+			 "again: reported to the app as a launch failure (COLOCATE_REPLAY_IN_DOUBT=1 "
+			 "replays them, for kernels that can run twice)",
+			 (unsigned long long)doubt, doubt == 1 ? "" : "es",
+			 doubt_name ? doubt_name : "?", doubt > 1 ? ", ..." : "",
+			 doubt == 1 ? "was" : "were");
 	F.conn = NULL;
 	fconn_close(c, 0);
 	publish();

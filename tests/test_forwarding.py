@@ -156,10 +156,14 @@ def test_stream_events_and_async_copies_forwarded(rig):
 
 
 def test_worker_killed_mid_run_replays_locally(slow_rig):
+    """hotspot's kernel reads one buffer and writes another, so it may run
+    twice: with COLOCATE_REPLAY_IN_DOUBT=1 even the launch that was running
+    when the worker died is replayed, and the result is exact."""
     rig = slow_rig
     w = rig.start_worker(1, 10)
     # all launches queued at once: the app then waits in its last sync
-    p = rig.app("hotspot", "--size", "64", "--iters", "300", "--check")
+    p = rig.app("hotspot", "--size", "64", "--iters", "300", "--check",
+                COLOCATE_REPLAY_IN_DOUBT="1")
     rig.cb.set_route(rig.slot_of(p), 1, 10)
     time.sleep(0.6)
     w.kill()
@@ -169,12 +173,37 @@ def test_worker_killed_mid_run_replays_locally(slow_rig):
     assert "PASS hotspot" in out
     m = re.search(r"worker 1 \(pid \d+\) lost: (.*); replayed (\d+) unfinished", err)
     assert m, err
+    assert "may have run in part" not in err
     c = rig.cb.counters(rig.slots[p.pid])
     assert c["launches"] == 300 and 0 < c["forwarded"] < 300
     assert c["forwarded"] + int(m.group(2)) == 300
     # bit for bit the result of a local run
     out_local, _, _ = rig.run("hotspot", "--size", "64", "--iters", "300", "--check", **rig.fast)
     assert result_of(out) == result_of(out_local)
+
+
+def test_worker_killed_mid_kernel_reports_the_launch_in_doubt(slow_rig):
+    """By default a launch that may have run in part in the dead worker is
+    not run again (an in-place kernel would apply twice): the app gets a
+    launch failure at its next call, every other launch runs exactly once."""
+    rig = slow_rig
+    w = rig.start_worker(1, 10)
+    p = rig.app("hotspot", "--size", "64", "--iters", "300", "--check")
+    rig.cb.set_route(rig.slot_of(p), 1, 10)
+    time.sleep(0.6)              # 3.5 ms kernels back to back: one is running
+    w.kill()
+    w.wait()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode != 0 and "FAIL hotspot" in out, out + err
+    assert re.search(r"unspecified launch failure|launch failure", out), out
+    m = re.search(r"replayed (\d+) unfinished", err)
+    d = re.search(r"(\d+) launch(?:es)? \((\S+?)(?:, \.\.\.)?\) may have run in part", err)
+    assert m and d, err
+    assert d.group(1) == "1" and d.group(2).startswith("_Z12hotspot_step"), err
+    c = rig.cb.counters(rig.slots[p.pid])
+    # forwarded (completed there, or lost in doubt) + replayed = every launch
+    assert c["launches"] == 300
+    assert c["forwarded"] + int(m.group(1)) == 300
 
 
 def test_worker_stopped_mid_run_finishes_then_hands_back(slow_rig):
@@ -356,7 +385,7 @@ class RingApp:
     def __init__(self, r: Rig, wid: int, name: str = "ringtest", twins: str = ""):
         self.r, self.path = r, r.dir / f"page-{os.urandom(4).hex()}"
         with open(self.path, "wb") as f:
-            f.write(struct.pack("<QII", 0x45474150445746, 2, RING))
+            f.write(struct.pack("<QII", 0x45474150445746, 3, RING))
             f.truncate(PAGE + RING)
         fd = os.open(self.path, os.O_RDWR)
         self.mm = mmap.mmap(fd, PAGE + RING)

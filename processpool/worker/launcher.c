@@ -200,6 +200,8 @@ void w_launch(struct wapp *a, const struct fwd_launch *m, struct wkernel *k,
 		map_pointers(args, m->argbytes);
 	for (i = 0; i < k->nparams; i++)
 		argv[i] = (void *)(args + k->params[i].offset);
+	/* before the call: a launch past submitted[] has certainly not run */
+	__atomic_store_n(&a->page->submitted[m->sidx], m->seq, __ATOMIC_RELEASE);
 	g.x = m->grid[0], g.y = m->grid[1], g.z = m->grid[2];
 	b.x = m->block[0], b.y = m->block[1], b.z = m->block[2];
 	if (!k->handle)
