@@ -238,14 +238,37 @@ static inline void count_drv_launch(CUresult r, CUfunction f)
 		shim_add(&k->launches, 1);
 }
 
-#define LAUNCH(idx, params, args, fn)                                     \
+/*
+ * Driver launches are never forwarded, but while the app is routed to a
+ * worker they must still follow the forwarded work on their stream (and
+ * forwarded work that follows must wait for them): the same fence as a
+ * local copy.  A launch from inside the runtime was fenced by its runtime
+ * hook already.
+ */
+static inline int drv_fence(CUstream s, int ptsz)
+{
+	if (shim_in_runtime || !shim_fwd_active())
+		return 0;
+	return shim_fwd_fence((void *)s, ptsz, SHIM_FENCE_STREAM);
+}
+
+static inline void drv_local_done(CUstream s, int ptsz)
+{
+	if (!shim_in_runtime && shim_fwd_active())
+		shim_fwd_local_done((void *)s, ptsz);
+}
+
+#define LAUNCH(idx, params, args, fn, strm, ptsz)                         \
 	{                                                                 \
 		CUresult (*real) params = real_of(idx);                   \
 		CUresult r;                                               \
 		if (!real)                                                \
 			return CUDA_ERROR_NOT_INITIALIZED;                \
 		shim_start();                                             \
+		if (drv_fence(strm, ptsz))                                \
+			return CUDA_ERROR_LAUNCH_FAILED;                  \
 		r = real args;                                            \
+		drv_local_done(strm, ptsz);                               \
 		count_drv_launch(r, fn);                                  \
 		return r;                                                 \
 	}
@@ -253,25 +276,25 @@ static inline void count_drv_launch(CUresult r, CUfunction f)
 #define KPARAMS (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
 		 unsigned bz, unsigned sh, CUstream s, void **p, void **e)
 #define KARGS (f, gx, gy, gz, bx, by, bz, sh, s, p, e)
-SHIM_API CUresult cuLaunchKernel KPARAMS LAUNCH(H_LAUNCH, KPARAMS, KARGS, f)
-SHIM_API CUresult cuLaunchKernel_ptsz KPARAMS LAUNCH(H_LAUNCH_PTSZ, KPARAMS, KARGS, f)
+SHIM_API CUresult cuLaunchKernel KPARAMS LAUNCH(H_LAUNCH, KPARAMS, KARGS, f, s, 0)
+SHIM_API CUresult cuLaunchKernel_ptsz KPARAMS LAUNCH(H_LAUNCH_PTSZ, KPARAMS, KARGS, f, s, 1)
 
 #define XPARAMS (const CUlaunchConfig *c, CUfunction f, void **p, void **e)
 #define XARGS (c, f, p, e)
-SHIM_API CUresult cuLaunchKernelEx XPARAMS LAUNCH(H_LAUNCH_EX, XPARAMS, XARGS, f)
-SHIM_API CUresult cuLaunchKernelEx_ptsz XPARAMS LAUNCH(H_LAUNCH_EX_PTSZ, XPARAMS, XARGS, f)
+SHIM_API CUresult cuLaunchKernelEx XPARAMS LAUNCH(H_LAUNCH_EX, XPARAMS, XARGS, f, c ? c->hStream : NULL, 0)
+SHIM_API CUresult cuLaunchKernelEx_ptsz XPARAMS LAUNCH(H_LAUNCH_EX_PTSZ, XPARAMS, XARGS, f, c ? c->hStream : NULL, 1)
 
 #define CPARAMS (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
 		 unsigned bz, unsigned sh, CUstream s, void **p)
 #define CARGS (f, gx, gy, gz, bx, by, bz, sh, s, p)
-SHIM_API CUresult cuLaunchCooperativeKernel CPARAMS LAUNCH(H_COOP, CPARAMS, CARGS, f)
-SHIM_API CUresult cuLaunchCooperativeKernel_ptsz CPARAMS LAUNCH(H_COOP_PTSZ, CPARAMS, CARGS, f)
+SHIM_API CUresult cuLaunchCooperativeKernel CPARAMS LAUNCH(H_COOP, CPARAMS, CARGS, f, s, 0)
+SHIM_API CUresult cuLaunchCooperativeKernel_ptsz CPARAMS LAUNCH(H_COOP_PTSZ, CPARAMS, CARGS, f, s, 1)
 
 /* a graph launch counts as one launch of an unnamed kernel */
 SHIM_API CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
-	LAUNCH(H_GRAPH, (CUgraphExec g, CUstream s), (g, s), NULL)
+	LAUNCH(H_GRAPH, (CUgraphExec g, CUstream s), (g, s), NULL, s, 0)
 SHIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
-	LAUNCH(H_GRAPH_PTSZ, (CUgraphExec g, CUstream s), (g, s), NULL)
+	LAUNCH(H_GRAPH_PTSZ, (CUgraphExec g, CUstream s), (g, s), NULL, s, 1)
 
 /* ---- memory ---------------------------------------------------------- */
 SHIM_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)

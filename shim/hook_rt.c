@@ -44,6 +44,12 @@ __typeof__(cudaMemcpy) cudaMemcpy_ptds;
 __typeof__(cudaMemcpyAsync) cudaMemcpyAsync_ptsz;
 __typeof__(cudaMemset) cudaMemset_ptds;
 __typeof__(cudaMemsetAsync) cudaMemsetAsync_ptsz;
+__typeof__(cudaMemcpy2D) cudaMemcpy2D_ptds;
+__typeof__(cudaMemcpy2DAsync) cudaMemcpy2DAsync_ptsz;
+__typeof__(cudaMemcpyToSymbol) cudaMemcpyToSymbol_ptds;
+__typeof__(cudaMemcpyToSymbolAsync) cudaMemcpyToSymbolAsync_ptsz;
+__typeof__(cudaMemcpyFromSymbol) cudaMemcpyFromSymbol_ptds;
+__typeof__(cudaMemcpyFromSymbolAsync) cudaMemcpyFromSymbolAsync_ptsz;
 __typeof__(cudaStreamSynchronize) cudaStreamSynchronize_ptsz;
 __typeof__(cudaEventRecord) cudaEventRecord_ptsz;
 __typeof__(cudaEventRecordWithFlags) cudaEventRecordWithFlags_ptsz;
@@ -368,6 +374,117 @@ COPY_HOOK(cudaMemcpy_ptds, 1)
 	}
 COPY_ASYNC_HOOK(cudaMemcpyAsync, 0)
 COPY_ASYNC_HOOK(cudaMemcpyAsync_ptsz, 1)
+
+/* 2D copies: width x height bytes, in order with forwarded launches. */
+#define COPY2D_HOOK(name, ptsz)                                           \
+	SHIM_API cudaError_t name(void *d, size_t dp, const void *s, size_t sp, size_t w, \
+				  size_t h, enum cudaMemcpyKind k)        \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
+		r = IN_RUNTIME(real_(d, dp, s, sp, w, h, k));             \
+		if (r == cudaSuccess)                                     \
+			count_copy(d, s, w * h, k);                       \
+		FWD_LOCAL(NULL, ptsz);                                    \
+		return r;                                                 \
+	}
+COPY2D_HOOK(cudaMemcpy2D, 0)
+COPY2D_HOOK(cudaMemcpy2D_ptds, 1)
+
+#define COPY2D_ASYNC_HOOK(name, ptsz)                                     \
+	SHIM_API cudaError_t name(void *d, size_t dp, const void *s, size_t sp, size_t w, \
+				  size_t h, enum cudaMemcpyKind k, cudaStream_t st) \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
+		r = IN_RUNTIME(real_(d, dp, s, sp, w, h, k, st));         \
+		if (r == cudaSuccess)                                     \
+			count_copy(d, s, w * h, k);                       \
+		FWD_LOCAL(st, ptsz);                                      \
+		return r;                                                 \
+	}
+COPY2D_ASYNC_HOOK(cudaMemcpy2DAsync, 0)
+COPY2D_ASYNC_HOOK(cudaMemcpy2DAsync_ptsz, 1)
+
+/*
+ * Copies to and from __device__ variables: kind is HostToDevice (to) or
+ * DeviceToHost (from) unless the caller says DeviceToDevice or Default;
+ * the symbol is device memory, so Default means "the other side decides".
+ */
+static void count_symbol_copy(int to, const void *host, size_t n, enum cudaMemcpyKind k)
+{
+	if (k == cudaMemcpyDefault)
+		k = is_device_ptr(host) ? cudaMemcpyDeviceToDevice
+		    : to ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+	if (k == cudaMemcpyDeviceToDevice || k == (to ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost))
+		count_copy(NULL, NULL, n, k);
+}
+
+#define TO_SYMBOL_HOOK(name, ptsz)                                        \
+	SHIM_API cudaError_t name(const void *sym, const void *s, size_t n, size_t off, \
+				  enum cudaMemcpyKind k)                  \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
+		r = IN_RUNTIME(real_(sym, s, n, off, k));                 \
+		if (r == cudaSuccess)                                     \
+			count_symbol_copy(1, s, n, k);                    \
+		FWD_LOCAL(NULL, ptsz);                                    \
+		return r;                                                 \
+	}
+TO_SYMBOL_HOOK(cudaMemcpyToSymbol, 0)
+TO_SYMBOL_HOOK(cudaMemcpyToSymbol_ptds, 1)
+
+#define TO_SYMBOL_ASYNC_HOOK(name, ptsz)                                  \
+	SHIM_API cudaError_t name(const void *sym, const void *s, size_t n, size_t off, \
+				  enum cudaMemcpyKind k, cudaStream_t st) \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
+		r = IN_RUNTIME(real_(sym, s, n, off, k, st));             \
+		if (r == cudaSuccess)                                     \
+			count_symbol_copy(1, s, n, k);                    \
+		FWD_LOCAL(st, ptsz);                                      \
+		return r;                                                 \
+	}
+TO_SYMBOL_ASYNC_HOOK(cudaMemcpyToSymbolAsync, 0)
+TO_SYMBOL_ASYNC_HOOK(cudaMemcpyToSymbolAsync_ptsz, 1)
+
+#define FROM_SYMBOL_HOOK(name, ptsz)                                      \
+	SHIM_API cudaError_t name(void *d, const void *sym, size_t n, size_t off, \
+				  enum cudaMemcpyKind k)                  \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
+		r = IN_RUNTIME(real_(d, sym, n, off, k));                 \
+		if (r == cudaSuccess)                                     \
+			count_symbol_copy(0, d, n, k);                    \
+		FWD_LOCAL(NULL, ptsz);                                    \
+		return r;                                                 \
+	}
+FROM_SYMBOL_HOOK(cudaMemcpyFromSymbol, 0)
+FROM_SYMBOL_HOOK(cudaMemcpyFromSymbol_ptds, 1)
+
+#define FROM_SYMBOL_ASYNC_HOOK(name, ptsz)                                \
+	SHIM_API cudaError_t name(void *d, const void *sym, size_t n, size_t off, \
+				  enum cudaMemcpyKind k, cudaStream_t st) \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
+		r = IN_RUNTIME(real_(d, sym, n, off, k, st));             \
+		if (r == cudaSuccess)                                     \
+			count_symbol_copy(0, d, n, k);                    \
+		FWD_LOCAL(st, ptsz);                                      \
+		return r;                                                 \
+	}
+FROM_SYMBOL_ASYNC_HOOK(cudaMemcpyFromSymbolAsync, 0)
+FROM_SYMBOL_ASYNC_HOOK(cudaMemcpyFromSymbolAsync_ptsz, 1)
 
 /* Memsets: stream work kept in order with forwarded launches; nothing is
  * counted for them. */

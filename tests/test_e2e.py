@@ -88,6 +88,7 @@ def app_record(rundir: Path, name: str) -> dict:
 @pytest.mark.parametrize("prog,args,cls", [
     ("vecadd", ["--repeat", "3"], "qos"),
     ("vecadd", ["--repeat", "2", "--stream"], "batch"),
+    ("vecadd", ["--repeat", "2", "--symbol"], "batch"),    # copies to/from a __device__
     ("hotspot", ["--size", "64", "--iters", "7"], "batch"),
 ])
 def test_counters_match_what_the_program_did(controller, rundir, prog, args, cls):

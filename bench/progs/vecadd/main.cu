@@ -1,11 +1,13 @@
 // vecadd: c = a + b on n floats.
 //
-//   vecadd [--n N] [--repeat R] [--stream] [--block B]
+//   vecadd [--n N] [--repeat R] [--stream] [--block B] [--symbol]
 //
 // Default variant: cudaMalloc, cudaMemcpy H2D (a, b), R launches on the
 // default stream, cudaDeviceSynchronize, cudaMemcpy D2H (c), cudaFree.
 // --stream: a created stream, cudaMemcpyAsync both ways, events around the
 // launches, cudaStreamSynchronize / cudaEventElapsedTime.
+// --symbol: also round-trips n through a __device__ variable
+// (cudaMemcpyToSymbol, then cudaMemcpyFromSymbol after the launches).
 //
 // Checks c bit-exactly against a CPU reference (a float add is exact IEEE on
 // both sides), prints `STATS ...` and then `PASS vecadd ...` (exit 0) or
@@ -20,6 +22,8 @@ static const char *NAME = "vecadd";
 
 #include "progutil.h"
 
+__device__ int d_n;   // --symbol only
+
 __global__ void vecadd(const float *a, const float *b, float *c, int n)
 {
 	int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -30,7 +34,7 @@ __global__ void vecadd(const float *a, const float *b, float *c, int n)
 int main(int argc, char **argv)
 {
 	long long n = 1 << 20, repeat = 1, block = 256;
-	int use_stream = 0;
+	int use_stream = 0, use_symbol = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--n"))
 			n = arg_int(argc, argv, &i, 1, 1LL << 30);
@@ -40,8 +44,10 @@ int main(int argc, char **argv)
 			block = arg_int(argc, argv, &i, 1, 1024);
 		else if (!strcmp(argv[i], "--stream"))
 			use_stream = 1;
+		else if (!strcmp(argv[i], "--symbol"))
+			use_symbol = 1;
 		else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-			printf("usage: vecadd [--n N] [--repeat R] [--block B] [--stream]\n");
+			printf("usage: vecadd [--n N] [--repeat R] [--block B] [--stream] [--symbol]\n");
 			return 0;
 		} else
 			fail("unknown option %s%s", argv[i], "");
@@ -63,6 +69,12 @@ int main(int argc, char **argv)
 	CK(cudaMalloc((void **)&da, bytes));
 	CK(cudaMalloc((void **)&db, bytes));
 	CK(cudaMalloc((void **)&dc, bytes));
+
+	int n_int = (int)n, n_back = -1;
+	if (use_symbol) {
+		CK(cudaMemcpyToSymbol(d_n, &n_int, sizeof(n_int)));
+		h2d += sizeof(n_int);
+	}
 
 	unsigned grid = (unsigned)((n + block - 1) / block);
 	double kernel_ms;
@@ -108,6 +120,12 @@ int main(int argc, char **argv)
 		CK(cudaEventDestroy(e0));
 		CK(cudaEventDestroy(e1));
 		CK(cudaStreamDestroy(s));
+	}
+	if (use_symbol) {
+		CK(cudaMemcpyFromSymbol(&n_back, d_n, sizeof(n_back)));
+		d2h += sizeof(n_back);
+		if (n_back != n_int)
+			fail("__device__ round trip gave %s%s", "a different value", "");
 	}
 	CK(cudaFree(da));
 	CK(cudaFree(db));
