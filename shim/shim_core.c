@@ -11,6 +11,8 @@
 #include "unixutil.h"
 
 #include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -75,9 +77,37 @@ void *shim_dlsym(void *handle, const char *name)
 	return f ? f(handle, name) : NULL;
 }
 
-static void *real_in(const char *const *libs, const char *name)
+struct find_lib {
+	const char *prefix;     /* basename prefix, e.g. "libcudart"        */
+	char path[PATH_MAX];    /* the first loaded object that matches     */
+};
+
+/* Only look here: dlopen under dl_iterate_phdr's lock is not allowed. */
+static int find_object(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	struct find_lib *f = arg;
+	const char *base = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+
+	(void)size;
+	base = base ? base + 1 : info->dlpi_name;
+	if (!base || strncmp(base, f->prefix, strlen(f->prefix)) != 0 || !strstr(base, ".so") ||
+	    strlen(info->dlpi_name) >= sizeof(f->path))
+		return 0;
+	strcpy(f->path, info->dlpi_name);
+	return 1;
+}
+
+/*
+ * The real definition of name: the next object after us in the global
+ * scope; else a library of that soname loaded RTLD_LOCAL (hidden from
+ * RTLD_NEXT); else any loaded object whose file name starts with prefix -
+ * wheels vendor a renamed runtime (PyTorch's libcudart-<hash>.so.13), loaded
+ * privately, whose users still bind their CUDA calls to our hooks.
+ */
+static void *real_in(const char *const *libs, const char *prefix, const char *name)
 {
 	void *p = shim_dlsym(RTLD_NEXT, name);
+	struct find_lib f = { .prefix = prefix };
 
 	for (; !p && *libs; libs++) {
 		void *h = dlopen(*libs, RTLD_NOLOAD | RTLD_LAZY);
@@ -87,13 +117,21 @@ static void *real_in(const char *const *libs, const char *name)
 			dlclose(h);   /* NOLOAD took a reference; give it back */
 		}
 	}
+	if (!p && dl_iterate_phdr(find_object, &f)) {
+		void *h = dlopen(f.path, RTLD_NOLOAD | RTLD_LAZY);
+
+		if (h) {
+			p = shim_dlsym(h, name);
+			dlclose(h);
+		}
+	}
 	return p;
 }
 
 void *shim_real_rt(const char *name)
 {
 	static const char *const libs[] = { "libcudart.so.13", "libcudart.so", NULL };
-	void *p = real_in(libs, name);
+	void *p = real_in(libs, "libcudart", name);
 
 	if (!p)
 		shim_log("the CUDA runtime has no %s; returning an error to the app", name);
@@ -104,7 +142,7 @@ void *shim_real_drv(const char *name)
 {
 	static const char *const libs[] = { "libcuda.so.1", "libcuda.so", NULL };
 
-	return real_in(libs, name);
+	return real_in(libs, "libcuda.so", name);
 }
 
 /* ------------------------------------------------------------------ */

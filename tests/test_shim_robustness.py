@@ -53,3 +53,52 @@ def test_rtld_next_lookups_are_unchanged_by_the_shim(prog, tmp_path):
     assert native.stdout == "puts=found home=/home/someone\n"
     assert shimmed.returncode == 0, shimmed.stderr
     assert shimmed.stdout == native.stdout
+
+
+# A wheel's vendored runtime under another name (PyTorch ships
+# libcudart-<hash>.so.13), reached through a library loaded RTLD_LOCAL: the
+# user library's cudaMalloc binds to our hook, which must still find it.
+FAKE_RT = r"""
+#include <stddef.h>
+int cudaMalloc(void **p, size_t n) { *p = (void *)0x1234; return n == 16 ? 0 : 1; }
+"""
+USER_LIB = r"""
+#include <stddef.h>
+int cudaMalloc(void **p, size_t n);
+int user_alloc(void **p) { return cudaMalloc(p, 16); }
+"""
+USER_MAIN = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+int main(void) {
+    void *h = dlopen(USERLIB, RTLD_NOW | RTLD_LOCAL);
+    if (!h) { printf("dlopen: %s\n", dlerror()); return 2; }
+    int (*alloc)(void **) = (int (*)(void **))dlsym(h, "user_alloc");
+    void *p = NULL;
+    int rc = alloc(&p);
+    printf("rc=%d p=%p\n", rc, p);
+    return 0;
+}
+"""
+
+
+def test_privately_loaded_renamed_runtime_is_found(tmp_path):
+    d = tmp_path
+    (d / "rt.c").write_text(FAKE_RT)
+    (d / "user.c").write_text(USER_LIB)
+    (d / "main.c").write_text(USER_MAIN)
+    rt = d / "libcudart-0a1b2c3d.so.13"
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcudart-0a1b2c3d.so.13", "-o", rt,
+                    d / "rt.c"], check=True)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", d / "libuser.so", d / "user.c", str(rt),
+                    f"-Wl,-rpath,{d}"], check=True)
+    subprocess.run(["cc", f'-DUSERLIB="{d / "libuser.so"}"', "-o", d / "main", d / "main.c", "-ldl"],
+                   check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLOCATE_", "SIMGPU_"))}
+    env.update(COLOCATE_RUNTIME_DIR=str(d / "run"), COLOCATE_QUIET="1")
+    native = subprocess.run([d / "main"], env=env, capture_output=True, text=True, timeout=30)
+    shimmed = subprocess.run([d / "main"], env={**env, "LD_PRELOAD": str(paths.LIBCOLOCATE)},
+                             capture_output=True, text=True, timeout=30)
+    assert native.stdout == "rc=0 p=0x1234\n", native.stdout + native.stderr
+    # without the fallback the hook found no runtime and returned 302
+    assert shimmed.stdout == native.stdout, shimmed.stdout + shimmed.stderr
