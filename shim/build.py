@@ -139,6 +139,9 @@ def build_native() -> None:
         if not link.exists():
             link.symlink_to(out.name)
 
+    # simgpu's CPU cuDNN and cuBLAS, next to its libcudart.so.13.
+    build_dnn(headers)
+
     # fake driver for the driver-hook tests (real cudart cannot run on it).
     fake_src = sorted((HERE / "fakecuda").glob("*.c"))
     if fake_src:
@@ -148,6 +151,44 @@ def build_native() -> None:
               # instead of landing in a preloaded hook.
               ["-Wl,-z,defs", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", "-ldl", "-lpthread"],
               headers)
+
+
+def build_dnn(headers: list[Path]) -> None:
+    """simgpu's CPU cuDNN (libcudnn.so.9) and cuBLAS (libcublas.so.13), plus
+    libcudnn.so/libcublas.so links so `-L shim/lib/simgpu -lcudnn -lcublas`
+    works, and shim/lib/dnncheck, the C driver the tests run under the shim.
+
+    No version script: the libraries export unversioned symbols.  A program
+    linked against them then records no version requirement for these
+    names, and on a GPU machine glibc binds each unversioned reference to
+    the real library's default (or only) version of the symbol; a version
+    node of ours that NVIDIA's libraries lack would instead make the loader
+    refuse the program there.  -Bsymbolic-functions keeps calls between
+    our own entry points inside the library (they never reach a preloaded
+    hook, like the real libraries' internal calls); cudaLaunchKernel, in
+    libcudart, still does."""
+    src = HERE / "simgpu" / "dnn"
+    sim = LIB / "simgpu"
+    cudart = sim / "libcudart.so.13"
+    if not (src / "launch.c").exists() or not cudart.exists():
+        return
+    deps = headers + sorted(src.glob("*.h")) + [HERE / "include" / "colocate_dnn.h", cudart]
+    common = [src / "launch.c", src / "gemm.c"]
+    libs = {"libcudnn.so.9": [src / "cudnn_desc.c", src / "cudnn_conv.c", src / "cudnn_ops.c"],
+            "libcublas.so.13": [src / "cublas.c"]}
+    for soname, files in libs.items():
+        out = sim / soname
+        _link(out, common + files,
+              ["-O3", "-Wl,-z,defs", "-Wl,-Bsymbolic-functions", f"-Wl,-soname,{soname}",
+               f"-L{sim}", "-l:libcudart.so.13", "-ldl", "-lpthread", "-lm"], deps)
+        link = sim / soname[:soname.index(".so") + 3]
+        if not link.is_symlink():
+            link.unlink(missing_ok=True)
+            link.symlink_to(out.name)
+    # no rpath: LD_LIBRARY_PATH picks simgpu's libraries or NVIDIA's
+    _link(LIB / "dnncheck", [src / "dnncheck.c"],
+          [f"-L{sim}", "-lcudnn", "-lcublas", "-l:libcudart.so.13", "-lm"],
+          deps + [sim / name for name in libs], shared=False)
 
 
 def build_inplace() -> None:
