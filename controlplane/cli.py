@@ -1,6 +1,7 @@
 """`colocate`: run a controller, run apps under it, look at what they get."""
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -121,6 +122,9 @@ def run(cmd: Optional[list[str]] = typer.Argument(None, metavar="-- CMD [ARGS]",
         qos_ms: Optional[float] = typer.Option(None, "--qos-ms", help="Latency target in ms (qos only)."),
         quota: Optional[int] = typer.Option(None, help="Requested SM share in percent (1..100)."),
         device: Device = typer.Option(Device.auto, help=DEVICE_HELP + " auto asks the running controller first."),
+        trace_file: Optional[Path] = typer.Option(None, "--trace", metavar="FILE",
+                                                  help="Also write its per-task trace (JSON lines) to FILE; "
+                                                       "see `colocate trace --help` for the fields."),
         runtime_dir: Optional[Path] = RunDirOpt) -> None:
     """Run CMD with the colocate shim preloaded; exit with its exit code (128+N if killed by signal N).
 
@@ -128,17 +132,143 @@ def run(cmd: Optional[list[str]] = typer.Argument(None, metavar="-- CMD [ARGS]",
     spec = launcher.AppSpec(list(cmd or []), name, cls, qos_ms, quota)
     launcher.check(spec)
     rd = rundir.ensure(runtime_dir)
-    dev = device.value
-    if dev == "auto":
-        pong = daemon.ping(rd, timeout=0.3) if rd.sock.exists() else None
-        dev = pong["device"] if pong else launcher.detect_device("auto")
+    dev = run_device(device, rd)
+    if trace_file is not None:
+        trace_to(trace_file)
     raise typer.Exit(launcher.run(spec, rd, dev))
+
+
+def run_device(device: Device, rd: rundir.RunDir) -> str:
+    """The device to run on: as asked, or for auto the running controller's, else detected."""
+    if device.value != "auto":
+        return device.value
+    pong = daemon.ping(rd, timeout=0.3) if rd.sock.exists() else None
+    return pong["device"] if pong else launcher.detect_device("auto")
+
+
+# --- trace ------------------------------------------------------------------
+
+class TraceFormat(str, Enum):
+    jsonl = "jsonl"
+    csv = "csv"
+
+
+# The CSV columns, in order (a JSON line's fields, with grid/block split and
+# a library task's params flattened to "key=value;...").
+TRACE_COLUMNS = ("pid", "app", "seq", "kind", "name", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
+                 "block_z", "shmem", "stream", "host_us", "start_us", "dur_us", "quota", "route", "worker",
+                 "query", "kernels", "rc", "params", "id", "size", "rule", "latency_us")
+
+
+def trace_to(path: Path) -> None:
+    """Have the apps started from here trace into path (created empty now;
+    the shim appends, one write per batch of lines)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    except OSError as e:
+        raise ColocateError(f"cannot write the trace to {path}: {e.strerror}", 2) from None
+    os.environ["COLOCATE_TRACE"] = str(path.resolve())
+
+
+def read_trace(path: Path) -> tuple[list[dict], int]:
+    """The trace's JSON objects, and how many lines were not one (an app
+    killed while writing can leave half a line)."""
+    rows, bad = [], 0
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return [], 0
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(obj, dict):
+            rows.append(obj)
+        else:
+            bad += 1
+    return rows, bad
+
+
+def csv_row(rec: dict) -> dict:
+    row = {k: rec.get(k) for k in TRACE_COLUMNS}
+    for dim in ("grid", "block"):
+        v = rec.get(dim) or [None, None, None]
+        row.update({f"{dim}_{axis}": x for axis, x in zip("xyz", v)})
+    params = rec.get("params")
+    row["params"] = ";".join(f"{k}={v}" for k, v in params.items()) if isinstance(params, dict) else None
+    return {k: "" if v is None else v for k, v in row.items()}
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    import csv
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=TRACE_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for rec in sorted(rows, key=lambda r: (r.get("pid") or 0, r.get("seq") or 0)):
+            w.writerow(csv_row(rec))
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def trace(name: str = typer.Argument(..., help="App name (as `colocate quotas` shows it)."),
+          cmd: Optional[list[str]] = typer.Argument(None, metavar="-- CMD [ARGS]",
+                                                    help="The program to run and its arguments (after --)."),
+          out_file: Optional[Path] = typer.Option(None, "--out", metavar="FILE",
+                                                  help="Where to write it (default: NAME.trace.jsonl / .csv)."),
+          fmt: TraceFormat = typer.Option(TraceFormat.jsonl, "--format", help="JSON lines, or CSV converted from them."),
+          cls: str = typer.Option("batch", "--class", help="qos (latency-critical) or batch."),
+          qos_ms: Optional[float] = typer.Option(None, "--qos-ms", help="Latency target in ms (qos only)."),
+          quota: Optional[int] = typer.Option(None, help="Requested SM share in percent (1..100)."),
+          device: Device = typer.Option(Device.auto, help=DEVICE_HELP + " auto asks the running controller first."),
+          runtime_dir: Optional[Path] = RunDirOpt) -> None:
+    """Run CMD like `colocate run`, recording every task it runs; exit with its exit code.
+
+    A task is a kernel launch, or one cuDNN/cuBLAS call with the kernels it
+    launched.  One line per task, plus one per query boundary, from every
+    process of CMD.  Times in microseconds: host_us is the host's monotonic
+    clock when issued; start_us/dur_us are device time from two events on the
+    task's stream (modelled on simgpu, measured on a GPU), start relative to
+    the process's first task; empty when unknown (routed to a worker, events
+    unavailable, unfinished at exit).
+
+    Columns: pid, app (NAME), seq (order within pid), kind (kernel, library,
+    query_begin, query_end), name (mangled kernel or API name),
+    grid_x..z, block_x..z, shmem (dynamic shared bytes), stream, host_us,
+    start_us, dur_us, quota (SM % it ran at), route (local or worker),
+    worker (its id), query (the query it belongs to), kernels (a library
+    task's kernel count), rc (its status), params (its parameters,
+    key=value;...), id, size, rule (api or inferred), latency_us (query
+    boundaries: the query's id, input size, how it was found, host latency).
+    JSON lines have the same fields, grid and block as 3-element lists and params as an
+    object."""
+    spec = launcher.AppSpec(list(cmd or []), name, cls, qos_ms, quota)
+    launcher.check(spec)
+    rd = rundir.ensure(runtime_dir)
+    dev = run_device(device, rd)
+    dest = out_file or Path(f"{name}.trace.{fmt.value}")
+    raw = dest if fmt is TraceFormat.jsonl else dest.with_name(dest.name + ".jsonl.part")
+    trace_to(raw)
+    code = launcher.run(spec, rd, dev)
+    rows, bad = read_trace(raw)
+    if fmt is TraceFormat.csv:
+        try:
+            write_csv(rows, dest)
+        except OSError as e:
+            raise ColocateError(f"cannot write {dest}: {e.strerror} (the JSON lines are in {raw})") from None
+        raw.unlink(missing_ok=True)
+    kinds = collections.Counter(r.get("kind") for r in rows)
+    print(f"colocate: trace of {name}: {kinds['kernel'] + kinds['library']} task(s) ({kinds['kernel']} kernel, "
+          f"{kinds['library']} library), {kinds['query_end']} query(ies) ended -> {dest}"
+          + (f" ({bad} unreadable line(s) skipped)" if bad else ""), file=sys.stderr)
+    raise typer.Exit(code)
 
 
 # --- quotas -----------------------------------------------------------------
 
 QUOTA_KEYS = ("name", "pid", "class", "quota_pct", "route", "launches", "forwarded",
-              "h2d_bytes", "d2h_bytes", "qos_ms", "state", "kernels")
+              "h2d_bytes", "d2h_bytes", "qos_ms", "state", "kernels", "queries")
 
 
 def human_bytes(n: int) -> str:
@@ -157,19 +287,30 @@ def route_name(route: int, worker: dict | None = None, quota_pct: int | None = N
     return f"worker {route}" + ("" if q is None else f" ({q}%)")
 
 
+def query_cells(q: dict | None) -> list[str]:
+    """queries (done, +in flight), p50/p99 latency, rule: "-" before any query."""
+    if not q or q.get("rule") is None:
+        return ["-", "-", "-"]
+    done = str(q["done"]) + (f" +{q['in_flight']}" if q["in_flight"] else "")
+    lat = "-" if q["p50_ms"] is None else f"{q['p50_ms']:.2f}/{q['p99_ms']:.2f} ms"
+    return [done, lat, q["rule"]]
+
+
 def quota_table(apps: list[dict], show_state: bool = False) -> Table:
     live = sum(a["state"] == "live" for a in apps)
     t = Table(title=f"colocate: {live} live app(s)", box=box.SIMPLE_HEAD,
               pad_edge=False, collapse_padding=True)
-    cols = ["name", "pid", "class", "quota%", "route", "launches", "fwd", "H2D", "D2H", "QoS"]
+    cols = ["name", "pid", "class", "quota%", "route", "launches", "fwd", "H2D", "D2H", "QoS",
+            "queries", "p50/p99", "rule"]
     for c in cols + (["state"] if show_state else []):
-        t.add_column(c, justify="left" if c in ("name", "class", "route", "state") else "right",
+        t.add_column(c, justify="left" if c in ("name", "class", "route", "state", "rule") else "right",
                      no_wrap=c != "name", overflow="fold")
     for a in apps:
         row = [a["name"], str(a["pid"]), a["class"], str(a["quota_pct"]),
                route_name(a["route"], a.get("worker"), a["quota_pct"]),
                str(a["launches"]), str(a["forwarded"]), human_bytes(a["h2d_bytes"]),
-               human_bytes(a["d2h_bytes"]), "-" if a["qos_ms"] is None else f"{a['qos_ms']:g} ms"]
+               human_bytes(a["d2h_bytes"]), "-" if a["qos_ms"] is None else f"{a['qos_ms']:g} ms",
+               *query_cells(a.get("queries"))]
         t.add_row(*(Text(c) for c in row), *([a["state"]] if show_state else []))
     return t
 
@@ -180,7 +321,11 @@ def quotas(as_json: bool = typer.Option(False, "--json", help="Print a JSON list
            interval: float = typer.Option(1.0, help="Seconds between refreshes with --watch."),
            all_: bool = typer.Option(False, "--all", help="Also list exited apps (final records)."),
            runtime_dir: Optional[Path] = RunDirOpt) -> None:
-    """Show each app's quota, route and counters (launches, forwarded, bytes copied)."""
+    """Show each app's quota, route and counters (launches, forwarded, bytes copied) and its queries.
+
+    queries: completed (+ in flight); p50/p99: latency over the last 1000;
+    rule: api (marked with colocate.h / shim.query) or inferred (from copies:
+    host-to-device input ... device-to-host result and a sync)."""
     if watch and as_json:
         raise ColocateError("--watch and --json do not go together", 2)
     if interval <= 0:
@@ -313,7 +458,7 @@ def schema_cmd(as_json: bool = typer.Option(False, "--json", help="Print it as J
               markup=False)
     for title, table in (("requests (-> reply)", schema.REQUESTS), ("replies", schema.REPLIES),
                          ("objects", {"kernel": schema.KERNEL, "record": schema.RECORD,
-                                      "worker": schema.WORKER})):
+                                      "worker": schema.WORKER, "queries": schema.QUERIES})):
         t = Table(title=title)
         for c in ("message", "field", "type", "required", "notes"):
             t.add_column(c)

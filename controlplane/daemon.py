@@ -18,6 +18,7 @@ import collections
 import fcntl
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -39,6 +40,9 @@ VERSION = version()
 TICK_S = 0.1
 HISTORY_MAX = 10_000
 RECV_MAX = 16 * schema.MAX_BYTES   # bigger ones make zmq drop the peer; 64 KiB..1 MiB get an error
+QUERY_WINDOW = 1000                # latencies behind each app's p50/p99
+QUERY_IN_FLIGHT_MAX = 4096         # begun, not ended: the oldest is given up beyond this
+RECENT_EXITS = 64                  # exited apps whose late query boundaries still count
 
 
 class Reject(Exception):
@@ -79,6 +83,62 @@ def proc_start(pid: int) -> int | None:
     return int(fields[19])
 
 
+def percentile(sorted_ms: list[float], p: float) -> float | None:
+    """Nearest-rank percentile of an ascending list; None when it is empty."""
+    if not sorted_ms:
+        return None
+    return sorted_ms[max(0, math.ceil(p / 100 * len(sorted_ms)) - 1)]
+
+
+@dataclass
+class QueryStats:
+    """One app's queries: how many ended, which are in flight, recent latencies.
+    One rule at a time: the app's first API boundary discards what inference
+    found (the shim stops inferring then), and inferred boundaries arriving
+    after that are ignored."""
+    rule: str | None = None
+    done: int = 0
+    unmatched: int = 0
+    in_flight: dict[int, float] = field(default_factory=dict)          # id -> begin (us)
+    window: collections.deque = field(default_factory=lambda: collections.deque(maxlen=QUERY_WINDOW))
+
+    def _take(self, rule: str) -> bool:
+        if rule == self.rule:
+            return True
+        if self.rule == "api":
+            return False
+        if self.rule is not None:                       # inferred -> api
+            self.done, self.unmatched = 0, 0
+            self.in_flight.clear()
+            self.window.clear()
+        self.rule = rule
+        return True
+
+    def begin(self, qid: int, t_us: float, rule: str) -> None:
+        if not self._take(rule):
+            return
+        if qid not in self.in_flight and len(self.in_flight) >= QUERY_IN_FLIGHT_MAX:
+            del self.in_flight[next(iter(self.in_flight))]
+            self.unmatched += 1
+        self.in_flight[qid] = t_us
+
+    def end(self, qid: int, t_us: float, rule: str) -> None:
+        if not self._take(rule):
+            return
+        t0 = self.in_flight.pop(qid, None)
+        if t0 is None:
+            self.unmatched += 1
+            return
+        self.done += 1
+        self.window.append(max(0.0, (t_us - t0) / 1000.0))
+
+    def summary(self) -> dict:
+        lat = sorted(self.window)
+        return {"rule": self.rule, "done": self.done, "in_flight": len(self.in_flight),
+                "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), "window": len(lat),
+                "unmatched": self.unmatched}
+
+
 @dataclass
 class App:
     info: AppInfo
@@ -89,6 +149,8 @@ class App:
     route: int = 0
     kernels: list = field(default_factory=list)
     unplaced: tuple | None = None                       # last (quota, route) warned about
+    queries: QueryStats = field(default_factory=QueryStats)
+    final: dict | None = None                           # its history record, once exited
 
 
 # --- the controller ---------------------------------------------------------
@@ -102,6 +164,7 @@ class Controller:
         self.pool, self.pool_note = pool, pool_note
         self.apps: dict[int, App] = {}                  # slot -> live app
         self.history: collections.deque = collections.deque(maxlen=HISTORY_MAX)
+        self.recent: collections.OrderedDict[int, App] = collections.OrderedDict()   # pid -> exited app
         self.stopping = False
         self.cb = ControlBlock.create(rd.ctlblock)
         self.ctx = zmq.Context()
@@ -271,7 +334,8 @@ class Controller:
                 "route": app.route, "launches": c["launches"], "forwarded": c["forwarded"],
                 "h2d_bytes": c["h2d_bytes"], "d2h_bytes": c["d2h_bytes"], "qos_ms": i.qos_ms,
                 "state": state, "slot": i.slot, "kernels": app.kernels,
-                "registered_at": app.registered_at, "exited_at": exited_at, "worker": self.worker_of(app)}
+                "registered_at": app.registered_at, "exited_at": exited_at, "worker": self.worker_of(app),
+                "queries": app.queries.summary()}
 
     def finish(self, app: App, kernels: list[dict]) -> dict:
         """Final record (counters read before the slot is freed), history, policy, release."""
@@ -279,6 +343,10 @@ class Controller:
         rec = self.record(app, "exited", time.time())
         del self.apps[app.info.slot]
         self.history.append(rec)
+        app.final = rec
+        self.recent[app.info.pid] = app                 # its last query boundaries may still come
+        while len(self.recent) > RECENT_EXITS:
+            self.recent.popitem(last=False)
         try:
             with open(self.rd.history, "a") as f:
                 f.write(json.dumps(rec) + "\n")
@@ -354,6 +422,33 @@ class Controller:
             log.info("set_quota: %s (slot %d) -> %d%% route %d", name, a.info.slot, q, route)
         return schema.message("ok", slot=apps[0].info.slot, route=routes[0][1],
                               slots=[a.info.slot for a in apps], routes=[r for _, r in routes])
+
+    def query_app(self, pid: int) -> App:
+        """The live app of pid, else a recently exited one: boundaries travel on
+        their own socket and may arrive after the app's exit message."""
+        app = self.by_pid(pid) or self.recent.get(pid)
+        if app is None:
+            raise Reject(f"pid {pid} is not a registered app")
+        return app
+
+    def on_query(self, m: dict, begin: bool) -> dict:
+        app = self.query_app(m["pid"])
+        t_us = m["t_us"] if m["t_us"] is not None else time.monotonic() * 1e6
+        q = app.queries
+        was = q.rule
+        (q.begin if begin else q.end)(m["id"], t_us, m["rule"])
+        if q.rule != was:
+            log.info("app %s (pid %d): queries %s", app.info.name, app.info.pid,
+                     "marked by the app" if q.rule == "api" else "inferred from copies")
+        if app.final is not None:
+            app.final["queries"] = q.summary()
+        return schema.message("ok")
+
+    def on_query_begin(self, m: dict) -> dict:
+        return self.on_query(m, True)
+
+    def on_query_end(self, m: dict) -> dict:
+        return self.on_query(m, False)
 
     def on_stop(self, m: dict) -> dict:
         log.info("stop requested")

@@ -59,6 +59,17 @@ KERNEL = {
     "twin": F("bool", required=False, null=True, doc="simgpu ran it with a host twin"),
 }
 
+QUERIES = {
+    "rule": F("str", null=True, choices=("api", "inferred"),
+              doc="how the shim finds queries: marked by the app (api) or inferred from copies"),
+    "done": F("int", doc="queries completed (under the current rule)"),
+    "in_flight": F("int", doc="begun, not ended"),
+    "p50_ms": F("number", null=True, doc="median latency over the recent window"),
+    "p99_ms": F("number", null=True, doc="99th percentile latency over the recent window"),
+    "window": F("int", doc="latencies in that window (the most recent ones)"),
+    "unmatched": F("int", doc="ends without a begin, and begins given up"),
+}
+
 RECORD = {
     "name": F("str"), "pid": F("int"), "class": F("str", choices=("qos", "batch")),
     "quota_pct": F("int"), "route": F("int", doc="0 = local, N = worker N"),
@@ -67,6 +78,7 @@ RECORD = {
     "slot": F("int"), "kernels": F("list", items=KERNEL, of="kernel"),
     "registered_at": F("number", doc="unix time"), "exited_at": F("number", null=True),
     "worker": F("object", null=True, doc="route's pool worker {id, quota_pct}; null = local"),
+    "queries": F("object", required=False, null=True, doc="query statistics (object queries)"),
 }
 
 WORKER = {
@@ -100,6 +112,23 @@ REQUESTS: dict[str, dict[str, F]] = {
     "list": {"all": F("bool", required=False, default=False, doc="include exited apps")},
     "stop": {},
     "pool": {},
+    # query boundaries, sent by the shim (shim/shim_query.c) without waiting for the reply
+    "query_begin": {
+        "pid": F("int", min=1, max=2**31 - 1),
+        "id": F("int", min=0, max=2**64 - 1, doc="the app's query id (unique among its queries in flight)"),
+        "size": F("int", required=False, default=0, min=0, max=2**64 - 1,
+                  doc="input size: the app's unit (api) or bytes copied to the device (inferred)"),
+        "rule": F("str", required=False, choices=("api", "inferred"), default="api"),
+        "t_us": F("int", required=False, null=True, min=0, max=2**63 - 1,
+                  doc="the app's CLOCK_MONOTONIC in us; null: the controller's arrival time"),
+    },
+    "query_end": {
+        "pid": F("int", min=1, max=2**31 - 1),
+        "id": F("int", min=0, max=2**64 - 1),
+        "size": F("int", required=False, default=0, min=0, max=2**64 - 1),
+        "rule": F("str", required=False, choices=("api", "inferred"), default="api"),
+        "t_us": F("int", required=False, null=True, min=0, max=2**63 - 1),
+    },
     "set_quota": {
         "name": F("str", doc="app name; every live app of that name"),
         "quota_pct": F("int", min=1, max=100, doc="route to a ready pool worker of exactly this quota "
@@ -123,7 +152,7 @@ REPLIES: dict[str, dict[str, F]] = {
 }
 
 REPLY_TO = {"register": "registered", "exit": "ok", "ping": "pong", "list": "apps", "stop": "ok",
-            "pool": "pool", "set_quota": "ok"}
+            "pool": "pool", "set_quota": "ok", "query_begin": "ok", "query_end": "ok"}
 
 
 _PY = {"int": int, "number": (int, float), "str": str, "bool": bool, "list": list, "object": dict}
@@ -241,5 +270,6 @@ def as_json() -> dict:
                      "type": {"type": "str", "required": True}},
         "requests": {t: {"reply": REPLY_TO.get(t), "fields": fields(s)} for t, s in REQUESTS.items()},
         "replies": {t: {"fields": fields(s)} for t, s in REPLIES.items()},
-        "objects": {"kernel": fields(KERNEL), "record": fields(RECORD), "worker": fields(WORKER)},
+        "objects": {"kernel": fields(KERNEL), "record": fields(RECORD), "worker": fields(WORKER),
+                    "queries": fields(QUERIES)},
     }

@@ -20,6 +20,7 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "shim_trace.h"
 
 #include <dlfcn.h>
 #include <string.h>
@@ -258,7 +259,20 @@ static inline void drv_local_done(CUstream s, int ptsz)
 		shim_fwd_local_done((void *)s, ptsz);
 }
 
-#define LAUNCH(idx, params, args, fn, strm, ptsz)                         \
+/* Tracing on or a library task open (shim_task_hot: one relaxed load):
+ * the task layer sees the launch, described by desc (struct shim_task_drv). */
+#define TASK_DRV_BEGIN(...)   /* the description's braces hold commas */  \
+	struct shim_task_drv t_;                                          \
+	int tk_ = shim_task_hot() && !shim_in_runtime;                    \
+	if (tk_) {                                                        \
+		t_ = (struct shim_task_drv)__VA_ARGS__;                   \
+		shim_task_drv_begin(&t_);                                 \
+	}
+#define TASK_DRV_END(r)                                                   \
+	if (tk_)                                                          \
+		shim_task_drv_end(&t_, r)
+
+#define LAUNCH(idx, params, args, fn, strm, ptsz, desc)                   \
 	{                                                                 \
 		CUresult (*real) params = real_of(idx);                   \
 		CUresult r;                                               \
@@ -267,34 +281,44 @@ static inline void drv_local_done(CUstream s, int ptsz)
 		shim_start();                                             \
 		if (drv_fence(strm, ptsz))                                \
 			return CUDA_ERROR_LAUNCH_FAILED;                  \
+		TASK_DRV_BEGIN(desc);                                     \
 		r = real args;                                            \
 		drv_local_done(strm, ptsz);                               \
 		count_drv_launch(r, fn);                                  \
+		TASK_DRV_END(r);                                          \
 		return r;                                                 \
 	}
 
 #define KPARAMS (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
 		 unsigned bz, unsigned sh, CUstream s, void **p, void **e)
 #define KARGS (f, gx, gy, gz, bx, by, bz, sh, s, p, e)
-SHIM_API CUresult cuLaunchKernel KPARAMS LAUNCH(H_LAUNCH, KPARAMS, KARGS, f, s, 0)
-SHIM_API CUresult cuLaunchKernel_ptsz KPARAMS LAUNCH(H_LAUNCH_PTSZ, KPARAMS, KARGS, f, s, 1)
+#define KDESC(ptsz) { f, { gx, gy, gz }, { bx, by, bz }, sh, s, ptsz, 0, 0, { 0 } }
+SHIM_API CUresult cuLaunchKernel KPARAMS LAUNCH(H_LAUNCH, KPARAMS, KARGS, f, s, 0, KDESC(0))
+SHIM_API CUresult cuLaunchKernel_ptsz KPARAMS LAUNCH(H_LAUNCH_PTSZ, KPARAMS, KARGS, f, s, 1, KDESC(1))
 
 #define XPARAMS (const CUlaunchConfig *c, CUfunction f, void **p, void **e)
 #define XARGS (c, f, p, e)
-SHIM_API CUresult cuLaunchKernelEx XPARAMS LAUNCH(H_LAUNCH_EX, XPARAMS, XARGS, f, c ? c->hStream : NULL, 0)
-SHIM_API CUresult cuLaunchKernelEx_ptsz XPARAMS LAUNCH(H_LAUNCH_EX_PTSZ, XPARAMS, XARGS, f, c ? c->hStream : NULL, 1)
+#define XDESC(ptsz) { f, { c ? c->gridDimX : 0, c ? c->gridDimY : 0, c ? c->gridDimZ : 0 },     \
+		      { c ? c->blockDimX : 0, c ? c->blockDimY : 0, c ? c->blockDimZ : 0 },  \
+		      c ? c->sharedMemBytes : 0, c ? c->hStream : NULL, ptsz, 0, 0, { 0 } }
+SHIM_API CUresult cuLaunchKernelEx XPARAMS
+	LAUNCH(H_LAUNCH_EX, XPARAMS, XARGS, f, c ? c->hStream : NULL, 0, XDESC(0))
+SHIM_API CUresult cuLaunchKernelEx_ptsz XPARAMS
+	LAUNCH(H_LAUNCH_EX_PTSZ, XPARAMS, XARGS, f, c ? c->hStream : NULL, 1, XDESC(1))
 
 #define CPARAMS (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
 		 unsigned bz, unsigned sh, CUstream s, void **p)
 #define CARGS (f, gx, gy, gz, bx, by, bz, sh, s, p)
-SHIM_API CUresult cuLaunchCooperativeKernel CPARAMS LAUNCH(H_COOP, CPARAMS, CARGS, f, s, 0)
-SHIM_API CUresult cuLaunchCooperativeKernel_ptsz CPARAMS LAUNCH(H_COOP_PTSZ, CPARAMS, CARGS, f, s, 1)
+SHIM_API CUresult cuLaunchCooperativeKernel CPARAMS LAUNCH(H_COOP, CPARAMS, CARGS, f, s, 0, KDESC(0))
+SHIM_API CUresult cuLaunchCooperativeKernel_ptsz CPARAMS
+	LAUNCH(H_COOP_PTSZ, CPARAMS, CARGS, f, s, 1, KDESC(1))
 
 /* a graph launch counts as one launch of an unnamed kernel */
+#define GDESC(ptsz) { g, { 0 }, { 0 }, 0, s, ptsz, 1, 0, { 0 } }
 SHIM_API CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
-	LAUNCH(H_GRAPH, (CUgraphExec g, CUstream s), (g, s), NULL, s, 0)
+	LAUNCH(H_GRAPH, (CUgraphExec g, CUstream s), (g, s), NULL, s, 0, GDESC(0))
 SHIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
-	LAUNCH(H_GRAPH_PTSZ, (CUgraphExec g, CUstream s), (g, s), NULL, s, 1)
+	LAUNCH(H_GRAPH_PTSZ, (CUgraphExec g, CUstream s), (g, s), NULL, s, 1, GDESC(1))
 
 /* ---- memory ---------------------------------------------------------- */
 SHIM_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
@@ -315,13 +339,14 @@ SHIM_API CUresult cuMemFree_v2(CUdeviceptr p)
 {
 	__typeof__(&cuMemFree_v2) real = real_of(H_MEMFREE);
 	CUresult r;
+	void *t;
 
 	if (!real)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	shim_start();
+	t = shim_free_take((const void *)(uintptr_t)p);   /* NULL inside the runtime */
 	r = real(p);
-	if (r == CUDA_SUCCESS && p && !shim_in_runtime)
-		shim_free_note((const void *)(uintptr_t)p);
+	shim_free_done(t, r == CUDA_SUCCESS);
 	return r;
 }
 

@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "shim_trace.h"
 
 #include <cuda_runtime_api.h>
 
@@ -140,11 +141,23 @@ SHIM_API cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun)
 		return (cudaError_t)shim_fwd_launch(&l_);                 \
 	}
 
+/* Tracing on, or a library task open (shim_task_hot: one relaxed load):
+ * the task layer runs the launch, as a task or inside its library task. */
+#define TASK_LAUNCH(entry, ptsz, key, g, b, sh, s, a, cfg)                 \
+	if (shim_task_hot()) {                                            \
+		struct shim_launch t_ = {                                 \
+			entry, ptsz, (const void *)(key), (void *)real_,  \
+			{ (g).x, (g).y, (g).z }, { (b).x, (b).y, (b).z }, \
+			(sh), (void *)(s), (a), (cfg) };                  \
+		return (cudaError_t)shim_task_launch(&t_);                \
+	}
+
 #define LAUNCH_HOOK(name, entry, ptsz, KT)                                \
 	SHIM_API cudaError_t name(KT f, dim3 g, dim3 b, void **a, size_t sh, cudaStream_t s) \
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		TASK_LAUNCH(entry, ptsz, f, g, b, sh, s, a, NULL)         \
 		FWD_LAUNCH(entry, ptsz, f, g, b, sh, s, a, NULL)          \
 		r = IN_RUNTIME(real_(f, g, b, a, sh, s));                 \
 		if (r == cudaSuccess)                                     \
@@ -166,6 +179,7 @@ static const dim3 no_dim;
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		TASK_LAUNCH(SHIM_E_EXC, ptsz, f, no_dim, no_dim, 0, NULL, a, c) \
 		FWD_LAUNCH(SHIM_E_EXC, ptsz, f, no_dim, no_dim, 0, NULL, a, c) \
 		r = IN_RUNTIME(real_(c, f, a));                           \
 		if (r == cudaSuccess)                                     \
@@ -182,6 +196,7 @@ LAUNCH_EXC_HOOK(cudaLaunchKernelExC_ptsz, 1)
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		TASK_LAUNCH(SHIM_E_GRAPH, ptsz, e, no_dim, no_dim, 0, s, NULL, NULL) \
 		FWD_LAUNCH(SHIM_E_GRAPH, ptsz, e, no_dim, no_dim, 0, s, NULL, NULL) \
 		r = IN_RUNTIME(real_(e, s));                              \
 		if (r == cudaSuccess)                                     \
@@ -258,14 +273,15 @@ MALLOC_ASYNC_HOOK(cudaMallocAsync_ptsz, 1)
 SHIM_API cudaError_t cudaFree(void *p)
 {
 	cudaError_t r;
+	void *t;
 
 	REAL(cudaFree, NOSYM);
 	/* forwarded kernels may still use it, as queued local ones may */
 	if (p)
 		FWD_FENCE(NULL, 0, SHIM_FENCE_ALL);
+	t = shim_free_take(p);
 	r = IN_RUNTIME(real_(p));
-	if (r == cudaSuccess && p)
-		shim_free_note(p);
+	shim_free_done(t, r == cudaSuccess);
 	return r;
 }
 
@@ -273,11 +289,12 @@ SHIM_API cudaError_t cudaFree(void *p)
 	SHIM_API cudaError_t name(void *p, cudaStream_t s)                \
 	{                                                                 \
 		cudaError_t r;                                            \
+		void *t;                                                  \
 		REAL(name, NOSYM);                                        \
 		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
+		t = shim_free_take(p);                                    \
 		r = IN_RUNTIME(real_(p, s));                              \
-		if (r == cudaSuccess && p)                                \
-			shim_free_note(p);                                \
+		shim_free_done(t, r == cudaSuccess);                      \
 		FWD_LOCAL(s, ptsz);                                       \
 		return r;                                                 \
 	}
@@ -317,10 +334,11 @@ static int is_device_ptr(const void *p)
 	return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-static void count_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+/* Returns the kind, Default resolved, for the task layer (-1: not counted). */
+static int count_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
 	if (shim_in_runtime || n == 0)
-		return;
+		return -1;
 	if (kind == cudaMemcpyDefault) {
 		int d = is_device_ptr(dst), s = is_device_ptr(src);
 
@@ -340,6 +358,7 @@ static void count_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 	default:
 		break;
 	}
+	return kind;
 }
 
 /* Blocking copies run on the default stream (legacy, or per-thread for
@@ -352,7 +371,7 @@ static void count_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
 		r = IN_RUNTIME(real_(d, s, n, k));                        \
 		if (r == cudaSuccess)                                     \
-			count_copy(d, s, n, k);                           \
+			shim_task_copy(count_copy(d, s, n, k), n, 1);     \
 		FWD_LOCAL(NULL, ptsz);                                    \
 		return r;                                                 \
 	}
@@ -368,7 +387,7 @@ COPY_HOOK(cudaMemcpy_ptds, 1)
 		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
 		r = IN_RUNTIME(real_(d, s, n, k, st));                    \
 		if (r == cudaSuccess)                                     \
-			count_copy(d, s, n, k);                           \
+			shim_task_copy(count_copy(d, s, n, k), n, 0);     \
 		FWD_LOCAL(st, ptsz);                                      \
 		return r;                                                 \
 	}
@@ -385,7 +404,7 @@ COPY_ASYNC_HOOK(cudaMemcpyAsync_ptsz, 1)
 		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
 		r = IN_RUNTIME(real_(d, dp, s, sp, w, h, k));             \
 		if (r == cudaSuccess)                                     \
-			count_copy(d, s, w * h, k);                       \
+			shim_task_copy(count_copy(d, s, w * h, k), w * h, 1); \
 		FWD_LOCAL(NULL, ptsz);                                    \
 		return r;                                                 \
 	}
@@ -401,7 +420,7 @@ COPY2D_HOOK(cudaMemcpy2D_ptds, 1)
 		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
 		r = IN_RUNTIME(real_(d, dp, s, sp, w, h, k, st));         \
 		if (r == cudaSuccess)                                     \
-			count_copy(d, s, w * h, k);                       \
+			shim_task_copy(count_copy(d, s, w * h, k), w * h, 0); \
 		FWD_LOCAL(st, ptsz);                                      \
 		return r;                                                 \
 	}
@@ -413,13 +432,14 @@ COPY2D_ASYNC_HOOK(cudaMemcpy2DAsync_ptsz, 1)
  * DeviceToHost (from) unless the caller says DeviceToDevice or Default;
  * the symbol is device memory, so Default means "the other side decides".
  */
-static void count_symbol_copy(int to, const void *host, size_t n, enum cudaMemcpyKind k)
+static int count_symbol_copy(int to, const void *host, size_t n, enum cudaMemcpyKind k)
 {
 	if (k == cudaMemcpyDefault)
 		k = is_device_ptr(host) ? cudaMemcpyDeviceToDevice
 		    : to ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
 	if (k == cudaMemcpyDeviceToDevice || k == (to ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost))
-		count_copy(NULL, NULL, n, k);
+		return count_copy(NULL, NULL, n, k);
+	return -1;
 }
 
 #define TO_SYMBOL_HOOK(name, ptsz)                                        \
@@ -431,7 +451,7 @@ static void count_symbol_copy(int to, const void *host, size_t n, enum cudaMemcp
 		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
 		r = IN_RUNTIME(real_(sym, s, n, off, k));                 \
 		if (r == cudaSuccess)                                     \
-			count_symbol_copy(1, s, n, k);                    \
+			shim_task_copy(count_symbol_copy(1, s, n, k), n, 1); \
 		FWD_LOCAL(NULL, ptsz);                                    \
 		return r;                                                 \
 	}
@@ -447,7 +467,7 @@ TO_SYMBOL_HOOK(cudaMemcpyToSymbol_ptds, 1)
 		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
 		r = IN_RUNTIME(real_(sym, s, n, off, k, st));             \
 		if (r == cudaSuccess)                                     \
-			count_symbol_copy(1, s, n, k);                    \
+			shim_task_copy(count_symbol_copy(1, s, n, k), n, 0); \
 		FWD_LOCAL(st, ptsz);                                      \
 		return r;                                                 \
 	}
@@ -463,7 +483,7 @@ TO_SYMBOL_ASYNC_HOOK(cudaMemcpyToSymbolAsync_ptsz, 1)
 		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
 		r = IN_RUNTIME(real_(d, sym, n, off, k));                 \
 		if (r == cudaSuccess)                                     \
-			count_symbol_copy(0, d, n, k);                    \
+			shim_task_copy(count_symbol_copy(0, d, n, k), n, 1); \
 		FWD_LOCAL(NULL, ptsz);                                    \
 		return r;                                                 \
 	}
@@ -479,7 +499,7 @@ FROM_SYMBOL_HOOK(cudaMemcpyFromSymbol_ptds, 1)
 		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
 		r = IN_RUNTIME(real_(d, sym, n, off, k, st));             \
 		if (r == cudaSuccess)                                     \
-			count_symbol_copy(0, d, n, k);                    \
+			shim_task_copy(count_symbol_copy(0, d, n, k), n, 0); \
 		FWD_LOCAL(st, ptsz);                                      \
 		return r;                                                 \
 	}
@@ -523,6 +543,7 @@ SHIM_API cudaError_t cudaDeviceSynchronize(void)
 	FWD_FENCE(NULL, 0, SHIM_FENCE_ALL);
 	r = IN_RUNTIME(real_());
 	shim_sync_note();
+	shim_task_sync();
 	return r;
 }
 
@@ -534,6 +555,7 @@ SHIM_API cudaError_t cudaDeviceSynchronize(void)
 		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
 		r = IN_RUNTIME(real_(s));                                 \
 		shim_sync_note();                                         \
+		shim_task_sync();                                         \
 		return r;                                                 \
 	}
 STREAM_SYNC_HOOK(cudaStreamSynchronize, 0)
@@ -549,6 +571,7 @@ SHIM_API cudaError_t cudaEventSynchronize(cudaEvent_t e)
 	REAL(cudaEventSynchronize, NOSYM);
 	r = IN_RUNTIME(real_(e));
 	shim_sync_note();
+	shim_task_sync();
 	return r;
 }
 

@@ -111,7 +111,9 @@ static inline void shim_count_launch(const void *key)
 
 /* Device allocations: size remembered so that a free can subtract it. */
 void shim_alloc_note(const void *ptr, size_t size);
-void shim_free_note(const void *ptr);
+/* A free: take the record before the real call, settle it after. */
+void *shim_free_take(const void *ptr);
+void shim_free_done(void *token, int freed);
 
 void shim_sync_note(void);
 

@@ -150,11 +150,10 @@ void shim_alloc_note(const void *ptr, size_t size)
 	if (shim_in_runtime)   /* counted by the outermost hook (shim.h) */
 		return;
 	a = malloc(sizeof(*a));
-
+	if (!a)
+		return;   /* neither count nor bytes: a free of it then undoes nothing */
 	shim_add_signed(&shim_ctr->allocs_live, 1);
 	shim_add_signed(&shim_ctr->alloc_bytes_live, (int64_t)size);
-	if (!a)
-		return;   /* the size is forgotten; the count is still right */
 	a->ptr = ptr;
 	a->size = size;
 	pthread_mutex_lock(&alloc_lock);
@@ -163,14 +162,18 @@ void shim_alloc_note(const void *ptr, size_t size)
 	pthread_mutex_unlock(&alloc_lock);
 }
 
-void shim_free_note(const void *ptr)
+/*
+ * Take ptr's record out BEFORE the real free: once the runtime has freed
+ * it, another thread's allocation may return the same address and note
+ * it, and that record must not be the one this free removes.
+ */
+void *shim_free_take(const void *ptr)
 {
 	uint32_t h = hash_ptr(ptr) & (ALLOC_BUCKETS - 1);
 	struct alloc **pp, *a = NULL;
 
-	if (shim_in_runtime)
-		return;
-
+	if (shim_in_runtime || !ptr)
+		return NULL;
 	pthread_mutex_lock(&alloc_lock);
 	for (pp = &allocs[h]; *pp; pp = &(*pp)->next) {
 		if ((*pp)->ptr == ptr) {
@@ -180,9 +183,26 @@ void shim_free_note(const void *ptr)
 		}
 	}
 	pthread_mutex_unlock(&alloc_lock);
+	return a;   /* NULL: not ours (or failed allocation): nothing to undo */
+}
+
+/* After the real free: count it (freed), or put the record back. */
+void shim_free_done(void *token, int freed)
+{
+	struct alloc *a = token;
+	uint32_t h;
+
 	if (!a)
-		return;   /* not ours (or failed allocation): nothing to undo */
-	shim_add_signed(&shim_ctr->allocs_live, -1);
-	shim_add_signed(&shim_ctr->alloc_bytes_live, -(int64_t)a->size);
-	free(a);
+		return;
+	if (freed) {
+		shim_add_signed(&shim_ctr->allocs_live, -1);
+		shim_add_signed(&shim_ctr->alloc_bytes_live, -(int64_t)a->size);
+		free(a);
+		return;
+	}
+	h = hash_ptr(a->ptr) & (ALLOC_BUCKETS - 1);
+	pthread_mutex_lock(&alloc_lock);
+	a->next = allocs[h];
+	allocs[h] = a;
+	pthread_mutex_unlock(&alloc_lock);
 }

@@ -1,0 +1,130 @@
+/*
+ * shim_trace.h - the task layer inside libcolocate.so: what the launch,
+ * copy and sync hooks call (shim_task.c), the per-task trace (shim_trace.c)
+ * and queries (shim_query.c).  The library-call hooks use shim_task.h.
+ *
+ * Off path: a launch hook asks shim_task_hot(), one relaxed load of a
+ * process-wide word and a branch.  The word is non-zero while tracing is on
+ * (COLOCATE_TRACE) or while any thread has a library task open; only then
+ * does a launch take shim_task_launch() / shim_task_drv_begin().
+ */
+#ifndef COLOCATE_SHIM_TRACE_H
+#define COLOCATE_SHIM_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shim.h"
+#include "shim_task.h"
+
+/* bit 0: tracing on; plus SHIM_TASK_LIB_OPEN per open library task */
+#define SHIM_TASK_TRACING  1u
+#define SHIM_TASK_LIB_OPEN 2u
+extern unsigned shim_task_state;
+
+static inline int shim_task_hot(void)
+{
+	return __builtin_expect(__atomic_load_n(&shim_task_state, __ATOMIC_RELAXED) != 0, 0);
+}
+
+static inline int shim_tracing(void)
+{
+	return __atomic_load_n(&shim_task_state, __ATOMIC_RELAXED) & SHIM_TASK_TRACING;
+}
+
+/* --- tasks (shim_task.c) ------------------------------------------------ */
+
+/* A runtime launch while shim_task_hot(): makes it a task (or attributes it
+ * to the open library task), then runs it as the hook would have: forwarded
+ * when routed, else locally, counted.  Returns its cudaError_t. */
+int shim_task_launch(const struct shim_launch *l);
+
+/* The app synchronised (device, stream or event): queries inferred from
+ * copies may end, trace times may be resolved.  Cheap when neither applies. */
+void shim_task_sync(void);
+/* A successful copy of n bytes; kind is a cudaMemcpyKind with Default
+ * already resolved, or -1 for "not counted" (ignored).  blocking: cudaMemcpy
+ * rather than cudaMemcpyAsync. */
+void shim_task_copy(int kind, size_t n, int blocking);
+
+/* Tasks of this process so far, by kind. */
+void shim_task_counts(uint64_t *kernels, uint64_t *libraries);
+
+/* --- trace (shim_trace.c) ----------------------------------------------- */
+
+enum { SHIM_TASK_KERNEL = 1, SHIM_TASK_LIBRARY = 2 };
+/* which API the bracketing events go through */
+enum { SHIM_EV_NONE = 0, SHIM_EV_RT = 1, SHIM_EV_DRV = 2 };
+
+struct shim_trace_rec {
+	int kind;               /* SHIM_TASK_*                              */
+	int backend;            /* SHIM_EV_*: set by shim_trace_begin       */
+	int has_dims;
+	int has_query;
+	const char *name;       /* kernel: the name table's (stable) string */
+	char api[64];           /* library: the entry point's name, copied  */
+	uint32_t grid[3], block[3];
+	uint64_t shmem;
+	void *stream;
+	uint32_t quota;         /* SM share at launch time                  */
+	uint32_t route;         /* 0 local, else the pool worker's id       */
+	uint64_t query;         /* the query it belongs to (has_query)      */
+	uint64_t host_ns;       /* CLOCK_MONOTONIC when it was issued       */
+	void *ev[2];            /* start/end events, NULL when untimed      */
+	uint32_t nkernels;      /* library: kernels launched inside it      */
+	int rc;                 /* library: its status                      */
+	int64_t latency_ns;     /* query boundaries (shim_trace.c's own)    */
+	/* last: filling a record clears everything before params */
+	int nparams;
+	struct shim_task_param params[SHIM_TASK_MAX_PARAMS];
+};
+
+/* A driver launch while shim_task_hot() (outside a runtime hook): the hook
+ * fills the first fields, calls begin, the real launch, then end. */
+struct shim_task_drv {
+	const void *key;        /* CUfunction, or the graph exec           */
+	uint32_t grid[3], block[3];
+	uint32_t shmem;
+	void *stream;
+	int ptsz;
+	int graph;              /* cuGraphLaunch: no dims, no name         */
+	int state;              /* the task layer's: none, library, traced */
+	struct shim_trace_rec rec;
+};
+void shim_task_drv_begin(struct shim_task_drv *t);
+void shim_task_drv_end(struct shim_task_drv *t, int rc);
+
+/* Read COLOCATE_TRACE (a constructor does it once). */
+void shim_trace_init(void);
+/* Take events from the pool and record the start event on stream through
+ * the backend's real API (SHIM_EV_NONE: an untimed record). */
+void shim_trace_begin(struct shim_trace_rec *r, int backend, void *stream, int ptsz);
+/* Record the end event and queue the record; ok == 0 drops it (the launch
+ * failed: not a task). */
+void shim_trace_end(struct shim_trace_rec *r, int ok, void *stream, int ptsz);
+/* Resolve and write what has completed (never waits). */
+void shim_trace_poll(void);
+/* A query boundary ("query_begin" / "query_end") as a trace line. */
+void shim_trace_query(int begin, uint64_t id, uint64_t size, const char *rule, uint64_t t_ns,
+		      int64_t latency_ns);
+/* The backend for a task on the runtime (cudart) or the driver API. */
+int shim_trace_backend(int driver);
+
+/* --- queries (shim_query.c) ----------------------------------------------- */
+
+/* The query the calling thread is inside, if any: 1 and *id, else 0. */
+int shim_query_current(uint64_t *id);
+/* Inference's view of copies and syncs (shim_task_copy/_sync pass them on). */
+void shim_query_copy(int kind, size_t n, int blocking);
+void shim_query_sync(void);
+
+/* --- common fields (shim_task.c) --------------------------------------- */
+
+/* The SM share a task runs at: the route quota from the control block, else
+ * CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, else 100. */
+uint32_t shim_task_quota(void);
+/* The app's name as the controller knows it (COLOCATE_APP_NAME, else the
+ * executable's basename). */
+const char *shim_app_name(void);
+
+#endif
