@@ -11,7 +11,7 @@ NVCCFLAGS ?= -O2 -cudart shared $(NVCC_ARCH) -I shim/simgpu -I shim/include -I b
 TWINFLAGS := -O2 -g -fPIC -shared -Wall -I shim/simgpu
 
 # every bench/{progs,rodinia}/NAME/main.cu becomes bench/bin/NAME, its twins.c bench/bin/NAME.twins.so
-PROGS   := $(notdir $(wildcard bench/progs/* bench/rodinia/*))
+PROGS   := $(notdir $(patsubst %/main.cu,%,$(wildcard bench/progs/*/main.cu bench/rodinia/*/main.cu)))
 BINS    := $(addprefix bench/bin/,$(PROGS)) $(addprefix bench/bin/,$(addsuffix .twins.so,$(PROGS)))
 TESTPROGS := $(patsubst tests/progs/%.c,bench/bin/test-%,$(wildcard tests/progs/*.c))
 # one default-static-cudart build, for the real-GPU check of driver-level hooks

@@ -1,0 +1,43 @@
+/*
+ * gpu.h - a network plan on the GPU (gpu.cu): cuDNN and cuBLAS layers plus
+ * two small kernels of our own, on one stream, with pinned host staging.
+ */
+#ifndef TONIC_GPU_H
+#define TONIC_GPU_H
+
+#include <stddef.h>
+
+#include "net.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct gpu_net;
+
+/* Create handles, stream, descriptors and buffers for p and upload the
+ * parameters.  NULL on failure, with the reason in err. */
+struct gpu_net *gpu_net_open(const struct net_plan *p, const float *params, char *err,
+			     size_t errlen);
+
+/* Pinned host buffers: the input of a query goes to gpu_net_input()
+ * (max_size * unit_bytes), its result comes back in gpu_net_output()
+ * (max_size * out_per floats). */
+void *gpu_net_input(struct gpu_net *g);
+float *gpu_net_output(struct gpu_net *g);
+
+/*
+ * One query of `size` images / words already in gpu_net_input(): H2D copy,
+ * every layer, D2H copy, stream sync.  *device_s is the device time of all
+ * of it, between two CUDA events (modelled time on simgpu).  Returns 0, or
+ * -1 with the failing call in err.
+ */
+int gpu_net_run(struct gpu_net *g, int size, double *device_s, char *err, size_t errlen);
+
+void gpu_net_close(struct gpu_net *g);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
