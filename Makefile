@@ -35,19 +35,21 @@ native: $(VENV)/.installed
 progs: $(BINS) $(TESTPROGS) $(STATIC)
 
 COMMON_H := $(wildcard bench/common/*.h shim/include/*.h)
-bench/bin/%: bench/progs/%/main.cu $(COMMON_H)
+# a program also depends on the headers in its own folder ($$* is its name)
+.SECONDEXPANSION:
+bench/bin/%: bench/progs/%/main.cu $(COMMON_H) $$(wildcard bench/progs/$$*/*.h)
 	@mkdir -p bench/bin
 	$(NVCC) $(NVCCFLAGS) -o $@ $<
 
-bench/bin/%: bench/rodinia/%/main.cu $(COMMON_H)
+bench/bin/%: bench/rodinia/%/main.cu $(COMMON_H) $$(wildcard bench/rodinia/$$*/*.h)
 	@mkdir -p bench/bin
 	$(NVCC) $(NVCCFLAGS) -o $@ $<
 
-bench/bin/%.twins.so: bench/progs/%/twins.c shim/simgpu/simgpu_twin.h
+bench/bin/%.twins.so: bench/progs/%/twins.c shim/simgpu/simgpu_twin.h $$(wildcard bench/progs/$$*/*.h)
 	@mkdir -p bench/bin
 	$(CC) $(TWINFLAGS) -o $@ $< -lm
 
-bench/bin/%.twins.so: bench/rodinia/%/twins.c shim/simgpu/simgpu_twin.h
+bench/bin/%.twins.so: bench/rodinia/%/twins.c shim/simgpu/simgpu_twin.h $$(wildcard bench/rodinia/$$*/*.h)
 	@mkdir -p bench/bin
 	$(CC) $(TWINFLAGS) -o $@ $< -lm
 
