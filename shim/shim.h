@@ -87,6 +87,8 @@ struct shim_kernel *shim_kernel_add(const void *key, const char *name);
 /* Make key2 an alias of key's entry (e.g. cudaKernel_t of a host stub). */
 void shim_kernel_alias(const void *key, const void *key2);
 struct shim_kernel *shim_kernel_find(const void *key);
+/* A key never registered: its name from the runtime (cudaFuncGetName), or "?". */
+struct shim_kernel *shim_kernel_learn(const void *key);
 /* Visit every kernel launched at least once. */
 void shim_kernel_each(void (*fn)(const struct shim_kernel *k, void *arg), void *arg);
 int shim_kernel_table_full(void);
@@ -104,6 +106,8 @@ static inline void shim_count_launch(const void *key)
 	if (shim_in_runtime)
 		return;
 	k = shim_kernel_find(key);
+	if (__builtin_expect(!k, 0))
+		k = shim_kernel_learn(key);
 	shim_add(&shim_ctr->launches, 1);
 	if (k)
 		shim_add(&k->launches, 1);

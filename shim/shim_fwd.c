@@ -367,6 +367,8 @@ static struct fkernel *kernel_info(const void *key)
 	uint32_t n = 0, total = 0;
 	REAL_FN(param_info, "cudaFuncGetParamInfo");
 
+	if (!sk)
+		sk = shim_kernel_learn(key);
 	if (!sk || !sk->name || !strcmp(sk->name, "?"))
 		return &not_forwardable;
 	if (sk->fwd)

@@ -13,6 +13,8 @@
 #define _GNU_SOURCE
 #include "shim.h"
 
+#include <cuda_runtime_api.h>
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +132,32 @@ void shim_kernel_each(void (*fn)(const struct shim_kernel *k, void *arg), void *
 	for (i = 0; i < n; i++)
 		if (__atomic_load_n(&kernels[i].launches, __ATOMIC_RELAXED))
 			fn(&kernels[i], arg);
+}
+
+/*
+ * A launch of a key nobody registered (a library's kernel handle, made by
+ * its runtime without __cudaRegisterFunction): ask the runtime its name
+ * once, and remember "?" when it has none, so this costs one call per key.
+ */
+struct shim_kernel *shim_kernel_learn(const void *key)
+{
+	static cudaError_t (*get_name)(const char **, const void *);
+	static int looked;
+	const char *name = NULL;
+
+	if (!key || shim_kernel_table_full())
+		return NULL;
+	if (!__atomic_load_n(&looked, __ATOMIC_ACQUIRE)) {
+		*(void **)&get_name = shim_real_rt("cudaFuncGetName");
+		__atomic_store_n(&looked, 1, __ATOMIC_RELEASE);
+	}
+	if (get_name) {
+		shim_in_runtime++;
+		if (get_name(&name, key) != cudaSuccess)
+			name = NULL;
+		shim_in_runtime--;
+	}
+	return shim_kernel_add(key, name ? name : "?");
 }
 
 /* ------------------------------------------------------------------ */

@@ -129,6 +129,22 @@ def test_hotspot_identical_local_forwarded_and_switched(slow_rig):
     assert "lost" not in err and "bad frame" not in rig.worker_log(1)
 
 
+def test_library_kernels_forwarded_with_the_library_twins(rig):
+    """cuDNN/cuBLAS kernels (simgpu's CPU libraries make them without
+    __cudaRegisterFunction) are named through cudaFuncGetName and forwarded;
+    the worker loads the libraries' twins from the app's HELLO."""
+    if not (BIN / "tonic-service").exists():
+        pytest.skip("tonic-service not built")
+    rig.start_worker(1, 30)
+    args = ("--net", "dig", "--check", "--size", "4")
+    out_l, _, c_l = rig.run("tonic-service", *args)
+    out_f, _, c_f = rig.run("tonic-service", *args, routes=1)
+    assert "PASS tonic-dig" in out_f
+    sums = [re.search(r"checksum=(\w+)", o).group(1) for o in (out_l, out_f)]
+    assert sums[0] == sums[1]
+    assert c_f["launches"] == c_l["launches"] == c_f["forwarded"] > 0
+
+
 def test_two_apps_share_a_worker(rig):
     rig.start_worker(1, 50)
     a = rig.app("hotspot", *HOT)
@@ -455,12 +471,12 @@ def launch(seq: int, kid: int, args: bytes, sidx: int = 0) -> bytes:
 def test_ring_runs_launches_and_refuses_garbage(fuzz_worker):
     r = fuzz_worker
     before = r.stats(5)["forwarded"]
-    app = RingApp(r, 5)
+    app = RingApp(r, 5, twins=str(BIN / "vecadd.twins.so"))
     try:
-        # a kernel without a host twin: simgpu times it and does nothing
-        app.write(define(0, b"_Z11ring_no_opPii", [(0, 8), (8, 4)], 16))
+        # vecadd's twin with n = 0 touches no memory
+        app.write(define(0, b"_Z6vecaddPKfS0_Pfi", [(0, 8), (8, 8), (16, 8), (24, 4)], 32))
         for seq in (1, 2, 3):
-            app.write(launch(seq, 0, struct.pack("<Qi4x", 0, seq)))
+            app.write(launch(seq, 0, struct.pack("<QQQi4x", 0, 0, 0, 0)))
         app.settle()
         end = time.monotonic() + 3
         while app.u64(OFF_DONE) != 3:
@@ -472,6 +488,23 @@ def test_ring_runs_launches_and_refuses_garbage(fuzz_worker):
         app.settle()
         assert app.refused() == 4                       # FWD_E_UNKNOWN_KERNEL
         assert "refusing its launch ring" in r.worker_log(5)
+    finally:
+        app.close()
+    assert r.stats(5)["state"] == "ready"
+
+
+def test_kernel_without_a_twin_is_refused_not_run_as_a_no_op(fuzz_worker):
+    """On simgpu a kernel the worker has no host twin for would run as a timed
+    no-op, silently dropping the app's work: the worker refuses it instead
+    (the app then replays it locally, where its libraries have the twin)."""
+    r = fuzz_worker
+    app = RingApp(r, 5, name="notwin")
+    try:
+        app.write(define(0, b"_Z11ring_no_opPii", [(0, 8), (8, 4)], 16))
+        app.write(launch(1, 0, struct.pack("<Qi4x", 0, 1)))
+        app.settle()
+        assert app.refused() != 0 and app.u64(OFF_EXECUTED) == 0
+        assert "no host twin for _Z11ring_no_opPii" in r.worker_log(5)
     finally:
         app.close()
     assert r.stats(5)["state"] == "ready"

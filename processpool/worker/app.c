@@ -292,6 +292,17 @@ const char *w_app_define(struct wapp *a, const struct fwd_define *m,
 	k->handle = define_handle(k);
 	if (!k->handle)
 		w_log("app %s: no kernel handle for %s; its launches will fail", a->name, k->name);
+	/* simgpu runs a kernel without a host twin as a timed no-op: here that
+	 * would silently drop the app's work, so refuse it (the app replays
+	 * locally, where its own libraries provide the twin) */
+	if (k->handle && W.has_twin && W.has_twin(k->name) == 0) {
+		w_log("app %s: no host twin for %s in this worker (twin libraries come from the "
+		      "app's HELLO); refusing it", a->name, k->name);
+		free(k->params);
+		free(k->name);
+		free(k);
+		return "no host twin for this kernel in the worker";
+	}
 	a->kernels[m->kid] = k;
 	return NULL;
 }

@@ -286,6 +286,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	*(void **)&W.kernel_by_name = dlsym(RTLD_DEFAULT, "simgpu_kernel_by_name");
+	*(void **)&W.has_twin = dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin");
 	/* with the layout, a launch copies its arguments and returns at once */
 	*(void **)&W.kernel_define = dlsym(RTLD_DEFAULT, "simgpu_kernel_define_layout");
 	W.has_by_name = W.kernel_by_name != NULL;

@@ -115,6 +115,7 @@ struct wglobal {
 	int closing;
 	int has_by_name;               /* simgpu_kernel_by_name is available    */
 	void *(*kernel_by_name)(const char *);
+	int (*has_twin)(const char *);   /* simgpu: 1 twin, 0 none, -1 unknown   */
 	void *(*kernel_define)(const char *, int, const unsigned *, const unsigned *);
 	int (*map_peer)(const void *);  /* simgpu: (re)map an app's arena       */
 	char device[4096];             /* realpath($SIMGPU_DIR) or ""           */

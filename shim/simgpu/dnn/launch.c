@@ -18,6 +18,11 @@
 /* simgpu's export (shim/simgpu/kernels.c); no header of its own. */
 void *simgpu_kernel_define(const char *mangled, int n, const unsigned *sizes);
 
+/* Marks this library as one that carries host twins: a shim forwarding
+ * this process's launches to a process-pool worker names it in its HELLO,
+ * so that the worker loads it and can run our kernels too. */
+SGPU_EXPORT const int simgpu_twin_library = 1;
+
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
 
 /*
