@@ -41,7 +41,7 @@ T_HELLO, T_HELLO_REPLY, T_DEFINE, T_LAUNCH, T_BYE, T_ERROR = 1, 2, 3, 4, 5, 6
 
 # hotspot: launches spread over time (a copy, i.e. a fence, every 6 launches),
 # so that route changes land between launches while it runs
-HOT = ["--size", "64", "--iters", "6", "--repeat", "50", "--check"]
+HOT = ["--size", "64", "--iters", "6", "--repeat", "50", "--pyramid", "1", "--check"]
 
 
 def result_of(out: str) -> dict[str, str]:
@@ -178,7 +178,7 @@ def test_worker_killed_mid_run_replays_locally(slow_rig):
     rig = slow_rig
     w = rig.start_worker(1, 10)
     # all launches queued at once: the app then waits in its last sync
-    p = rig.app("hotspot", "--size", "64", "--iters", "300", "--check",
+    p = rig.app("hotspot", "--size", "64", "--iters", "300", "--pyramid", "1", "--check",
                 COLOCATE_REPLAY_IN_DOUBT="1")
     rig.cb.set_route(rig.slot_of(p), 1, 10)
     time.sleep(0.6)
@@ -194,7 +194,7 @@ def test_worker_killed_mid_run_replays_locally(slow_rig):
     assert c["launches"] == 300 and 0 < c["forwarded"] < 300
     assert c["forwarded"] + int(m.group(2)) == 300
     # bit for bit the result of a local run
-    out_local, _, _ = rig.run("hotspot", "--size", "64", "--iters", "300", "--check", **rig.fast)
+    out_local, _, _ = rig.run("hotspot", "--size", "64", "--iters", "300", "--pyramid", "1", "--check", **rig.fast)
     assert result_of(out) == result_of(out_local)
 
 
@@ -204,7 +204,7 @@ def test_worker_killed_mid_kernel_reports_the_launch_in_doubt(slow_rig):
     launch failure at its next call, every other launch runs exactly once."""
     rig = slow_rig
     w = rig.start_worker(1, 10)
-    p = rig.app("hotspot", "--size", "64", "--iters", "300", "--check")
+    p = rig.app("hotspot", "--size", "64", "--iters", "300", "--pyramid", "1", "--check")
     rig.cb.set_route(rig.slot_of(p), 1, 10)
     time.sleep(0.6)              # 3.5 ms kernels back to back: one is running
     w.kill()
@@ -227,14 +227,14 @@ def test_worker_stopped_mid_run_finishes_then_hands_back(slow_rig):
     app carries on locally with the same result."""
     rig = slow_rig
     w = rig.start_worker(1, 40)
-    p = rig.app("hotspot", "--size", "64", "--iters", "150", "--check")
+    p = rig.app("hotspot", "--size", "64", "--iters", "150", "--pyramid", "1", "--check")
     rig.cb.set_route(rig.slot_of(p), 1, 40)
     time.sleep(0.4)
     w.send_signal(signal.SIGTERM)
     assert w.wait(10) == 0
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, out + err
-    out_local, _, _ = rig.run("hotspot", "--size", "64", "--iters", "150", "--check", **rig.fast)
+    out_local, _, _ = rig.run("hotspot", "--size", "64", "--iters", "150", "--pyramid", "1", "--check", **rig.fast)
     assert result_of(out) == result_of(out_local)
     assert "shutting down" in rig.worker_log(1)
 

@@ -77,8 +77,8 @@ def test_one_record_per_launch_with_its_shape_and_device_time(tmp_path):
 
 def test_hotspot_grid_block_and_duration_scale_with_the_work(tmp_path):
     small, big = tmp_path / "s.jsonl", tmp_path / "b.jsonl"
-    run([BIN / "hotspot", "--size", "80", "--iters", "6"], sim_env(tmp_path, small))
-    run([BIN / "hotspot", "--size", "320", "--iters", "2"], sim_env(tmp_path, big))
+    run([BIN / "hotspot", "--size", "80", "--iters", "6", "--pyramid", "1"], sim_env(tmp_path, small))
+    run([BIN / "hotspot", "--size", "320", "--iters", "2", "--pyramid", "1"], sim_env(tmp_path, big))
     ks, kb = tasks(records(small)), tasks(records(big))
     assert len(ks) == 6 and len(kb) == 2
     assert all(k["grid"] == [5, 5, 1] and k["block"] == [16, 16, 1] for k in ks)
@@ -351,7 +351,7 @@ def test_colocate_trace_csv_and_jsonl(tmp_path):
 
     # default output: NAME.trace.jsonl in the current directory
     r = subprocess.run([PY, "-m", "controlplane.cli", "trace", "vt2", "--device", "sim", "--runtime-dir",
-                        str(tmp_path / "rd"), "--", str(BIN / "hotspot"), "--size", "32", "--iters", "2"],
+                        str(tmp_path / "rd"), "--", str(BIN / "hotspot"), "--size", "32", "--iters", "2", "--pyramid", "1"],
                        env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
