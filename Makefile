@@ -8,7 +8,7 @@ CUDA_HOME ?= $(firstword $(wildcard /usr/local/cuda) $(patsubst %/bin/nvcc,%,$(r
 # sm_90 for the H100/H200 we validate on, plus PTX so newer GPUs JIT it.
 NVCC_ARCH ?= -gencode arch=compute_90,code=[sm_90,compute_90]
 NVCCFLAGS ?= -O2 -cudart shared $(NVCC_ARCH) -I shim/simgpu -I shim/include -I bench/common
-TWINFLAGS := -O2 -g -fPIC -shared -Wall -I shim/simgpu
+TWINFLAGS := -O2 -g -fPIC -shared -Wall -I shim/simgpu -I bench/common
 
 # every bench/{progs,rodinia}/NAME/main.cu becomes bench/bin/NAME, its twins.c bench/bin/NAME.twins.so
 PROGS   := $(notdir $(patsubst %/main.cu,%,$(wildcard bench/progs/*/main.cu bench/rodinia/*/main.cu)))
@@ -49,7 +49,7 @@ bench/bin/%.twins.so: bench/progs/%/twins.c shim/simgpu/simgpu_twin.h $$(wildcar
 	@mkdir -p bench/bin
 	$(CC) $(TWINFLAGS) -o $@ $< -lm
 
-bench/bin/%.twins.so: bench/rodinia/%/twins.c shim/simgpu/simgpu_twin.h $$(wildcard bench/rodinia/$$*/*.h)
+bench/bin/%.twins.so: bench/rodinia/%/twins.c shim/simgpu/simgpu_twin.h $(COMMON_H) $$(wildcard bench/rodinia/$$*/*.h)
 	@mkdir -p bench/bin
 	$(CC) $(TWINFLAGS) -o $@ $< -lm
 

@@ -131,18 +131,6 @@ static void cpu_bfs(int n, const Node *nodes, const int *edges, int *cost)
 	free(queue);
 }
 
-static double arg_seconds(int argc, char **argv, int *i)
-{
-	if (*i + 1 >= argc)
-		fail("%s needs a value%s", argv[*i], "");
-	char *end;
-	double v = strtod(argv[*i + 1], &end);
-	if (*end || end == argv[*i + 1] || !(v >= 0 && v <= 1e7))
-		fail("bad value for %s: %s", argv[*i], argv[*i + 1]);
-	*i += 1;
-	return v;
-}
-
 int main(int argc, char **argv)
 {
 	long long size = 1000000, degree = 6, seed = 1, repeat = 1;
@@ -247,14 +235,10 @@ int main(int argc, char **argv)
 	printf("BFS nodes=%d edges=%lld levels=%lld reached=%d max_cost=%d runs=%lld "
 	       "elapsed_s=%.6f\n", n, nedges, levels, reached, maxcost, runs, elapsed);
 	printf("STATS launches=%llu h2d_bytes=%llu d2h_bytes=%llu\n", launches, h2d, d2h);
-	printf("THROUGHPUT %s iters_per_s=%.3f iters=%lld seconds=%.6f\n", NAME,
-	       elapsed > 0 ? runs / elapsed : 0.0, runs, elapsed);
+	print_throughput(runs, elapsed);
 	int rc = 0;
 	if (check) {
-		unsigned long long hsh = 0xcbf29ce484222325ULL;
-		const unsigned char *p = (const unsigned char *)out;
-		for (size_t i = 0; i < ib; i++)
-			hsh = (hsh ^ p[i]) * 0x100000001b3ULL;
+		unsigned long long hsh = fnv1a64(FNV1A64_INIT, out, ib);
 		printf("CHECK fnv1a64=%016llx\n", hsh);
 		int *ref = (int *)malloc(ib);
 		if (!ref)

@@ -22,9 +22,9 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include "simgpu_twin.h"
+#include "sectors.h"
 
 #define MAX_THREADS_PER_BLOCK 512   /* the kernels index with this, not blockDim */
-#define SECTOR 32
 
 struct Node {
 	int starting;
@@ -35,49 +35,6 @@ static __thread struct {
 	const simgpu_launch *l;
 	double flops, bytes;
 } note;
-
-/* The sectors one block touches in one array: a stamp per sector says
- * which block counted it last, so a block counts each sector once and the
- * next block starts afresh without clearing anything.  Without memory for
- * the stamps every touch counts, an upper bound. */
-struct sectors {
-	unsigned *stamp;
-	size_t n;
-	unsigned block;      /* current block + 1 */
-	double count;
-};
-
-static void sectors_open(struct sectors *s, size_t bytes)
-{
-	s->n = bytes / SECTOR + 1;
-	s->stamp = calloc(s->n, sizeof(unsigned));
-	s->block = 1;
-	s->count = 0;
-}
-
-static void sectors_next_block(struct sectors *s)
-{
-	s->block++;
-}
-
-static void touch(struct sectors *s, size_t off)
-{
-	size_t k = off / SECTOR;
-
-	if (s->stamp && k < s->n) {
-		if (s->stamp[k] == s->block)
-			return;
-		s->stamp[k] = s->block;
-	}
-	s->count++;
-}
-
-static double sectors_close(struct sectors *s)
-{
-	free(s->stamp);
-	s->stamp = NULL;
-	return s->count * SECTOR;
-}
 
 /* Threads of the grid that have a node (tid < n), as the kernels number them. */
 static long threads_in(const simgpu_launch *l, int n)

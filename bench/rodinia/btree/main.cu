@@ -204,18 +204,6 @@ static int bound(const int *keys, int n, int k, int upper)
 	return lo;
 }
 
-static double arg_seconds(int argc, char **argv, int *i)
-{
-	if (*i + 1 >= argc)
-		fail("%s needs a value%s", argv[*i], "");
-	char *end;
-	double v = strtod(argv[*i + 1], &end);
-	if (*end || end == argv[*i + 1] || !(v >= 0 && v <= 1e7))
-		fail("bad value for %s: %s", argv[*i], argv[*i + 1]);
-	*i += 1;
-	return v;
-}
-
 int main(int argc, char **argv)
 {
 	long long size = 1000000, nq = 10000, nr = 6000, width = 3000, seed = 1, repeat = 1;
@@ -322,16 +310,12 @@ int main(int argc, char **argv)
 	printf("BTREE records=%d knodes=%d height=%d queries=%d hits=%d ranges=%d range_size=%lld "
 	       "runs=%lld elapsed_s=%.6f\n", n, nelem, height, K, hits, J, width, runs, elapsed);
 	printf("STATS launches=%llu h2d_bytes=%llu d2h_bytes=%llu\n", launches, h2d, d2h);
-	printf("THROUGHPUT %s iters_per_s=%.3f iters=%lld seconds=%.6f\n", NAME,
-	       elapsed > 0 ? runs / elapsed : 0.0, runs, elapsed);
+	print_throughput(runs, elapsed);
 	int rc = 0;
 	if (check) {
-		unsigned long long hsh = 0xcbf29ce484222325ULL;
-		const int *outs[3] = {ans, rs, rl};
-		size_t lens[3] = {kb, jb, jb};
-		for (int a = 0; a < 3; a++)
-			for (size_t i = 0; i < lens[a]; i++)
-				hsh = (hsh ^ ((const unsigned char *)outs[a])[i]) * 0x100000001b3ULL;
+		unsigned long long hsh = fnv1a64(FNV1A64_INIT, ans, kb);
+		hsh = fnv1a64(hsh, rs, jb);
+		hsh = fnv1a64(hsh, rl, jb);
 		printf("CHECK fnv1a64=%016llx\n", hsh);
 		long long bad = 0;
 		char first[160] = "";

@@ -22,9 +22,9 @@
 #include <limits.h>
 #include <stdlib.h>
 #include "simgpu_twin.h"
+#include "sectors.h"
 
 #define ORDER 256
-#define SECTOR 32
 
 struct knode {
 	int location;
@@ -33,55 +33,6 @@ struct knode {
 	int is_leaf;
 	int num_keys;
 };
-
-/* The sectors one block touches in one array: a stamp per sector says
- * which block counted it last, so a block counts each sector once and the
- * next block starts afresh without clearing anything.  Without memory for
- * the stamps every touch counts, an upper bound. */
-struct sectors {
-	unsigned *stamp;
-	size_t n;
-	unsigned block;      /* current block + 1 */
-	double count;
-};
-
-static void sectors_open(struct sectors *s, size_t bytes)
-{
-	s->n = bytes / SECTOR + 1;
-	s->stamp = calloc(s->n, sizeof(unsigned));
-	s->block = 1;
-	s->count = 0;
-}
-
-static void sectors_next_block(struct sectors *s)
-{
-	s->block++;
-}
-
-static void touch(struct sectors *s, size_t off)
-{
-	size_t k = off / SECTOR;
-
-	if (s->stamp && k < s->n) {
-		if (s->stamp[k] == s->block)
-			return;
-		s->stamp[k] = s->block;
-	}
-	s->count++;
-}
-
-static void touch_range(struct sectors *s, size_t off, size_t len)
-{
-	for (size_t k = off / SECTOR; len && k <= (off + len - 1) / SECTOR; k++)
-		touch(s, k * SECTOR);
-}
-
-static double sectors_close(struct sectors *s)
-{
-	free(s->stamp);
-	s->stamp = NULL;
-	return s->count * SECTOR;
-}
 
 /* What a walk needs: the tree, its size, the block's thread count and,
  * when costing, where to count the sectors (NULL: not counting). */

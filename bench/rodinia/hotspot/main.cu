@@ -183,18 +183,6 @@ static void cpu_step(const float *power, const float *src, float *dst, int rows,
 		}
 }
 
-static double arg_seconds(int argc, char **argv, int *i)
-{
-	if (*i + 1 >= argc)
-		fail("%s needs a value%s", argv[*i], "");
-	char *end;
-	double v = strtod(argv[*i + 1], &end);
-	if (*end || end == argv[*i + 1] || !(v >= 0 && v <= 1e7))
-		fail("bad value for %s: %s", argv[*i], argv[*i + 1]);
-	*i += 1;
-	return v;
-}
-
 int main(int argc, char **argv)
 {
 	long long size = 512, iters = 20, pyramid = 2, repeat = 1;
@@ -321,14 +309,10 @@ int main(int argc, char **argv)
 	       size, iters, pyramid, runs, elapsed, elapsed > 0 ? total_iters / elapsed : 0.0,
 	       max_err, tmin, tmax);
 	printf("STATS launches=%llu h2d_bytes=%llu d2h_bytes=%llu\n", launches, h2d, d2h);
-	printf("THROUGHPUT %s iters_per_s=%.3f iters=%lld seconds=%.6f\n", NAME,
-	       elapsed > 0 ? runs / elapsed : 0.0, runs, elapsed);
+	print_throughput(runs, elapsed);
 	if (check) {
 		/* FNV-1a over the output grid's bytes */
-		unsigned long long hsh = 0xcbf29ce484222325ULL;
-		const unsigned char *p = (const unsigned char *)out;
-		for (size_t i = 0; i < bytes; i++)
-			hsh = (hsh ^ p[i]) * 0x100000001b3ULL;
+		unsigned long long hsh = fnv1a64(FNV1A64_INIT, out, bytes);
 		printf("CHECK fnv1a64=%016llx\n", hsh);
 	}
 	if (bad) {

@@ -58,18 +58,6 @@ static const char *NAME = "lavamd";
 #define ALPHA 0.5
 
 /* `--duration S`: seconds, fractions allowed */
-static double arg_seconds(int argc, char **argv, int *i)
-{
-	if (*i + 1 >= argc)
-		fail("%s needs a value%s", argv[*i], "");
-	char *end;
-	double v = strtod(argv[*i + 1], &end);
-	if (*end || end == argv[*i + 1] || !(v >= 0 && v <= 1e7))
-		fail("bad value for %s: %s", argv[*i], argv[*i + 1]);
-	*i += 1;
-	return v;
-}
-
 // Block = home box.  nn[b] boxes in nei[b * 27 ...], the home box first.
 // rv: 4 doubles per particle, qv: 1, fv: 4 (zeroed by the host).
 // Dynamic shared memory: 9 P doubles (home positions, neighbour positions
@@ -274,14 +262,11 @@ int main(int argc, char **argv)
 	printf("LAVAMD boxes=%lld par=%lld accum=%s runs=%lld elapsed_s=%.6f v0=%.9g x0=%.9g\n",
 	       b1, par, global_acc ? "global" : "reg", runs, elapsed, fv[0], fv[1]);
 	printf("STATS launches=%llu h2d_bytes=%llu d2h_bytes=%llu\n", launches, h2d, d2h);
-	printf("THROUGHPUT %s iters_per_s=%.3f iters=%lld seconds=%.6f\n", NAME,
-	       elapsed > 0 ? runs / elapsed : 0.0, runs, elapsed);
+	print_throughput(runs, elapsed);
 	if (!check)
 		return 0;
 
-	unsigned long long hsh = 0xcbf29ce484222325ULL;     /* FNV-1a of the result */
-	for (size_t i = 0; i < rbytes; i++)
-		hsh = (hsh ^ ((const unsigned char *)fv)[i]) * 0x100000001b3ULL;
+	unsigned long long hsh = fnv1a64(FNV1A64_INIT, fv, rbytes);
 	printf("CHECK fnv1a64=%016llx\n", hsh);
 	double *ref = (double *)malloc(rbytes);
 	if (!ref)

@@ -56,18 +56,6 @@ static const char *NAME = "lud";
 #include "progutil.h"
 
 /* `--duration S`: seconds, fractions allowed */
-static double arg_seconds(int argc, char **argv, int *i)
-{
-	if (*i + 1 >= argc)
-		fail("%s needs a value%s", argv[*i], "");
-	char *end;
-	double v = strtod(argv[*i + 1], &end);
-	if (*end || end == argv[*i + 1] || !(v >= 0 && v <= 1e7))
-		fail("bad value for %s: %s", argv[*i], argv[*i + 1]);
-	*i += 1;
-	return v;
-}
-
 #define BS 16            /* tile edge (Rodinia's BLOCK_SIZE) */
 #define PAD (BS + 1)     /* row pitch of shared tiles walked down a column:
 			    no bank conflicts when each thread owns a row */
@@ -251,14 +239,11 @@ int main(int argc, char **argv)
 	printf("LUD size=%lld runs=%lld elapsed_s=%.6f u00=%.6f u_last=%.6f\n", n, runs, elapsed,
 	       out[0], out[cells - 1]);
 	printf("STATS launches=%llu h2d_bytes=%llu d2h_bytes=%llu\n", launches, h2d, d2h);
-	printf("THROUGHPUT %s iters_per_s=%.3f iters=%lld seconds=%.6f\n", NAME,
-	       elapsed > 0 ? runs / elapsed : 0.0, runs, elapsed);
+	print_throughput(runs, elapsed);
 	if (!check)
 		return 0;
 
-	unsigned long long hsh = 0xcbf29ce484222325ULL;     /* FNV-1a of the result */
-	for (size_t i = 0; i < bytes; i++)
-		hsh = (hsh ^ ((const unsigned char *)out)[i]) * 0x100000001b3ULL;
+	unsigned long long hsh = fnv1a64(FNV1A64_INIT, out, bytes);
 	printf("CHECK fnv1a64=%016llx\n", hsh);
 	double *ref = (double *)malloc(cells * sizeof(double));
 	if (!ref)

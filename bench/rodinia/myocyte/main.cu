@@ -58,19 +58,6 @@ static const char *NAME = "myocyte";
 #define THREADS 128
 #define NOUT (LR1_NY + 1)        /* state variables, then the peak voltage */
 
-/* a real-valued option in [lo, hi] */
-static double arg_real(int argc, char **argv, int *i, double lo, double hi)
-{
-	if (*i + 1 >= argc)
-		fail("%s needs a value%s", argv[*i], "");
-	char *end;
-	double v = strtod(argv[*i + 1], &end);
-	if (*end || end == argv[*i + 1] || !(v >= lo && v <= hi))
-		fail("bad value for %s: %s", argv[*i], argv[*i + 1]);
-	*i += 1;
-	return v;
-}
-
 // Cell c: variables y[k * ncells + c] (k < 8), peak V at y[8 * ncells + c],
 // parameters p[k * ncells + c].  Steps s0 .. s0 + nsteps - 1.
 __global__ void myocyte_kernel(double *y, const double *p, int ncells, long long s0,
@@ -190,14 +177,11 @@ int main(int argc, char **argv)
 	       "fired=%d v0=%.6f\n",
 	       n, tmax, dt, steps, runs, elapsed, fired, out[0]);
 	printf("STATS launches=%llu h2d_bytes=%llu d2h_bytes=%llu\n", launches, h2d, d2h);
-	printf("THROUGHPUT %s iters_per_s=%.3f iters=%lld seconds=%.6f\n", NAME,
-	       elapsed > 0 ? runs / elapsed : 0.0, runs, elapsed);
+	print_throughput(runs, elapsed);
 	if (!check)
 		return 0;
 
-	unsigned long long hsh = 0xcbf29ce484222325ULL;     /* FNV-1a of the result */
-	for (size_t i = 0; i < ybytes; i++)
-		hsh = (hsh ^ ((const unsigned char *)out)[i]) * 0x100000001b3ULL;
+	unsigned long long hsh = fnv1a64(FNV1A64_INIT, out, ybytes);
 	printf("CHECK fnv1a64=%016llx\n", hsh);
 	size_t bad = 0, worst = 0, silent = 0;
 	double max_rel = 0;

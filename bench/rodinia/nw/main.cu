@@ -129,18 +129,6 @@ static uint64_t splitmix64(uint64_t *s)
 	return z ^ (z >> 31);
 }
 
-static double arg_seconds(int argc, char **argv, int *i)
-{
-	if (*i + 1 >= argc)
-		fail("%s needs a value%s", argv[*i], "");
-	char *end;
-	double v = strtod(argv[*i + 1], &end);
-	if (*end || end == argv[*i + 1] || !(v >= 0 && v <= 1e7))
-		fail("bad value for %s: %s", argv[*i], argv[*i + 1]);
-	*i += 1;
-	return v;
-}
-
 int main(int argc, char **argv)
 {
 	long long size = 2048, penalty = 10, seed = 1, repeat = 1;
@@ -222,13 +210,10 @@ int main(int argc, char **argv)
 	printf("NW size=%d penalty=%d score=%d launches_per_run=%d runs=%lld elapsed_s=%.6f\n", n,
 	       pen, final_score, 2 * nblk - 1, runs, elapsed);
 	printf("STATS launches=%llu h2d_bytes=%llu d2h_bytes=%llu\n", launches, h2d, d2h);
-	printf("THROUGHPUT %s iters_per_s=%.3f iters=%lld seconds=%.6f\n", NAME,
-	       elapsed > 0 ? runs / elapsed : 0.0, runs, elapsed);
+	print_throughput(runs, elapsed);
 	int rc = 0;
 	if (check) {
-		unsigned long long hsh = 0xcbf29ce484222325ULL;
-		for (size_t i = 0; i < bytes; i++)
-			hsh = (hsh ^ ((const unsigned char *)out)[i]) * 0x100000001b3ULL;
+		unsigned long long hsh = fnv1a64(FNV1A64_INIT, out, bytes);
 		printf("CHECK fnv1a64=%016llx\n", hsh);
 		int *f = init;   /* not needed any more: the reference fills it in */
 		for (int i = 1; i < cols; i++)

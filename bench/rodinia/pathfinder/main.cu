@@ -91,18 +91,6 @@ static uint64_t splitmix64(uint64_t *s)
 	return z ^ (z >> 31);
 }
 
-static double arg_seconds(int argc, char **argv, int *i)
-{
-	if (*i + 1 >= argc)
-		fail("%s needs a value%s", argv[*i], "");
-	char *end;
-	double v = strtod(argv[*i + 1], &end);
-	if (*end || end == argv[*i + 1] || !(v >= 0 && v <= 1e7))
-		fail("bad value for %s: %s", argv[*i], argv[*i + 1]);
-	*i += 1;
-	return v;
-}
-
 int main(int argc, char **argv)
 {
 	long long cols = 100000, rows = 100, pyramid = 20, seed = 1, repeat = 1;
@@ -183,13 +171,10 @@ int main(int argc, char **argv)
 	printf("PATHFINDER cols=%d rows=%d pyramid=%d launches_per_run=%d min_path=%lld runs=%lld "
 	       "elapsed_s=%.6f\n", C, R, P, (R - 1 + P - 1) / P, best, runs, elapsed);
 	printf("STATS launches=%llu h2d_bytes=%llu d2h_bytes=%llu\n", launches, h2d, d2h);
-	printf("THROUGHPUT %s iters_per_s=%.3f iters=%lld seconds=%.6f\n", NAME,
-	       elapsed > 0 ? runs / elapsed : 0.0, runs, elapsed);
+	print_throughput(runs, elapsed);
 	int rc = 0;
 	if (check) {
-		unsigned long long hsh = 0xcbf29ce484222325ULL;
-		for (size_t i = 0; i < rowb; i++)
-			hsh = (hsh ^ ((const unsigned char *)out)[i]) * 0x100000001b3ULL;
+		unsigned long long hsh = fnv1a64(FNV1A64_INIT, out, rowb);
 		printf("CHECK fnv1a64=%016llx\n", hsh);
 		int *a = (int *)malloc(rowb), *b = (int *)malloc(rowb);
 		if (!a || !b)
