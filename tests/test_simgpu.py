@@ -816,3 +816,23 @@ def test_kernel_define_layout_is_kept_and_conflicts_refused(simdir):
     got = dict(ln.split(" ", 1) for ln in r.stdout.splitlines())
     assert got == {"first": "True", "same": "True", "other": "None", "overlap": "None",
                    "natural": "True", "natural_mismatch": "None"}, r.stdout
+
+
+def test_launch_log_has_one_line_per_kernel_with_its_work(simdir, tmp_path):
+    """SIMGPU_LAUNCH_LOG: what the model knew of each kernel (for profilers)."""
+    log = tmp_path / "launches.jsonl"
+    hot = ROOT / "bench" / "bin" / "hotspot"
+    if not hot.exists():
+        pytest.skip("bench programs not built")
+    out = run(hot, "--size", "64", "--iters", "6", "--pyramid", "1",
+              env=_clean_env(simdir, SIMGPU_TIMESCALE="0", SIMGPU_LAUNCH_LOG=str(log),
+                             CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="30"))
+    assert "STATS launches=6" in out
+    recs = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert [r["seq"] for r in recs] == list(range(1, 7))
+    for r in recs:
+        assert r["name"] == "_Z12hotspot_stepPKfS0_Pfiifffff" and r["quota"] == 30
+        assert r["grid"] == [4, 4, 1] and r["block"] == [16, 16, 1]
+        # hotspot's cost function: 14 flops per cell, 18x18 tile + 2 floats per cell
+        assert r["flops"] == 64 * 64 * 14 and r["bytes"] == 16 * 18 * 18 * 4 + 64 * 64 * 8
+        assert r["dur_us"] > 0 and 0 < r["sms"] <= 132 * 0.3

@@ -9,12 +9,23 @@
  *
  *   kernel   twin on the CPU (its CPU time overlaps the modelled time),
  *            then SIMGPU_LAUNCH_US, then the work in the device model
+ *
+ * $SIMGPU_LAUNCH_LOG=FILE appends one JSON line per kernel run, what the
+ * device model knew of it, for profilers (bandwidth and IPC per task):
+ *   {"pid","seq" (launch order in the process),"name","grid","block",
+ *    "flops","bytes","sms" (SMs its grid can fill),"quota","start_us",
+ *    "dur_us" (device time, from its start after the launch overhead)}
+ * written with one write(2) per line (O_APPEND: processes may share it).
  *   copy     bytes / PCIe rate (host<->device) or / BW (device<->device)
  *   memset   bytes / BW
  *   record   completes the event at t0
  *   host fn  runs the function; takes the wall time it took
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <linux/futex.h>
 #include <math.h>
 #include <stdlib.h>
@@ -48,6 +59,44 @@ static void call_cost(void *arg)
 	struct twin_call *c = arg;
 
 	c->cost(c->l, &c->flops, &c->bytes);
+}
+
+static atomic_ullong launch_seq;
+static int log_fd = -2;                 /* -2 not looked at, -1 none */
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+uint64_t sg_launch_seq(void)
+{
+	return atomic_fetch_add_explicit(&launch_seq, 1, memory_order_relaxed) + 1;
+}
+
+static void open_log(void)
+{
+	const char *p = getenv("SIMGPU_LAUNCH_LOG");
+
+	log_fd = p && *p ? open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+	if (p && *p && log_fd < 0)
+		sg_log("cannot open SIMGPU_LAUNCH_LOG %s: %s", p, strerror(errno));
+}
+
+static void log_launch(const struct sg_op *op, const struct sg_work *w, double start, double end)
+{
+	const simgpu_launch *l = &op->u.kern.l;
+	char line[1024];
+	int n;
+
+	pthread_once(&log_once, open_log);
+	if (log_fd < 0)
+		return;
+	n = snprintf(line, sizeof(line),
+		     "{\"pid\":%d,\"seq\":%llu,\"name\":\"%.600s\",\"grid\":[%u,%u,%u],"
+		     "\"block\":[%u,%u,%u],\"flops\":%.17g,\"bytes\":%.17g,\"sms\":%g,"
+		     "\"quota\":%g,\"start_us\":%.3f,\"dur_us\":%.3f}\n",
+		     (int)getpid(), (unsigned long long)op->u.kern.seq, op->u.kern.k->name,
+		     l->grid.x, l->grid.y, l->grid.z, l->block.x, l->block.y, l->block.z, w->flops,
+		     w->bytes, w->sms, sg_cfg.quota_pct, start * 1e6, (end - start) * 1e6);
+	if (n > 0 && (size_t)n < sizeof(line) && write(log_fd, line, (size_t)n) < 0)
+		sg_log("SIMGPU_LAUNCH_LOG: %s", strerror(errno));
 }
 
 static double exec_kernel(struct sg_op *op, double t0)
@@ -89,6 +138,8 @@ static double exec_kernel(struct sg_op *op, double t0)
 	}
 	atomic_fetch_add_explicit(&k->modelled_ns, (unsigned long long)llround((end - t0) * 1e9),
 				  memory_order_relaxed);
+	if (log_fd != -1)
+		log_launch(op, &w, tj, end);
 	return end;
 }
 

@@ -143,6 +143,7 @@ static cudaError_t launch(struct sg_kernel *k, dim3 g, dim3 b, void **args, size
 		op->consumed = &consumed;
 	}
 	op->u.kern.k = k;
+	op->u.kern.seq = sg_launch_seq();
 	op->u.kern.l.grid.x = g.x;
 	op->u.kern.l.grid.y = g.y;
 	op->u.kern.l.grid.z = g.z;

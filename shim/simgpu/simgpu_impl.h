@@ -183,6 +183,7 @@ struct sg_op {
 		struct {
 			struct sg_kernel *k;
 			simgpu_launch     l;
+			uint64_t          seq;   /* this process's launch number */
 		} kern;
 		struct {
 			void       *dst;
@@ -287,6 +288,8 @@ struct sg_kernel *sg_kernel_by_stub(const void *stub);
 struct sg_kernel *sg_kernel_by_handle(const void *h);   /* stub or cudaKernel_t */
 void sg_kernel_resolve(struct sg_kernel *k);
 cudaError_t sg_symbol(const void *sym, void **dev, size_t *size);
+/* $SIMGPU_LAUNCH_LOG: one JSON line per kernel run (exec.c) */
+uint64_t sg_launch_seq(void);
 void sg_kernels_reset(void);
 
 #endif
