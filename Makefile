@@ -31,6 +31,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard */__init__.py)
 
 native: $(VENV)/.installed
 	$(BIN)/python -m shim.build
+	$(BIN)/python -m predictors.build
 
 progs: $(BINS) $(TESTPROGS) $(STATIC)
 
@@ -71,4 +72,4 @@ demo: build
 	$(BIN)/colocate demo
 
 clean:
-	rm -rf bench/bin shim/lib shim/_ctlblock*.so build *.egg-info .pytest_cache
+	rm -rf bench/bin shim/lib shim/_ctlblock*.so predictors/_cinfer*.so build *.egg-info .pytest_cache

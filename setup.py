@@ -16,4 +16,5 @@ class BuildExtWithNative(build_ext):
         build_native()
 
 
-setup(cffi_modules=["shim/build.py:ffibuilder"], cmdclass={"build_ext": BuildExtWithNative})
+setup(cffi_modules=["shim/build.py:ffibuilder", "predictors/build.py:ffibuilder"],
+      cmdclass={"build_ext": BuildExtWithNative})

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from controlplane import daemon, launcher, rundir, schema
 from controlplane.rundir import ColocateError
+from predictors.cli import app as predictors_app, train as predictors_train
 from processpool import SPEC_HELP, parse_spec
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
@@ -479,6 +480,12 @@ def demo(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
     """Run hotspot (batch) and vecadd (QoS, 50 ms) together under a controller and show what each got."""
     from controlplane import demo as demo_mod
     raise typer.Exit(demo_mod.main(device.value, keep))
+
+
+# issue 5's commands live with the predictors
+app.add_typer(predictors_app, name="predictors",
+              help="Predictors: sample schema, synthetic samples, train, report.")
+app.command("train")(predictors_train)
 
 
 def main() -> None:

@@ -1,0 +1,217 @@
+"""Predictors of task, query and group durations per SM quota: sample schema,
+synthetic samples, training and the accuracy/latency report.
+
+Samples live in a store per device (<store>/<device>/<kind>.jsonl; the
+profiler writes them, `synth` writes clearly labelled synthetic ones);
+`train` fits models on them and saves them into a models directory; `report`
+measures the saved models (holdout MAPE, error percentiles, latency of
+scikit-learn's predict vs the compiled evaluator) and draws the figures.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
+
+
+class KindArg(str, Enum):
+    query = "query"
+    task = "task"
+    group = "group"
+    all = "all"
+
+
+class ModelArg(str, Enum):
+    dt = "dt"
+    knn = "knn"
+    lr = "lr"
+    rf = "rf"
+    mlp = "mlp"
+    all = "all"
+
+
+class SplitArg(str, Enum):
+    sample = "sample"
+    config = "config"
+
+
+STORE_HELP = ("Sample store root (default $COLOCATE_DATA_DIR/profiles, else "
+              "$XDG_DATA_HOME/colocate/profiles, else ~/.local/share/colocate/profiles).")
+MODELS_HELP = "Models directory (default: <store>/../models/<device>)."
+DEVICE_HELP = "Device whose samples to use (a store keeps one directory per device)."
+
+
+def _kinds(k: KindArg) -> list[str]:
+    return ["query", "task", "group"] if k == KindArg.all else [k.value]
+
+
+def _store_root(store: Optional[Path]) -> Path:
+    from predictors.store import default_root
+    return store if store is not None else default_root()
+
+
+def _models_dir(store: Optional[Path], models: Optional[Path], device: str) -> Path:
+    from predictors.store import slug
+    return models if models is not None else _store_root(store).parent / "models" / slug(device)
+
+
+def _fail(msg: str) -> None:
+    print(f"colocate: {msg}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+@app.command()
+def schema(kind: KindArg = typer.Option(KindArg.all, help="Which sample kind."),
+           as_json: bool = typer.Option(False, "--json", help="Print it as JSON.")) -> None:
+    """Print the sample schema: each kind's features and targets, with its version."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from predictors import schema as S
+    ks = [S.kind(n) for n in _kinds(kind)]
+    if as_json:
+        print(json.dumps([{**k.to_dict(), "fingerprint": k.fingerprint()} for k in ks], indent=1))
+        return
+    con = Console(width=None if sys.stdout.isatty() else 160)
+    for k in ks:
+        t = Table(title=f"{k.name} (schema v{k.version}, {k.fingerprint()}): {k.doc}",
+                  title_justify="left")
+        for c in ("name", "type", "meaning"):
+            t.add_column(c)
+        for line in S.describe(k):
+            t.add_row(*line)
+        con.print(t)
+
+
+@app.command()
+def synth(kind: KindArg = typer.Option(KindArg.all, help="Which sample kind."),
+          n: int = typer.Option(0, help="Samples per kind (default: task 20000, query 3000, "
+                                "group 40000; task and query stop earlier when every "
+                                "configuration has its repetitions)."),
+          store: Optional[Path] = typer.Option(None, help=STORE_HELP, metavar="DIR"),
+          device: str = typer.Option("simgpu", help=DEVICE_HELP),
+          seed: int = typer.Option(0, help="Random seed."),
+          noise: float = typer.Option(0.02, help="Log-normal noise per target (0.02 = 2 %).")) -> None:
+    """Write SYNTHETIC samples from simgpu's device-model equations into the store.
+
+    They are labelled src=synthetic, and the report says so; they stand in
+    until real profiles exist.  Keys are deterministic per seed, so running
+    it twice adds nothing."""
+    from predictors import synth as syn
+    from predictors.store import Store, StoreError
+    defaults = {"task": 20000, "query": 3000, "group": 40000}
+    st = Store(_store_root(store), device)
+    for k in _kinds(kind):
+        samples = syn.generate(k, n or defaults[k], seed=seed, noise=noise)
+        try:
+            added = st.append(k, samples, src=syn.SOURCE)
+        except StoreError as e:
+            _fail(str(e))
+        print(f"{k}: {added} new synthetic samples ({len(samples) - added} already there) "
+              f"-> {st.path(k)}")
+
+
+@app.command()
+def train(kind: KindArg = typer.Option(KindArg.all, help="Which sample kind."),
+          model: ModelArg = typer.Option(ModelArg.all, help="dt: decision tree, rf: random forest, "
+                                         "knn: 5 nearest neighbours, lr: linear regression, "
+                                         "mlp: 3x32 ReLU MLP (as Abacus)."),
+          target: Optional[str] = typer.Option(None, help="Only this target (default: all of the kind's)."),
+          store: Optional[Path] = typer.Option(None, help=STORE_HELP, metavar="DIR"),
+          device: str = typer.Option("simgpu", help=DEVICE_HELP),
+          models: Optional[Path] = typer.Option(None, "--out", help=MODELS_HELP, metavar="DIR"),
+          seed: int = typer.Option(0, help="Seed of the 80/20 split, the folds and the models."),
+          cv: int = typer.Option(5, help="Folds of cross-validation on the 80 % (0: none)."),
+          split: SplitArg = typer.Option(SplitArg.sample, help="Hold out samples (as C-Laius) or "
+                                         "whole configurations (all repetitions of one)."),
+          quick: bool = typer.Option(False, help="Few MLP epochs and trees (smoke tests)."),
+          ) -> None:
+    """Train predictors on a device's samples and save them.
+
+    One model per kind, target and model type: 80/20 split (seeded), k-fold
+    CV on the 80 %, saved with its feature schema, vocabulary, metadata
+    (library versions, date, sample counts and sources, holdout and CV MAPE)
+    and holdout rows."""
+    from predictors import schema as S
+    from predictors import train as T
+    from predictors.store import Store, StoreError
+    st = Store(_store_root(store), device)
+    out = _models_dir(store, models, device)
+    mods = list(T.MODELS) if model == ModelArg.all else [model.value]
+    for k in _kinds(kind):
+        try:
+            ss = st.load(k)
+        except StoreError as e:
+            if kind == KindArg.all:
+                print(f"{k}: skipped ({e})", file=sys.stderr)
+                continue
+            _fail(f"{e}; profile the device or run `colocate predictors synth`")
+        targets = S.kind(k).target_names
+        if target is not None:
+            if target not in targets:
+                if kind == KindArg.all:
+                    continue
+                _fail(f"{k} has no target {target!r} (has {', '.join(targets)})")
+            targets = [target]
+        srcs = ", ".join(f"{n} {s}" for s, n in sorted(ss.source_counts.items()))
+        print(f"{k}: {len(ss)} samples ({srcs}) of {ss.device}" +
+              (f", {ss.torn} torn lines skipped" if ss.torn else ""))
+        for t in targets:
+            for m in mods:
+                try:
+                    tm = T.fit(ss, t, m, seed=seed, cv=cv, split_by=split.value, quick=quick)
+                except T.ModelError as e:
+                    _fail(str(e))
+                p = T.save(tm, out)
+                cvs = (f", CV {tm.meta['cv_mape_mean']:.2f} +- {tm.meta['cv_mape_std']:.2f} %"
+                       if tm.meta["cv_mape_mean"] is not None else "")
+                print(f"  {tm.name:28} holdout MAPE {tm.meta['holdout_mape']:6.2f} %{cvs}"
+                      f"  ({tm.meta['fit_s']:.1f} s) -> {p}")
+
+
+@app.command()
+def report(models: Optional[Path] = typer.Option(None, help=MODELS_HELP, metavar="DIR"),
+           store: Optional[Path] = typer.Option(None, help=STORE_HELP, metavar="DIR"),
+           device: str = typer.Option("simgpu", help=DEVICE_HELP),
+           out: Path = typer.Option(Path("predictors-report"), help="Where results.json, report.md "
+                                    "and the PNGs go."),
+           reps: int = typer.Option(200, help="Timed scikit-learn calls per latency figure "
+                                    "(the compiled evaluator gets 10x as many)."),
+           plots: bool = typer.Option(True, help="Draw the PNG figures."),
+           timing: bool = typer.Option(True, help="Measure prediction latency.")) -> None:
+    """Measure the saved models: accuracy, agreement and prediction latency.
+
+    Per model: holdout MAPE (C-Laius Eq. 2), error p50/p90/p99, compiled vs
+    scikit-learn agreement (bitwise for trees), and the latency of one row
+    and of 64 rows (median, p99) for scikit-learn's predict and the compiled
+    evaluator, measured in the same run.  Writes results.json, report.md and
+    PNG figures (predicted vs measured, error CDFs, MAPE and latency bars)."""
+    from rich.console import Console
+
+    from predictors import report as R
+    from predictors import train as T
+    d = _models_dir(store, models, device)
+    try:
+        tms = T.load_dir(d)
+    except T.ModelError as e:
+        _fail(str(e))
+    if not tms:
+        _fail(f"no models in {d}: run `colocate train` first")
+    rows = R.run(tms, out, reps=reps, plots=plots, timing=timing)
+    Console(width=None if sys.stdout.isatty() else 250).print(R.rich_table(rows))
+    print(f"wrote {out}/results.json, report.md" + (" and PNG figures" if plots else ""))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
