@@ -127,6 +127,9 @@ void shim_sync_note(void);
 int shim_ctl_register(char *why, size_t whylen);
 /* Tell the controller this process is exiting (best effort, bounded). */
 void shim_ctl_exit(void);
+/* A one-way message (JSON) to the controller after registration, without
+ * blocking; 0 sent, -1 not. */
+int shim_ctl_send(const char *json);
 /* Forget the parent's connection in a forked child. */
 void shim_ctl_forget(void);
 const char *shim_runtime_dir(void);

@@ -9,7 +9,10 @@
  * The socket is a DEALER sending [empty, json] to the controller's ROUTER,
  * which is what a REQ socket would send, without REQ's lock-step state
  * machine (a timed-out REQ is unusable).  Only registration waits for a
- * reply, bounded by COLOCATE_CONNECT_TIMEOUT_MS (default 1000).
+ * reply, bounded by COLOCATE_CONNECT_TIMEOUT_MS (default 1000).  After it,
+ * other files send one-way messages (query boundaries) with shim_ctl_send,
+ * on this same socket: one ZeroMQ I/O thread per app, and every message
+ * reaches the controller before the exit message.
  */
 #define _GNU_SOURCE
 #include "shim.h"
@@ -19,6 +22,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +35,9 @@
 
 static void *zctx, *zsock;
 static int slot_index = -1;
+/* zsock after registration: shim_ctl_send (any thread) and the exit message */
+static pthread_mutex_t sock_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t dropped;
 static char rundir[PATH_MAX];
 
 const char *shim_runtime_dir(void)
@@ -248,13 +255,41 @@ static void kernel_json(const struct shim_kernel *k, void *arg)
 		 twin < 0 ? "null" : twin ? "true" : "false");
 }
 
+/*
+ * A message that wants no answer, after registration: sent without
+ * blocking (dropped, and counted, when the controller does not keep up);
+ * the controller's replies to such messages are read and discarded here.
+ * 0 sent, -1 not (not registered, closed, or full).
+ */
+int shim_ctl_send(const char *json)
+{
+	char sink[256];
+	int r = -1;
+
+	pthread_mutex_lock(&sock_mu);
+	if (zsock && slot_index >= 0) {
+		while (zmq.recv(zsock, sink, sizeof(sink), ZMQ_DONTWAIT) >= 0)
+			;
+		if (zmq.send(zsock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+		    zmq.send(zsock, json, strlen(json), ZMQ_DONTWAIT) >= 0)
+			r = 0;
+		else if (!dropped++)
+			shim_log("the controller does not keep up; messages dropped");
+	}
+	pthread_mutex_unlock(&sock_mu);
+	return r;
+}
+
 void shim_ctl_exit(void)
 {
 	static char msg[60000];
 	struct kjson j = { msg, sizeof(msg) - 8, 0, NULL };
 
-	if (!zsock || slot_index < 0)
+	pthread_mutex_lock(&sock_mu);
+	if (!zsock || slot_index < 0) {
+		pthread_mutex_unlock(&sock_mu);
 		return;
+	}
 	/* simgpu tells which kernels had a host twin; a real runtime has no
 	 * such symbol, and "twin" is then null */
 	*(void **)&j.has_twin = shim_dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin");
@@ -266,6 +301,7 @@ void shim_ctl_exit(void)
 	send_msg(msg);
 	close_socket();   /* linger bounds how long the exit can wait */
 	slot_index = -1;
+	pthread_mutex_unlock(&sock_mu);
 }
 
 void shim_ctl_forget(void)
@@ -273,4 +309,5 @@ void shim_ctl_forget(void)
 	/* a forked child must not touch the parent's libzmq threads */
 	zsock = zctx = NULL;
 	slot_index = -1;
+	pthread_mutex_init(&sock_mu, NULL);
 }

@@ -15,10 +15,9 @@
  *
  * Each boundary goes to the controller as a query_begin / query_end
  * message (controlplane/schema.py) and into the trace.  Messages leave on
- * this file's own DEALER socket, opened at the first boundary once the app
- * is registered, and are sent with ZMQ_DONTWAIT: a full queue drops the
- * message (counted, logged once), it never blocks the app.  The
- * controller's one-line replies are drained, unread, at the next send.
+ * the app's controller connection (shim_ctl_send), once it is registered,
+ * without blocking: a full queue drops the message (logged once), it never
+ * blocks the app.  They reach the controller before the app's exit message.
  *
  * Copies and syncs are not the launch path, and the inference state is
  * shared by the process's threads, so a mutex guards it; the sync hook
@@ -26,7 +25,6 @@
  */
 #define _GNU_SOURCE
 #include "shim_trace.h"
-#include "zmqdl.h"
 
 #include <cuda_runtime_api.h>
 #include <limits.h>
@@ -57,29 +55,11 @@ static __thread uint64_t my_id;
 static __thread int my_set;
 
 /* the controller connection */
-static void *zctx, *zsock;
-static int sock_state;                  /* 0 not tried, 1 open, -1 failed */
-static uint64_t dropped;
-
 /* ---- controller messages ------------------------------------------------ */
-static void close_socket(void)
-{
-	pthread_mutex_lock(&qmu);
-	if (zsock)
-		zmq.close(zsock);   /* linger (200 ms) lets queued boundaries out */
-	if (zctx)
-		zmq.ctx_term(zctx);
-	zsock = zctx = NULL;
-	sock_state = -1;        /* nothing more after the app's exit message */
-	pthread_mutex_unlock(&qmu);
-}
-
 static void after_fork_child(void)
 {
-	/* the parent's socket and queries are the parent's */
+	/* the parent's queries are the parent's */
 	pthread_mutex_init(&qmu, NULL);
-	zsock = zctx = NULL;
-	sock_state = 0;
 	inf_state = INF_IDLE;
 	memset(inflight, 0, sizeof(inflight));
 	last_set = 0;
@@ -101,61 +81,12 @@ static int registered(void)
 	       __atomic_load_n(&c->pid, __ATOMIC_RELAXED) == (uint32_t)getpid();
 }
 
-/* Under qmu. */
-static void open_socket_locked(void)
-{
-	char why[256], endpoint[PATH_MAX + 16];
-	int linger = 200, hwm = 10000;
-
-	sock_state = -1;
-	if (zmqdl_load(shim_dlsym, why, sizeof(why)) < 0) {
-		shim_log("queries: %s; the controller will not see them", why);
-		return;
-	}
-	zctx = zmq.ctx_new();
-	zsock = zctx ? zmq.socket(zctx, ZMQ_DEALER) : NULL;
-	if (!zsock) {
-		shim_log("queries: no zmq socket; the controller will not see them");
-		if (zctx)
-			zmq.ctx_term(zctx);
-		zctx = NULL;
-		return;
-	}
-	zmq.setsockopt(zsock, ZMQ_LINGER, &linger, sizeof(linger));
-	zmq.setsockopt(zsock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
-	snprintf(endpoint, sizeof(endpoint), "ipc://%s/ctl.sock", shim_runtime_dir());
-	if (zmq.connect(zsock, endpoint) < 0) {
-		shim_log("queries: cannot connect %s; the controller will not see them", endpoint);
-		zmq.close(zsock);
-		zmq.ctx_term(zctx);
-		zsock = zctx = NULL;
-		return;
-	}
-	sock_state = 1;
-	/* registered after the shim's own exit handler, so it runs first:
-	 * the last boundaries leave before the app's exit message */
-	atexit(close_socket);
-}
-
-/* Under qmu. */
+/* Under qmu: on the controller connection (shim_ctl.c), in order with the
+ * app's exit message, never blocking. */
 static void send_locked(const char *json)
 {
-	char sink[256];
-
-	if (!registered())
-		return;
-	if (!sock_state)
-		open_socket_locked();
-	if (sock_state < 0)
-		return;
-	while (zmq.recv(zsock, sink, sizeof(sink), ZMQ_DONTWAIT) >= 0)
-		;               /* the controller's "ok"s */
-	if (zmq.send(zsock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-	    zmq.send(zsock, json, strlen(json), ZMQ_DONTWAIT) < 0) {
-		dropped++;
-		if (!logged_drop++)
-			shim_log("queries: the controller does not keep up; boundaries dropped");
-	}
+	if (registered() && shim_ctl_send(json) < 0 && !logged_drop++)
+		shim_log("queries: boundaries not delivered to the controller");
 }
 
 static void send_boundary_locked(int begin, uint64_t id, uint64_t size, const char *rule,
