@@ -20,7 +20,7 @@ from rich.text import Text
 
 from controlplane import daemon, launcher, rundir, schema
 from controlplane.rundir import ColocateError
-from predictors.cli import app as predictors_app, train as predictors_train
+from predictors.cli import app as predictors_app, profile as predictors_profile, train as predictors_train
 from processpool import SPEC_HELP, parse_spec
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
@@ -485,6 +485,7 @@ def demo(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
 # issue 5's commands live with the predictors
 app.add_typer(predictors_app, name="predictors",
               help="Predictors: sample schema, synthetic samples, train, report.")
+app.command("profile")(predictors_profile)
 app.command("train")(predictors_train)
 
 

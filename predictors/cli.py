@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -174,6 +175,72 @@ def train(kind: KindArg = typer.Option(KindArg.all, help="Which sample kind."),
                        if tm.meta["cv_mape_mean"] is not None else "")
                 print(f"  {tm.name:28} holdout MAPE {tm.meta['holdout_mape']:6.2f} %{cvs}"
                       f"  ({tm.meta['fit_s']:.1f} s) -> {p}")
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def profile(targets: Optional[list[str]] = typer.Argument(
+                None, metavar="APP|tonic:NET... [-- CMD [ARGS]]",
+                help="Rodinia apps (hotspot bfs btree pathfinder nw lud myocyte lavamd), Tonic "
+                     "services (tonic:dig, tonic:pos, ...), and/or one command after --."),
+            quotas: str = typer.Option("10,20,30,40,50,60,70,80,90,100", metavar="LIST",
+                                       help="SM quotas in percent, comma-separated."),
+            inputs: Optional[list[str]] = typer.Option(
+                None, metavar="[TARGET=]A;B;...",
+                help="Inputs, ';'-separated: argument sets for apps and commands "
+                     "(\"--size 64;--size 128\"), query sizes for services (\"1;4;16\"). "
+                     "TARGET= gives one target's; repeatable.  Default: a built-in ladder per app/net."),
+            reps: int = typer.Option(3, help="Repetitions of each input at each quota."),
+            service_args: Optional[str] = typer.Option(
+                None, metavar="ARGS", help="tonic-service options for every net (default per net, "
+                "e.g. '--width 0.5' for the word nets; '' for full size)."),
+            name: Optional[str] = typer.Option(None, help="Target name of the command after -- "
+                                               "(default: its basename)."),
+            out: Optional[Path] = typer.Option(None, "--out", help=STORE_HELP, metavar="DIR"),
+            timeout: float = typer.Option(300.0, help="Seconds one run (one service process) may take."),
+            progress: bool = typer.Option(True, help="Show a progress bar.")) -> None:
+    """Profile apps and services solo on simgpu at each SM quota into the sample store.
+
+    Every input x quota x repetition runs alone under the shim
+    (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=q, SIMGPU_TIMESCALE=0, a private
+    device), traced; each task becomes a task sample (C-Laius Table 1
+    features; duration, bandwidth and IPC from simgpu's model), each
+    service query a query sample (device time, PCIe time).  Resumable:
+    configurations already in the store are skipped.  The device is
+    "simgpu" ($SIMGPU_NAME).  Exit 1 when a run failed, 2 on bad usage."""
+    from predictors import profile as P
+    from predictors.store import Store, StoreError
+    try:
+        qs = sorted({int(x) for x in quotas.split(",") if x.strip()})
+    except ValueError:
+        _fail(f"--quotas {quotas!r}: comma-separated integers")
+    if not qs or not all(1 <= q <= 100 for q in qs):
+        _fail("--quotas must be in 1..100")
+    if reps < 1:
+        _fail("--reps must be >= 1")
+    if P.gpu_present():
+        _fail("an NVIDIA driver is present: profiling on a real GPU needs MPS (one client per "
+              "quota) and ncu/CUPTI counters, and is not implemented yet; profile on simgpu "
+              "(a machine without a driver)")
+    try:
+        tgts = P.resolve(targets or [], inputs or [], service_args, name)
+        P.check_built()
+    except P.ProfileError as e:
+        _fail(str(e))
+    dev = P.device_name()
+    st = Store(_store_root(out), dev)
+    t0 = time.monotonic()
+    try:
+        summ = P.profile(tgts, qs, reps, st, timeout=timeout, progress=progress)
+    except StoreError as e:
+        _fail(str(e))
+    print(f"profile of {', '.join(t.label for t in tgts)} on {dev}: "
+          f"{summ.configs} configuration(s) run, {summ.skipped} already stored, "
+          f"{summ.failed} failed, in {time.monotonic() - t0:.1f} s")
+    print(f"  added {summ.added['task']} task and {summ.added['query']} query samples "
+          f"-> {st.dir}" + (f" ({summ.dropped} task(s) without a device time dropped)"
+                            if summ.dropped else ""))
+    if summ.failed:
+        raise typer.Exit(1)
 
 
 @app.command()
