@@ -32,6 +32,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard */__init__.py)
 native: $(VENV)/.installed
 	$(BIN)/python -m shim.build
 	$(BIN)/python -m predictors.build
+	$(BIN)/python -m controlplane.policies.build
 
 progs: $(BINS) $(TESTPROGS) $(STATIC)
 
@@ -72,4 +73,4 @@ demo: build
 	$(BIN)/colocate demo
 
 clean:
-	rm -rf bench/bin shim/lib shim/_ctlblock*.so predictors/_cinfer*.so build *.egg-info .pytest_cache
+	rm -rf bench/bin shim/lib shim/_ctlblock*.so predictors/_cinfer*.so controlplane/policies/_knapsack*.so build *.egg-info .pytest_cache

@@ -16,5 +16,6 @@ class BuildExtWithNative(build_ext):
         build_native()
 
 
-setup(cffi_modules=["shim/build.py:ffibuilder", "predictors/build.py:ffibuilder"],
+setup(cffi_modules=["shim/build.py:ffibuilder", "predictors/build.py:ffibuilder",
+                     "controlplane/policies/build.py:ffibuilder"],
       cmdclass={"build_ext": BuildExtWithNative})

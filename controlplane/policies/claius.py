@@ -1,0 +1,714 @@
+"""claius: C-Laius (Zhang et al., IEEE TC 2021; Laius, ICS'19) as a policy.
+
+QoS queries get the just-enough SM quota (Eq. 3); batch apps share the rest
+through a knapsack over quota units that maximises predicted IPC under the
+device's memory bandwidth (Eq. 4/5); a query that lags gets a bigger quota
+for its remaining tasks (Eq. 6) and goes back when the lag is gone; several
+QoS services share by the slope of their latency curves, runtime priority
+classes (Eq. 7) and the ratio test of Eq. 8.
+
+The papers are not available here: each equation below is written as we
+read the issue's summary of it, and its docstring says that reading.
+
+Everything here is pure: predictions come from an injected Predictor (a
+table for tests, ModelPredictor for trained models), time comes from the
+events, and the only output is Decisions and log lines.
+
+What the hooks read (the daemon passes these dicts):
+  on_query_begin  info: id, size (input size), t_us; optional qos_ms (overrides
+                  the app's), tasks (feature dicts of the query's tasks, in
+                  order; otherwise the previous query's tasks are the plan)
+  on_task_done    task: features (a predictors task row), duration_us
+                  (measured); optional query (id).  QoS tasks advance their
+                  query's progress; batch tasks give the app's next task.
+  on_query_end    info: id
+Decisions are Decision(slot, quota_pct, route=None): the controller picks a
+worker of that quota.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from controlplane.policies.base import AppInfo, Decision, Policy, register_policy
+
+log = logging.getLogger("colocate.claius")
+
+try:
+    from controlplane.policies._knapsack import ffi as _ffi, lib as _lib
+    KS_C_ERROR = ""
+except ImportError as e:              # not built: the Python search below
+    _ffi = _lib = None
+    KS_C_ERROR = str(e)
+
+KS_MAX_APPS = 64                      # knapsack.c's limits
+KS_MAX_UNITS = 100
+DEFAULT_MAX_NODES = 1_000_000
+
+Row = Mapping[str, Any]
+
+
+# --- predictions ---------------------------------------------------------------
+
+class Predictor(Protocol):
+    """What C-Laius asks, always for all quotas (percent) at once."""
+
+    def query_ms(self, app: str, input_size: float, quotas: np.ndarray) -> np.ndarray:
+        """A query's device time (its tasks, without PCIe copies), ms."""
+        ...
+
+    def pcie_ms(self, app: str, input_size: float, quotas: np.ndarray) -> np.ndarray:
+        """A query's host<->device copy time, ms."""
+        ...
+
+    def task_ms(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        ...
+
+    def task_bw(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        """Memory bandwidth, GB/s."""
+        ...
+
+    def task_ipc(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        """Device-level IPC at the quota: what the knapsack adds up."""
+        ...
+
+
+Fn = Callable[[Any, float], float]
+
+
+class TablePredictor:
+    """Predictions from plain functions, per app: query[app](size, quota),
+    pcie[app](size, quota), task/bw/ipc[app](features, quota).  Missing
+    pcie is 0; a missing entry otherwise raises KeyError, as an unknown
+    service does for a trained model."""
+
+    def __init__(self, query: Mapping[str, Fn] | None = None, pcie: Mapping[str, Fn] | None = None,
+                 task: Mapping[str, Fn] | None = None, bw: Mapping[str, Fn] | None = None,
+                 ipc: Mapping[str, Fn] | None = None):
+        self.query, self.pcie = dict(query or {}), dict(pcie or {})
+        self.task, self.bw, self.ipc = dict(task or {}), dict(bw or {}), dict(ipc or {})
+
+    @staticmethod
+    def _eval(f: Fn, x: Any, quotas: np.ndarray) -> np.ndarray:
+        return np.array([f(x, float(q)) for q in quotas], dtype=np.float64)
+
+    def query_ms(self, app: str, input_size: float, quotas: np.ndarray) -> np.ndarray:
+        return self._eval(self.query[app], input_size, quotas)
+
+    def pcie_ms(self, app: str, input_size: float, quotas: np.ndarray) -> np.ndarray:
+        f = self.pcie.get(app)
+        return np.zeros(len(quotas)) if f is None else self._eval(f, input_size, quotas)
+
+    def task_ms(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        return self._eval(self.task[app], task, quotas)
+
+    def task_bw(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        return self._eval(self.bw[app], task, quotas)
+
+    def task_ipc(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        return self._eval(self.ipc[app], task, quotas)
+
+
+class ModelPredictor:
+    """Saved predictors models (predictors.train), evaluated compiled, one
+    batched call per question.  query.duration_us is end to end, so the
+    device time is duration - pcie.  The task model's IPC is per active SM;
+    the knapsack needs what a quota delivers, so task_ipc scales it by the
+    SMs of the quota (n_sms of the device)."""
+
+    def __init__(self, query_dur: Any, query_pcie: Any, task_dur: Any, task_bw: Any,
+                 task_ipc: Any, n_sms: int = 132, batch: Callable[[float], int] = lambda s: 1):
+        self.qd, self.qp = query_dur, query_pcie
+        self.td, self.tb, self.ti = task_dur, task_bw, task_ipc
+        self.n_sms, self.batch = n_sms, batch
+
+    @staticmethod
+    def from_dir(d: Path | str, model: str = "dt", n_sms: int = 132) -> "ModelPredictor":
+        from predictors.train import load, model_path
+        m = {(k, t): load(model_path(d, k, t, model)) for k, t in
+             (("query", "duration_us"), ("query", "pcie_us"), ("task", "duration_us"),
+              ("task", "bandwidth_gbs"), ("task", "ipc"))}
+        return ModelPredictor(m["query", "duration_us"], m["query", "pcie_us"],
+                              m["task", "duration_us"], m["task", "bandwidth_gbs"],
+                              m["task", "ipc"], n_sms)
+
+    def _qrow(self, app: str, size: float) -> dict[str, Any]:
+        return {"service": app, "input_bytes": float(size), "batch": self.batch(size), "quota": 100}
+
+    def query_ms(self, app: str, input_size: float, quotas: np.ndarray) -> np.ndarray:
+        row = self._qrow(app, input_size)
+        dur = self.qd.predict_quotas(row, quotas)
+        pcie = self.qp.predict_quotas(row, quotas)
+        return np.maximum(dur - pcie, 0.0) / 1000.0
+
+    def pcie_ms(self, app: str, input_size: float, quotas: np.ndarray) -> np.ndarray:
+        return self.qp.predict_quotas(self._qrow(app, input_size), quotas) / 1000.0
+
+    def task_ms(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        return self.td.predict_quotas(task, quotas) / 1000.0
+
+    def task_bw(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        return self.tb.predict_quotas(task, quotas)
+
+    def task_ipc(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        sms = np.maximum(1.0, np.floor(np.asarray(quotas) / 100.0 * self.n_sms))
+        return self.ti.predict_quotas(task, quotas) * sms
+
+
+# --- the equations, one function each ------------------------------------------
+
+def eq3_quota(t_pred_ms: np.ndarray, quotas: np.ndarray, target_ms: float,
+              pcie_ms: np.ndarray | float = 0.0) -> int | None:
+    """Eq. 3, as we read it: the query runs at
+         q* = min { q : T_p(q) <= T_tgt - T_pcie(q) }
+    where T_p(q) is its predicted device time at quota q and T_pcie its
+    copy time.  Returns None when no quota qualifies (the caller uses 100 %)."""
+    ok = np.asarray(t_pred_ms) <= target_ms - np.asarray(pcie_ms)
+    idx = np.flatnonzero(ok)
+    return int(quotas[idx[0]]) if idx.size else None
+
+
+def eq6_quota(spent_ms: float, remaining_ms: np.ndarray, quotas: np.ndarray, target_ms: float,
+              pcie_ms: float = 0.0) -> int | None:
+    """Eq. 6, as we read it: after some tasks of a query finished, taking
+    spent_ms of measured device time, the remaining tasks R move to
+         q' = min { q : spent + sum_{j in R} T_j(q) <= T_tgt - T_pcie }
+    remaining_ms[i] is sum_{j in R} T_j(quotas[i]).  None when no quota
+    qualifies (the caller uses 100 %)."""
+    ok = spent_ms + np.asarray(remaining_ms) <= target_ms - pcie_ms
+    idx = np.flatnonzero(ok)
+    return int(quotas[idx[0]]) if idx.size else None
+
+
+def lag_ms(measured_ms: Sequence[float], predicted_ms: Sequence[float]) -> float:
+    """The progress check before Eq. 6: how far the completed tasks ran
+    behind their predictions, sum(measured) - sum(predicted at the quota each
+    ran at).  > 0: the query lags."""
+    return float(sum(measured_ms) - sum(predicted_ms))
+
+
+def eq7_priority(t_predict_ms: float, t_rest_ms: float, slack_frac: float = 0.1) -> int:
+    """Eq. 7, as we read it: T = t_predict - t_rest, where t_predict is the
+    predicted time of the query's remaining tasks at its current quota and
+    t_rest the time left before its target.  Priority 1 (urgent): T > 0, it
+    will miss at this quota; 2: it makes it with less than slack_frac of
+    t_rest to spare; 3: it has slack to give."""
+    t = t_predict_ms - t_rest_ms
+    if t > 0:
+        return 1
+    if -t < slack_frac * max(t_rest_ms, 0.0):
+        return 2
+    return 3
+
+
+def eq8_choose(cands: Sequence[tuple[Any, float, float]], th: float = 0.9) -> Any | None:
+    """Eq. 8, as we read it: for each candidate increment (key, T now, T
+    with the increment), A = T_with / T_now; the increment worth giving is
+    the one with the smallest A, provided A <= TH (it buys at least 1 - TH
+    of the remaining time).  None when every A > TH."""
+    best, best_a = None, math.inf
+    for key, t_now, t_with in cands:
+        a = t_with / t_now if t_now > 0 else math.inf
+        if a <= th and a < best_a:
+            best, best_a = key, a
+    return best
+
+
+def curve_slope(t_ms: np.ndarray, i: int) -> float:
+    """The slope of a predicted latency curve at quota index i, ms per quota
+    step: how much one step less would cost (left difference; at the first
+    quota, the step above).  C-Laius gives the steeper service priority."""
+    t = np.asarray(t_ms, dtype=np.float64)
+    if t.size < 2:
+        return 0.0
+    if i > 0:
+        return float(t[i - 1] - t[i])
+    return float(t[0] - t[1])
+
+
+@dataclass
+class Claim:
+    """One QoS service's claim on quota units, for share_units."""
+    key: Any
+    need: int                              # units it asks for (Eq. 3 / Eq. 6 / rollback)
+    cls: int = 2                           # Eq. 7 priority class
+    slope: float = 0.0                     # curve_slope at its need
+    remaining: Callable[[int], float] | None = None   # predicted remaining ms at u units
+
+
+def share_units(claims: Sequence[Claim], total: int, th: float = 0.9) -> dict[Any, int]:
+    """Several QoS services asking for more units than there are: everyone
+    gets what it asks when it fits.  Otherwise each gets one unit, then the
+    rest goes by class (Eq. 7: 1 before 2 before 3): within class 1 unit by
+    unit to the best Eq. 8 candidate (by slope when none passes TH); within
+    classes 2 and 3 whole needs, steepest slope first."""
+    if sum(c.need for c in claims) <= total:
+        return {c.key: c.need for c in claims}
+    order = sorted(claims, key=lambda c: (c.cls, -c.slope))
+    grant = {c.key: min(1, c.need) for c in claims}
+    left = total - sum(grant.values())
+    for cls in (1, 2, 3):
+        group = [c for c in order if c.cls == cls]
+        if cls == 1:
+            while left > 0:
+                want = [c for c in group if grant[c.key] < c.need]
+                if not want:
+                    break
+                cands = [(c.key, c.remaining(grant[c.key]), c.remaining(grant[c.key] + 1))
+                         for c in want if c.remaining is not None]
+                pick = eq8_choose(cands, th)
+                if pick is None:
+                    pick = want[0].key
+                grant[pick] += 1
+                left -= 1
+        else:
+            for c in group:
+                give = max(0, min(c.need - grant[c.key], left))
+                grant[c.key] += give
+                left -= give
+    return grant
+
+
+# --- the knapsack (Eq. 4/5) -------------------------------------------------------
+
+@dataclass
+class Packing:
+    choice: list[int]                      # units per batch app
+    value: float                           # summed predicted IPC
+    bw: float                              # summed predicted bandwidth, GB/s
+    status: int                            # 0 optimum, 1 node limit hit, 2 nothing meets the cap
+    nodes: int
+
+
+def _bounds(V: list[list[float]], nunits: int) -> list[list[float]]:
+    """bound[i][u]: the best value apps i.. reach with u units, no cap (Eq. 5's DP)."""
+    n = len(V)
+    bound = [[0.0] * (nunits + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        nxt, row, out = bound[i + 1], V[i], bound[i]
+        for u in range(nunits + 1):
+            b = row[0] + nxt[u]
+            for k in range(1, u + 1):
+                c = row[k] + nxt[u - k]
+                if c > b:
+                    b = c
+            out[u] = b
+    return bound
+
+
+def knapsack_py(value: np.ndarray, bw: np.ndarray, bw_cap: float, use_cap: bool = True,
+                max_nodes: int = DEFAULT_MAX_NODES) -> Packing:
+    """Eq. 4/5, the Python reference of knapsack.c, step for step: maximise
+    sum_i IPC_i(k_i) s.t. sum_i k_i <= N units and (use_cap) sum_i BW_i(k_i)
+    <= bw_cap, by branch and bound over apps with the unconstrained DP as
+    bound, children best bound first (see knapsack.c for why that is the
+    paper's best-first enumeration with rejection)."""
+    value = np.asarray(value, dtype=np.float64)
+    bwm = np.asarray(bw, dtype=np.float64)
+    n, nunits = value.shape[0], value.shape[1] - 1 if value.ndim == 2 else 0
+    if n == 0:
+        return Packing([], 0.0, 0.0, 0, 0)
+    V = [[float(x) for x in row] for row in value]
+    bound = _bounds(V, nunits)
+    BW = [[float(x) for x in row] for row in bwm]
+    minbw = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        minbw[i] = minbw[i + 1] + min(BW[i])
+    st = {"best": 0.0, "bw": 0.0, "found": False, "choice": [0] * n, "nodes": 0}
+    cur = [0] * n
+
+    def dfs(i: int, left: int, val: float, used: float) -> None:
+        if st["nodes"] >= max_nodes:
+            st["nodes"] += 1
+            return
+        st["nodes"] += 1
+        if i == n:
+            if not st["found"] or val > st["best"]:
+                st.update(found=True, best=val, bw=used, choice=list(cur))
+            return
+        nxt = bound[i + 1]
+        scores = [(V[i][k] + nxt[left - k], k) for k in range(left + 1)]
+        # best first; equal scores keep ascending k, as the C insertion sort does
+        scores.sort(key=lambda s: -s[0])
+        for sc, k in scores:
+            if st["found"] and val + sc <= st["best"]:
+                break
+            nused = used + BW[i][k]
+            if use_cap and nused + minbw[i + 1] > bw_cap:
+                continue
+            cur[i] = k
+            dfs(i + 1, left - k, val + V[i][k], nused)
+            if st["nodes"] >= max_nodes:
+                return
+
+    dfs(0, nunits, 0.0, 0.0)
+    nodes = min(st["nodes"], max_nodes)
+    limited = st["nodes"] >= max_nodes
+    if not st["found"]:
+        return Packing([0] * n, 0.0, 0.0, 1 if limited else 2, nodes)
+    return Packing(st["choice"], st["best"], st["bw"], 1 if limited else 0, nodes)
+
+
+def knapsack_c_available() -> bool:
+    return _lib is not None
+
+
+def knapsack_c(value: np.ndarray, bw: np.ndarray, bw_cap: float, use_cap: bool = True,
+               max_nodes: int = DEFAULT_MAX_NODES) -> Packing:
+    """Eq. 4/5 in C (knapsack.c): same search, same answers as knapsack_py."""
+    if _lib is None:
+        raise RuntimeError(f"controlplane.policies._knapsack is not built ({KS_C_ERROR})")
+    value = np.ascontiguousarray(value, dtype=np.float64)
+    bwm = np.ascontiguousarray(bw, dtype=np.float64)
+    n = value.shape[0]
+    if n == 0:
+        return Packing([], 0.0, 0.0, 0, 0)
+    if value.shape != bwm.shape:
+        raise ValueError(f"value {value.shape} and bandwidth {bwm.shape} differ")
+    choice = _ffi.new("int[]", n)
+    out = _ffi.new("double[2]")
+    nodes = _ffi.new("long *")
+    rc = _lib.ks_solve(n, value.shape[1] - 1, _ffi.from_buffer("double[]", value),
+                       _ffi.from_buffer("double[]", bwm), float(bw_cap), int(use_cap),
+                       int(max_nodes), choice, out, out + 1, nodes)
+    if rc < 0:
+        raise ValueError(f"knapsack: bad instance ({n} apps x {value.shape[1] - 1} units; "
+                         f"at most {KS_MAX_APPS} x {KS_MAX_UNITS})")
+    return Packing(list(choice), out[0], out[1], rc, nodes[0])
+
+
+_ks_warned = False
+
+
+def knapsack(value: np.ndarray, bw: np.ndarray, bw_cap: float, use_cap: bool = True,
+             max_nodes: int = DEFAULT_MAX_NODES) -> Packing:
+    """The C search when built, else the Python one (logged once)."""
+    global _ks_warned
+    if _lib is not None and value.shape[0] <= KS_MAX_APPS and value.shape[1] - 1 <= KS_MAX_UNITS:
+        return knapsack_c(value, bw, bw_cap, use_cap, max_nodes)
+    if not _ks_warned:
+        log.warning("claius: C knapsack not available (%s); using the Python search (same "
+                    "results, slower). Build it: python -m controlplane.policies.build",
+                    KS_C_ERROR or "instance too large")
+        _ks_warned = True
+    return knapsack_py(value, bw, bw_cap, use_cap, max_nodes)
+
+
+# --- per-app state -------------------------------------------------------------------
+
+@dataclass
+class QueryState:
+    id: int
+    arrival_us: float
+    target_ms: float                       # T_tgt
+    pcie_ms: float                         # T_pcie at the default quota
+    default_q: int                         # Eq. 3's quota
+    curve: np.ndarray                      # predicted device time per quota (Eq. 3's T_p)
+    quota: int                             # the quota its tasks run at now
+    plan: list[Row]                        # the tasks it will run, in order
+    pred: np.ndarray | None = None         # plan x quotas, predicted ms (lazy)
+    measured: list[float] = field(default_factory=list)
+    predicted: list[float] = field(default_factory=list)   # of done tasks, at their quota
+    compensated: bool = False
+
+
+@dataclass
+class QosApp:
+    info: AppInfo
+    query: QueryState | None = None
+    last_plan: list[Row] = field(default_factory=list)
+    seen: list[Row] = field(default_factory=list)          # tasks of the current query
+    bw_cache: tuple[int, np.ndarray] | None = None         # (id of plan, peak GB/s per quota)
+
+
+@dataclass
+class BatchApp:
+    info: AppInfo
+    task: Row | None = None                # its next (last seen) task
+    ipc: np.ndarray | None = None          # per unit count 0..N
+    bw: np.ndarray | None = None
+
+
+@register_policy("claius")
+class CLaius(Policy):
+    """Options: granularity (percent per unit, 10), bandwidth_cap (True;
+    False = C-Laius-NB), compensation (True; False = C-Laius-NC),
+    device_bw_gbs (3350), th (Eq. 8, 0.9), slack_frac (Eq. 7, 0.1),
+    predictor (a Predictor) or models (a directory of saved models),
+    use_c (True), max_nodes (knapsack search limit)."""
+
+    def __init__(self, granularity: int = 10, bandwidth_cap: bool = True,
+                 compensation: bool = True, device_bw_gbs: float = 3350.0, th: float = 0.9,
+                 slack_frac: float = 0.1, predictor: Predictor | None = None,
+                 models: str | Path | None = None, use_c: bool = True,
+                 max_nodes: int = DEFAULT_MAX_NODES, **opts: Any):
+        super().__init__(**opts)
+        if not 1 <= granularity <= 100 or 100 % granularity:
+            raise ValueError(f"granularity must divide 100, got {granularity}")
+        self.g = int(granularity)
+        self.n = 100 // self.g
+        self.quotas = np.arange(1, self.n + 1, dtype=np.float64) * self.g
+        self.bandwidth_cap, self.compensation = bool(bandwidth_cap), bool(compensation)
+        self.device_bw, self.th, self.slack_frac = float(device_bw_gbs), float(th), float(slack_frac)
+        self.use_c, self.max_nodes = bool(use_c), int(max_nodes)
+        if predictor is None and models is not None:
+            predictor = ModelPredictor.from_dir(models)
+        self.pred = predictor
+        if self.pred is None:
+            log.warning("claius: no predictor given: QoS queries run at 100 %, batch apps share "
+                        "the device equally")
+        self.qos: dict[int, QosApp] = {}
+        self.batch: dict[int, BatchApp] = {}
+        self.sent: dict[int, int] = {}          # slot -> quota last decided
+        self.last_packing: Packing | None = None
+
+    # --- helpers -------------------------------------------------------------
+    def _units(self, q: int) -> int:
+        return max(1, min(self.n, int(math.ceil(q / self.g))))
+
+    def _qidx(self, q: int) -> int:
+        return self._units(q) - 1
+
+    def _emit(self, want: dict[int, int]) -> list[Decision]:
+        out = []
+        for slot, q in sorted(want.items()):
+            if self.sent.get(slot) != q:
+                self.sent[slot] = q
+                out.append(Decision(slot, q, None))
+        return out
+
+    def _plan_pred(self, a: QosApp) -> np.ndarray:
+        """plan x quotas predicted task times of the current query (once per query)."""
+        q = a.query
+        if q.pred is None:
+            rows = [self.pred.task_ms(a.info.name, t, self.quotas) for t in q.plan]
+            q.pred = np.array(rows, dtype=np.float64).reshape(len(q.plan), self.n)
+        return q.pred
+
+    def _qos_bw(self, a: QosApp, quota: int) -> float:
+        """Peak predicted bandwidth of the query's tasks at its quota (0 without a plan)."""
+        if a.query is None or not a.query.plan or self.pred is None:
+            return 0.0
+        key = id(a.query.plan)
+        if a.bw_cache is None or a.bw_cache[0] != key:
+            try:
+                m = np.array([self.pred.task_bw(a.info.name, t, self.quotas) for t in a.query.plan])
+                a.bw_cache = (key, m.max(axis=0))
+            except (KeyError, ValueError) as e:
+                log.warning("claius: no bandwidth prediction for %s (%s): counting 0", a.info.name, e)
+                a.bw_cache = (key, np.zeros(self.n))
+        return float(a.bw_cache[1][self._qidx(quota)])
+
+    def _batch_preds(self, b: BatchApp) -> None:
+        try:
+            ipc = self.pred.task_ipc(b.info.name, b.task, self.quotas)
+            bw = self.pred.task_bw(b.info.name, b.task, self.quotas)
+        except (KeyError, ValueError) as e:
+            log.warning("claius: no prediction for batch app %s (%s)", b.info.name, e)
+            b.ipc = b.bw = None
+            return
+        b.ipc = np.concatenate(([0.0], np.asarray(ipc, dtype=np.float64)))
+        b.bw = np.concatenate(([0.0], np.asarray(bw, dtype=np.float64)))
+
+    # --- QoS sharing (Eq. 7/8, slope) ---------------------------------------------
+    def _remaining(self, a: QosApp) -> np.ndarray:
+        """Predicted time of the query's tasks still to run, per quota: from
+        its plan when it has one, else the whole query's curve."""
+        q = a.query
+        if q.plan:
+            return self._plan_pred(a)[len(q.measured):].sum(axis=0)
+        return q.curve
+
+    def _qos_grants(self) -> dict[int, int]:
+        """Units per QoS app with a query in flight."""
+        live = [a for a in self.qos.values() if a.query is not None]
+        claims = []
+        for a in live:
+            q = a.query
+            need = self._units(q.quota)
+            cls, slope, fn = 2, 0.0, None
+            if self.pred is not None and not math.isinf(q.target_ms):
+                rem = self._remaining(a)
+                t_rest = q.target_ms - q.pcie_ms - sum(q.measured)
+                cls = eq7_priority(float(rem[need - 1]), t_rest, self.slack_frac)
+                slope = curve_slope(rem, need - 1)
+                fn = (lambda r: lambda u: float(r[max(1, min(self.n, u)) - 1]))(rem)
+            claims.append(Claim(a.info.slot, need, cls, slope, fn))
+        grants = share_units(claims, self.n, self.th)
+        if sum(c.need for c in claims) > self.n:
+            log.info("claius: QoS asks %d%% in all; shared by priority: %s",
+                     sum(c.need for c in claims) * self.g,
+                     ", ".join(f"slot {c.key} class {c.cls} slope {c.slope:.3g} ms "
+                               f"{c.need * self.g}%->{grants[c.key] * self.g}%" for c in claims))
+        return grants
+
+    # --- batch packing -----------------------------------------------------------
+    def _pack(self, free_units: int, qos_bw: float) -> dict[int, int]:
+        """Quota per batch app: the knapsack over the free units; apps without
+        predictions get one unit each first, to run and be seen."""
+        out: dict[int, int] = {}
+        apps = sorted(self.batch.values(), key=lambda b: b.info.slot)
+        if not apps:
+            return out
+        if self.pred is None:
+            share = max(self.g, (free_units // len(apps)) * self.g)
+            return {b.info.slot: share for b in apps}
+        known = [b for b in apps if b.ipc is not None]
+        for b in apps:
+            if b.ipc is None:
+                out[b.info.slot] = self.g
+                free_units -= 1
+        free_units = max(0, free_units)
+        if known:
+            val = np.stack([b.ipc[:free_units + 1] for b in known])
+            bw = np.stack([b.bw[:free_units + 1] for b in known])
+            cap = self.device_bw - qos_bw
+            if self.use_c:
+                p = knapsack(val, bw, cap, self.bandwidth_cap, self.max_nodes)
+            else:
+                p = knapsack_py(val, bw, cap, self.bandwidth_cap, self.max_nodes)
+            self.last_packing = p
+            if p.status == 2:
+                log.warning("claius: QoS bandwidth %.0f GB/s leaves no room under %.0f GB/s: "
+                            "batch apps wait", qos_bw, self.device_bw)
+            elif p.status == 1:
+                log.warning("claius: knapsack stopped at %d nodes: best packing so far", p.nodes)
+            for b, k in zip(known, p.choice):
+                # k = 0: the app waits in the ready pool; the smallest quota is
+                # the nearest a Decision can say (see the report: a "hold" route)
+                out[b.info.slot] = k * self.g if k > 0 else self.g
+        return out
+
+    def _decide(self) -> list[Decision]:
+        """The whole allocation: QoS grants, then the knapsack over what is left."""
+        grants = self._qos_grants()
+        want: dict[int, int] = {}
+        qos_bw = 0.0
+        for slot, u in grants.items():
+            a = self.qos[slot]
+            want[slot] = u * self.g
+            qos_bw += self._qos_bw(a, u * self.g)
+        free = self.n - sum(grants.values())
+        want.update(self._pack(free, qos_bw if self.bandwidth_cap else 0.0))
+        return self._emit(want)
+
+    # --- hooks ---------------------------------------------------------------------
+    def on_register(self, app: AppInfo) -> list[Decision]:
+        if app.cls == "qos":
+            self.qos[app.slot] = QosApp(app)
+            return self._emit({app.slot: 100})
+        self.batch[app.slot] = BatchApp(app)
+        return self._decide()
+
+    def on_exit(self, app: AppInfo) -> list[Decision]:
+        self.qos.pop(app.slot, None)
+        self.batch.pop(app.slot, None)
+        self.sent.pop(app.slot, None)
+        return self._decide()
+
+    def on_query_begin(self, app: AppInfo, info: dict) -> list[Decision]:
+        a = self.qos.get(app.slot)
+        if a is None:
+            return []
+        target = info.get("qos_ms") or app.qos_ms
+        size = float(info.get("size") or 0)
+        plan = list(info.get("tasks") or a.last_plan)
+        a.seen = []
+        q0, pcie, curve = 100, 0.0, np.zeros(self.n)
+        if target is None:
+            log.info("claius: %s has no latency target: its query runs at 100 %%", app.name)
+            target = math.inf
+        elif self.pred is not None:
+            try:
+                t = self.pred.query_ms(app.name, size, self.quotas)
+                pc = self.pred.pcie_ms(app.name, size, self.quotas)
+            except (KeyError, ValueError) as e:
+                log.warning("claius: no query prediction for %s (%s): 100 %%", app.name, e)
+            else:
+                q = eq3_quota(t, self.quotas, target, pc)
+                if q is None:
+                    log.warning("claius: %s query %s (size %g): no quota meets %.3g ms "
+                                "(%.3g ms + %.3g ms PCIe at 100 %%): 100 %%", app.name,
+                                info.get("id"), size, target, t[-1], pc[-1])
+                    q = 100
+                q0, pcie, curve = q, float(pc[self._qidx(q)]), np.asarray(t, dtype=np.float64)
+        a.query = QueryState(int(info.get("id", 0)), float(info.get("t_us") or 0.0), float(target),
+                             pcie, q0, curve, q0, plan)
+        return self._decide()
+
+    def on_task_done(self, app: AppInfo, task: dict) -> list[Decision]:
+        b = self.batch.get(app.slot)
+        if b is not None:
+            feats = task.get("features")
+            if feats is None or self.pred is None or feats == b.task:
+                return []
+            b.task = feats
+            self._batch_preds(b)
+            return self._decide()
+        a = self.qos.get(app.slot)
+        if a is None or a.query is None:
+            return []
+        q = a.query
+        if task.get("features") is not None:
+            a.seen.append(task["features"])
+        i = len(q.measured)
+        q.measured.append(float(task.get("duration_us", 0.0)) / 1000.0)
+        if self.pred is None or not q.plan or i >= len(q.plan) or math.isinf(q.target_ms):
+            return []
+        pred = self._plan_pred(a)
+        ran_at = self.sent.get(app.slot, q.quota)      # the quota it ran at, as granted
+        q.predicted.append(float(pred[i, self._qidx(ran_at)]))
+        if not self.compensation:
+            return []
+        return self._compensate(a)
+
+    def _compensate(self, a: QosApp) -> list[Decision]:
+        """Lag compensation after a task: Eq. 6 when behind, rollback to Eq. 3's
+        quota once that quota is enough again."""
+        q = a.query
+        pred = self._plan_pred(a)
+        done = len(q.measured)
+        rem = pred[done:].sum(axis=0)
+        spent = sum(q.measured)
+        lag = lag_ms(q.measured, q.predicted)
+        name = a.info.name
+        budget = q.target_ms - q.pcie_ms
+        if q.compensated:
+            if spent + rem[self._qidx(q.default_q)] <= budget:
+                log.info("claius: %s query %d back on schedule after %d/%d tasks (spent %.3f ms, "
+                         "remaining %.3f ms at %d%%, budget %.3f ms): rollback %d%% -> %d%%",
+                         name, q.id, done, len(q.plan), spent, rem[self._qidx(q.default_q)],
+                         q.default_q, budget, q.quota, q.default_q)
+                q.quota, q.compensated = q.default_q, False
+                return self._decide()
+        if lag <= 0:
+            return []
+        new = eq6_quota(spent, rem, self.quotas, q.target_ms, q.pcie_ms)
+        if new is None:
+            log.warning("claius: %s query %d lags %.3f ms and no quota catches up "
+                        "(remaining %.3f ms at 100 %%, %.3f ms left): 100 %%",
+                        name, q.id, lag, rem[-1], budget - spent)
+            new = 100
+        if new <= q.quota:
+            return []
+        log.info("claius: %s query %d lags %.3f ms after %d/%d tasks (measured %.3f ms, "
+                 "predicted %.3f ms): %d%% -> %d%% (remaining %.3f ms there, %.3f ms left)",
+                 name, q.id, lag, done, len(q.plan), spent, sum(q.predicted), q.quota, new,
+                 rem[self._qidx(new)], budget - spent)
+        q.quota, q.compensated = new, True
+        return self._decide()
+
+    def on_query_end(self, app: AppInfo, info: dict) -> list[Decision]:
+        a = self.qos.get(app.slot)
+        if a is None or a.query is None:
+            return []
+        if a.seen:
+            a.last_plan = a.seen            # the next query's plan: this query's tasks
+        a.seen = []
+        a.query = None
+        return self._decide()

@@ -1,0 +1,310 @@
+"""C-Laius policy core: each equation against hand-computed cases, the
+knapsack against brute force (C and Python), and the hooks on a scripted run."""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+
+import numpy as np
+import pytest
+
+from controlplane.policies import AppInfo, Decision, make_policy
+from controlplane.policies import claius as C
+
+Q = np.arange(10, 101, 10, dtype=np.float64)
+
+needs_c = pytest.mark.skipif(not C.knapsack_c_available(),
+                             reason="controlplane.policies._knapsack not built")
+
+
+# --- Eq. 3 ---------------------------------------------------------------------
+
+def test_eq3_smallest_feasible_quota():
+    t = 100.0 / Q                          # 10, 5, 3.33, 2.5, ...
+    assert C.eq3_quota(t, Q, target_ms=4.0, pcie_ms=0.5) == 30      # 3.33 <= 3.5, 5 > 3.5
+    assert C.eq3_quota(t, Q, target_ms=5.5, pcie_ms=0.5) == 20      # equality counts
+    assert C.eq3_quota(t, Q, target_ms=11.0) == 10
+    assert C.eq3_quota(t, Q, target_ms=1.0, pcie_ms=0.5) is None    # 1.0 at 100 % > 0.5
+
+
+def test_eq3_none_feasible_runs_at_100_and_logs(caplog):
+    p = C.TablePredictor(query={"svc": lambda s, q: 100.0 / q}, pcie={"svc": lambda s, q: 0.5})
+    pol = make_policy("claius", predictor=p)
+    svc = AppInfo(0, 100, "svc", "qos", qos_ms=1.0)
+    pol.on_register(svc)
+    with caplog.at_level(logging.WARNING, logger="colocate.claius"):
+        d = pol.on_query_begin(svc, {"id": 7, "size": 1, "t_us": 0})
+    assert pol.qos[0].query.quota == 100
+    assert "no quota meets" in caplog.text and "svc query 7" in caplog.text
+    assert d == [] or d == [Decision(0, 100, None)]             # already 100 since register
+
+
+# --- Eq. 4/5: the knapsack -----------------------------------------------------------
+
+def brute(value: np.ndarray, bw: np.ndarray, cap: float, use_cap: bool) -> float | None:
+    n, u = value.shape[0], value.shape[1] - 1
+    best = None
+    for ks in itertools.product(range(u + 1), repeat=n):
+        if sum(ks) > u:
+            continue
+        if use_cap and sum(bw[i, k] for i, k in enumerate(ks)) > cap:
+            continue
+        v = sum(value[i, k] for i, k in enumerate(ks))
+        best = v if best is None else max(best, v)
+    return best
+
+
+def random_instance(rng: np.random.Generator, n: int, u: int) -> tuple[np.ndarray, np.ndarray]:
+    """Values and bandwidths per unit count, 0 at k = 0; not always monotone."""
+    v = np.zeros((n, u + 1))
+    b = np.zeros((n, u + 1))
+    v[:, 1:] = np.round(rng.random((n, u)) * 10, 1)            # ties happen
+    b[:, 1:] = np.cumsum(rng.random((n, u)) * 100, axis=1)
+    return v, b
+
+
+@pytest.mark.parametrize("use_cap", [False, True])
+def test_knapsack_optimal_vs_brute_force(use_cap):
+    rng = np.random.default_rng(6)
+    for _ in range(300):
+        n, u = int(rng.integers(1, 5)), int(rng.integers(0, 6))
+        v, b = random_instance(rng, n, u)
+        cap = float(rng.random() * b.sum(axis=1).max() / 2)
+        ref = brute(v, b, cap, use_cap)
+        got = C.knapsack_py(v, b, cap, use_cap)
+        chosen_v = sum(v[i, k] for i, k in enumerate(got.choice))
+        chosen_b = sum(b[i, k] for i, k in enumerate(got.choice))
+        assert sum(got.choice) <= u
+        assert math.isclose(got.value, chosen_v, abs_tol=1e-9)
+        assert math.isclose(got.bw, chosen_b, abs_tol=1e-9)
+        if ref is None:                    # even all-zero breaks the cap: impossible here
+            pytest.fail("brute force found nothing")
+        assert got.status == 0
+        assert math.isclose(got.value, ref, abs_tol=1e-9), (v, b, cap, got, ref)
+        if use_cap:
+            assert got.bw <= cap               # the cap is respected
+
+
+@needs_c
+@pytest.mark.parametrize("use_cap", [False, True])
+def test_knapsack_c_and_python_agree(use_cap):
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        n, u = int(rng.integers(1, 9)), int(rng.integers(0, 11))
+        v, b = random_instance(rng, n, u)
+        cap = float(rng.random() * b[:, -1].sum() / 2)
+        py = C.knapsack_py(v, b, cap, use_cap)
+        c = C.knapsack_c(v, b, cap, use_cap)
+        assert (c.choice, c.value, c.bw, c.status, c.nodes) == \
+               (py.choice, py.value, py.bw, py.status, py.nodes)
+        if use_cap:
+            assert c.bw <= cap
+
+
+@needs_c
+def test_knapsack_c_vs_brute_force_8_apps():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        v, b = random_instance(rng, 5, 6)
+        cap = float(b[:, -1].sum() / 3)
+        got = C.knapsack_c(v, b, cap, True)
+        assert math.isclose(got.value, brute(v, b, cap, True), abs_tol=1e-9)
+
+
+def test_knapsack_takes_next_best_when_best_breaks_cap():
+    v = np.array([[0, 3, 10], [0, 3, 4]], dtype=float)
+    b = np.array([[0, 100, 1000], [0, 100, 200]], dtype=float)
+    for solve in [C.knapsack_py] + ([C.knapsack_c] if C.knapsack_c_available() else []):
+        assert solve(v, b, 500, use_cap=False).choice == [2, 0]     # 10 at 1000 GB/s
+        p = solve(v, b, 500, use_cap=True)
+        assert p.choice == [1, 1] and p.value == 6 and p.bw == 200
+        p = solve(v, b, 50, use_cap=True)                            # only waiting fits
+        assert p.choice == [0, 0] and p.status == 0
+        p = solve(v, b, -1, use_cap=True)                            # QoS alone is over
+        assert p.choice == [0, 0] and p.status == 2
+
+
+def test_knapsack_falls_back_to_python_and_logs(monkeypatch, caplog):
+    monkeypatch.setattr(C, "_lib", None)
+    monkeypatch.setattr(C, "_ks_warned", False)
+    v = np.array([[0, 1, 2]], dtype=float)
+    with caplog.at_level(logging.WARNING, logger="colocate.claius"):
+        p = C.knapsack(v, v, 10, True)
+    assert p.choice == [2] and "Python search" in caplog.text
+
+
+# --- Eq. 6 and lag --------------------------------------------------------------------
+
+def test_eq6_minimal_quota_hand_case():
+    rem = 200.0 / Q                        # two tasks of 100/q ms left
+    assert C.eq6_quota(6.0, rem, Q, target_ms=10.0, pcie_ms=1.0) == 70    # 6 + 2.86 <= 9
+    assert C.eq6_quota(8.5, rem, Q, target_ms=10.0, pcie_ms=1.0) is None  # 8.5 + 2 > 9
+    assert C.lag_ms([2.0, 4.0], [2.0, 2.0]) == 2.0
+
+
+def test_eq6_is_minimal_on_random_cases():
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        rem = np.sort(rng.random(10) * 10)[::-1]                   # falls with the quota
+        spent, tgt = rng.random() * 5, rng.random() * 15
+        q = C.eq6_quota(spent, rem, Q, tgt)
+        ok = spent + rem <= tgt
+        if q is None:
+            assert not ok.any()
+        else:
+            i = int(q / 10) - 1
+            assert ok[i] and not ok[:i].any()
+
+
+# --- Eq. 7, Eq. 8, slope, sharing ---------------------------------------------------
+
+def test_eq7_priority_classes():
+    assert C.eq7_priority(12.0, 10.0) == 1          # will miss
+    assert C.eq7_priority(9.5, 10.0) == 2           # 0.5 ms slack < 10 % of 10
+    assert C.eq7_priority(5.0, 10.0) == 3           # plenty of slack
+    assert C.eq7_priority(9.5, 10.0, slack_frac=0.01) == 3
+
+
+def test_eq8_ratio_against_th():
+    assert C.eq8_choose([("x", 10, 8), ("y", 10, 9.5)], 0.9) == "x"       # A 0.8 vs 0.95
+    assert C.eq8_choose([("x", 10, 9.5), ("y", 10, 9.2)], 0.9) is None     # both above TH
+    assert C.eq8_choose([("x", 10, 9.5), ("y", 10, 9.2)], 0.95) == "y"
+    assert C.eq8_choose([("x", 0, 0)], 0.9) is None
+
+
+def test_slope():
+    t = 600.0 / Q
+    assert C.curve_slope(t, 5) == pytest.approx(600 / 50 - 600 / 60)
+    assert C.curve_slope(t, 0) == pytest.approx(60 - 30)
+
+
+def test_share_units_by_slope():
+    a = C.Claim("a", 6, cls=3, slope=2.0)
+    b = C.Claim("b", 6, cls=3, slope=1.0)
+    assert C.share_units([a, b], 10) == {"a": 6, "b": 4}
+    assert C.share_units([C.Claim("a", 6, 3, 0.5), b], 10) == {"a": 4, "b": 6}
+    assert C.share_units([C.Claim("a", 3), C.Claim("b", 4)], 10) == {"a": 3, "b": 4}
+
+
+def test_share_units_class_1_first_and_eq8():
+    x = C.Claim("x", 5, cls=1, slope=0.1, remaining=lambda u: 10.0 / u)      # A 0.5, 0.67 ..
+    y = C.Claim("y", 5, cls=1, slope=9.0, remaining=lambda u: 10.0 - 0.5 * u)  # A ~0.95
+    assert C.share_units([x, y], 6, th=0.9) == {"x": 5, "y": 1}
+    # flat curves everywhere: Eq. 8 passes nobody, so the steeper slope gets it
+    flat = C.Claim("x", 5, cls=1, slope=0.1, remaining=lambda u: 10.0 - 0.1 * u)
+    assert C.share_units([flat, y], 6, th=0.9) == {"x": 1, "y": 5}
+    z = C.Claim("z", 4, cls=3, slope=100.0)
+    w = C.Claim("w", 8, cls=1, slope=0.0, remaining=lambda u: 10.0 / u)
+    assert C.share_units([z, w], 10) == {"w": 8, "z": 2}
+
+
+# --- the policy on a scripted run ---------------------------------------------------
+
+def scripted_predictor(qos_bw: float = 0.0) -> C.TablePredictor:
+    task = {"svc": lambda f, q: 100.0 / q}                 # each of 4 tasks: 2 ms at 50 %
+    return C.TablePredictor(
+        query={"svc": lambda s, q: 400.0 / q}, pcie={"svc": lambda s, q: 1.0},
+        task=task,
+        bw={"svc": lambda f, q: qos_bw, "b1": lambda f, q: 10.0 * q, "b2": lambda f, q: 5.0 * q},
+        ipc={"b1": lambda f, q: q / 10.0, "b2": lambda f, q: 2.0 * math.sqrt(q / 10.0)})
+
+
+SVC = AppInfo(0, 100, "svc", "qos", qos_ms=10.0)
+B1 = AppInfo(1, 101, "b1", "batch")
+B2 = AppInfo(2, 102, "b2", "batch")
+TASKS = [{"task": f"k{i}", "input_bytes": 1.0} for i in range(4)]
+
+
+def start(**opts) -> C.CLaius:
+    pol = make_policy("claius", predictor=scripted_predictor(), **opts)
+    assert pol.on_register(B1) == [Decision(1, 10, None)]           # unseen: one unit to run
+    assert pol.on_task_done(B1, {"features": {"task": "b1k"}}) == [Decision(1, 100, None)]
+    # b2 unseen: one unit, b1 the other 9
+    assert pol.on_register(B2) == [Decision(1, 90, None), Decision(2, 10, None)]
+    assert pol.on_task_done(B2, {"features": {"task": "b2k"}}) == []   # b1 9 + b2 1: IPC 11
+    assert pol.last_packing.choice == [9, 1]
+    assert pol.on_register(SVC) == [Decision(0, 100, None)]
+    return pol
+
+
+def test_policy_scripted_run_with_lag_and_rollback(caplog):
+    pol = start()
+    # Eq. 3: 400/q <= 10 - 1 -> 50 %; the knapsack over 5 units: b1 4 + b2 1 (IPC 6)
+    d = pol.on_query_begin(SVC, {"id": 1, "size": 1, "t_us": 0, "tasks": TASKS})
+    assert d == [Decision(0, 50, None), Decision(1, 40, None)]
+    assert pol.on_task_done(SVC, {"features": TASKS[0], "duration_us": 2000}) == []   # on time
+    with caplog.at_level(logging.INFO, logger="colocate.claius"):
+        d = pol.on_task_done(SVC, {"features": TASKS[1], "duration_us": 4000})
+    # lag 2 ms; Eq. 6: 6 + 200/q <= 9 -> 70 %; batch gets 3 units: b1 2 + b2 1
+    assert d == [Decision(0, 70, None), Decision(1, 20, None)]
+    assert "lags 2.000 ms" in caplog.text and "50% -> 70%" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="colocate.claius"):
+        d = pol.on_task_done(SVC, {"features": TASKS[2], "duration_us": 300})
+    # 6.3 ms spent + 2 ms for the last task at 50 % <= 9: roll back
+    assert d == [Decision(0, 50, None), Decision(1, 40, None)]
+    assert "rollback 70% -> 50%" in caplog.text
+    assert pol.on_task_done(SVC, {"features": TASKS[3], "duration_us": 2000}) == []
+    # query over: the batch apps get the whole device again; the next query
+    # reuses this query's tasks as its plan
+    assert pol.on_query_end(SVC, {"id": 1}) == [Decision(1, 90, None)]
+    d = pol.on_query_begin(SVC, {"id": 2, "size": 1, "t_us": 10_000})
+    assert d == [Decision(1, 40, None)] and pol.qos[0].query.plan == TASKS
+
+
+def test_policy_no_compensation_ablation():
+    pol = start(compensation=False)
+    pol.on_query_begin(SVC, {"id": 1, "size": 1, "t_us": 0, "tasks": TASKS})
+    pol.on_task_done(SVC, {"features": TASKS[0], "duration_us": 2000})
+    assert pol.on_task_done(SVC, {"features": TASKS[1], "duration_us": 4000}) == []
+    assert pol.sent[0] == 50
+
+
+def test_policy_bandwidth_cap_and_nb_ablation():
+    # device 600 GB/s, the query's tasks pull 200: batch may use 400.
+    # b1 at k units pulls 100k, b2 50k: unconstrained b1 4 + b2 1 (IPC 6, 450 GB/s)
+    # breaks it; next best b1 3 + b2 2 (IPC 5.83, 400 GB/s)
+    for cap, want in ((True, {1: 30, 2: 20}), (False, {1: 40, 2: 10})):
+        pol = make_policy("claius", predictor=scripted_predictor(qos_bw=200.0),
+                          device_bw_gbs=600.0, bandwidth_cap=cap)
+        for a in (B1, B2):
+            pol.on_register(a)
+            pol.on_task_done(a, {"features": {"task": a.name}})
+        pol.on_register(SVC)
+        pol.on_query_begin(SVC, {"id": 1, "size": 1, "t_us": 0, "tasks": TASKS})
+        assert {s: pol.sent[s] for s in (1, 2)} == want
+        if cap:
+            assert pol.last_packing.bw + 200.0 <= 600.0
+
+
+def test_policy_two_qos_services_share_by_slope():
+    p = C.TablePredictor(query={"a": lambda s, q: 600.0 / q, "b": lambda s, q: 12.0 - q / 10.0},
+                         task={}, bw={}, ipc={})
+    pol = make_policy("claius", predictor=p)
+    a = AppInfo(0, 10, "a", "qos", qos_ms=10.5)      # Eq. 3: 60 %, slope 2 ms per step
+    b = AppInfo(3, 13, "b", "qos", qos_ms=6.05)      # Eq. 3: 60 %, slope 1 ms per step
+    pol.on_register(a)
+    pol.on_register(b)
+    assert pol.on_query_begin(b, {"id": 1, "size": 1}) == [Decision(3, 60, None)]
+    d = pol.on_query_begin(a, {"id": 1, "size": 1})
+    assert sorted(d, key=lambda x: x.slot) == [Decision(0, 60, None), Decision(3, 40, None)]
+    assert pol.on_query_end(a, {"id": 1}) == [Decision(3, 60, None)]
+
+
+def test_policy_without_predictor_is_static_like():
+    pol = make_policy("claius")
+    assert pol.on_register(SVC) == [Decision(0, 100, None)]
+    pol.on_query_begin(SVC, {"id": 1, "size": 1})
+    assert pol.on_register(B1) == [Decision(1, 10, None)]   # QoS holds 100 %: b1 a unit
+    assert pol.sent[1] == 10
+
+
+def test_granularity_option():
+    pol = make_policy("claius", predictor=scripted_predictor(), granularity=20)
+    assert list(pol.quotas) == [20, 40, 60, 80, 100]
+    pol.on_register(SVC)
+    pol.on_query_begin(SVC, {"id": 1, "size": 1, "tasks": TASKS})
+    assert pol.sent[0] == 60                           # 400/q <= 9 -> 44.4 -> next step 60
+    with pytest.raises(ValueError):
+        make_policy("claius", granularity=30)
