@@ -35,46 +35,44 @@ static const char *const lib_files[2][3] = {
 	{ "libcublas.so.13", "libcublas.so", NULL },
 };
 
+/* What a loaded library's file name starts with, when it was loaded
+ * privately under another name, and the major version to prefer. */
+static const char *const lib_prefix[2] = { "libcudnn.so", "libcublas.so" };
+static const char *const lib_major[2] = { ".so.9", ".so.13" };
+
 struct real_fn {
 	const char *name;
 	int         lib;
 	void       *fn;          /* found; read with a relaxed atomic load */
 	int         complained;
+	uint64_t    retry_ns;    /* a miss: not looked up again before this */
 };
 
-#define REAL_FN(var, lib, fn) static struct real_fn var = { #fn, lib, NULL, 0 }
+#define REAL_FN(var, lib, fn) static struct real_fn var = { #fn, lib, NULL, 0, 0 }
 
-static void *lookup(struct real_fn *r)
-{
-	void *p = shim_dlsym(RTLD_NEXT, r->name);
-	const char *const *f;
-
-	for (f = lib_files[r->lib]; !p && *f; f++) {
-		void *h = dlopen(*f, RTLD_NOLOAD | RTLD_LAZY);
-
-		if (h) {
-			p = shim_dlsym(h, r->name);
-			dlclose(h);   /* NOLOAD took a reference; the app holds its own */
-		}
-	}
-	return p;
-}
-
-/* The real function, or NULL (logged once).  A miss is looked up again
- * next time: the library may be dlopen()ed later. */
+/* The real function, or NULL (logged once).  A miss is looked up again at
+ * most once a second: the library may be dlopen()ed later, but a getter
+ * that does not exist must not cost loader work on every call. */
 static void *real(struct real_fn *r)
 {
 	void *p = __atomic_load_n(&r->fn, __ATOMIC_RELAXED);
+	uint64_t now;
 
 	if (__builtin_expect(p != NULL, 1))
 		return p;
-	p = lookup(r);
-	if (p)
+	now = shim_now_ns();
+	if (now < __atomic_load_n(&r->retry_ns, __ATOMIC_RELAXED))
+		return NULL;
+	p = shim_real_in(lib_files[r->lib], lib_prefix[r->lib], lib_major[r->lib], r->name);
+	if (p) {
 		__atomic_store_n(&r->fn, p, __ATOMIC_RELAXED);
-	else if (!__atomic_exchange_n(&r->complained, 1, __ATOMIC_RELAXED))
+		return p;
+	}
+	__atomic_store_n(&r->retry_ns, now + 1000000000ull, __ATOMIC_RELAXED);
+	if (!__atomic_exchange_n(&r->complained, 1, __ATOMIC_RELAXED))
 		shim_log("%s: the real %s is not loaded; returning NOT_INITIALIZED", r->name,
 			 lib_files[r->lib][0]);
-	return p;
+	return NULL;
 }
 
 #define CALL(var, T) ((__typeof__(&T))real(&var))

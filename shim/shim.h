@@ -52,6 +52,11 @@ void shim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * the already-loaded library (RTLD_LOCAL loads hide it from RTLD_NEXT). */
 void *shim_real_rt(const char *name);
 void *shim_real_drv(const char *name);
+/* The same for any library: RTLD_NEXT, then the sonames in libs (NULL-ended)
+ * loaded RTLD_LOCAL, then any loaded object whose file name starts with
+ * prefix (one with `prefer` in its name first, e.g. ".so.13"). */
+void *shim_real_in(const char *const *libs, const char *prefix, const char *prefer,
+		   const char *name);
 /* glibc's dlsym, since this library overrides dlsym itself. */
 typedef void *(*shim_dlsym_fn)(void *, const char *);
 shim_dlsym_fn shim_glibc_dlsym(void);

@@ -79,22 +79,31 @@ void *shim_dlsym(void *handle, const char *name)
 
 struct find_lib {
 	const char *prefix;     /* basename prefix, e.g. "libcudart"        */
-	char path[PATH_MAX];    /* the first loaded object that matches     */
+	const char *prefer;     /* a version suffix to prefer, e.g. ".so.13" */
+	char path[PATH_MAX];    /* the best loaded object that matches      */
+	int preferred;          /* path has the preferred suffix            */
 };
 
-/* Only look here: dlopen under dl_iterate_phdr's lock is not allowed. */
+/* Only look here: dlopen under dl_iterate_phdr's lock is not allowed.  The
+ * first match with the preferred major version wins; else the first match
+ * (another major version of a library may be loaded privately by a plugin). */
 static int find_object(struct dl_phdr_info *info, size_t size, void *arg)
 {
 	struct find_lib *f = arg;
 	const char *base = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+	int pref;
 
 	(void)size;
 	base = base ? base + 1 : info->dlpi_name;
 	if (!base || strncmp(base, f->prefix, strlen(f->prefix)) != 0 || !strstr(base, ".so") ||
 	    strlen(info->dlpi_name) >= sizeof(f->path))
 		return 0;
-	strcpy(f->path, info->dlpi_name);
-	return 1;
+	pref = f->prefer && strstr(base, f->prefer) != NULL;
+	if (!f->path[0] || (pref && !f->preferred)) {
+		strcpy(f->path, info->dlpi_name);
+		f->preferred = pref;
+	}
+	return f->preferred;
 }
 
 /*
@@ -104,10 +113,11 @@ static int find_object(struct dl_phdr_info *info, size_t size, void *arg)
  * wheels vendor a renamed runtime (PyTorch's libcudart-<hash>.so.13), loaded
  * privately, whose users still bind their CUDA calls to our hooks.
  */
-static void *real_in(const char *const *libs, const char *prefix, const char *name)
+void *shim_real_in(const char *const *libs, const char *prefix, const char *prefer,
+		   const char *name)
 {
 	void *p = shim_dlsym(RTLD_NEXT, name);
-	struct find_lib f = { .prefix = prefix };
+	struct find_lib f = { .prefix = prefix, .prefer = prefer };
 
 	for (; !p && *libs; libs++) {
 		void *h = dlopen(*libs, RTLD_NOLOAD | RTLD_LAZY);
@@ -117,7 +127,7 @@ static void *real_in(const char *const *libs, const char *prefix, const char *na
 			dlclose(h);   /* NOLOAD took a reference; give it back */
 		}
 	}
-	if (!p && dl_iterate_phdr(find_object, &f)) {
+	if (!p && (dl_iterate_phdr(find_object, &f), f.path[0])) {
 		void *h = dlopen(f.path, RTLD_NOLOAD | RTLD_LAZY);
 
 		if (h) {
@@ -131,7 +141,7 @@ static void *real_in(const char *const *libs, const char *prefix, const char *na
 void *shim_real_rt(const char *name)
 {
 	static const char *const libs[] = { "libcudart.so.13", "libcudart.so", NULL };
-	void *p = real_in(libs, "libcudart", name);
+	void *p = shim_real_in(libs, "libcudart", ".so.13", name);
 
 	if (!p)
 		shim_log("the CUDA runtime has no %s; returning an error to the app", name);
@@ -142,7 +152,7 @@ void *shim_real_drv(const char *name)
 {
 	static const char *const libs[] = { "libcuda.so.1", "libcuda.so", NULL };
 
-	return real_in(libs, "libcuda.so", name);
+	return shim_real_in(libs, "libcuda.so", ".so.1", name);
 }
 
 /* ------------------------------------------------------------------ */

@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 static void *zctx, *zsock;
@@ -255,6 +256,20 @@ static void kernel_json(const struct shim_kernel *k, void *arg)
 		 twin < 0 ? "null" : twin ? "true" : "false");
 }
 
+/* pthread_mutex_lock, giving up after ms milliseconds; 1 when locked. */
+static int lock_bounded(pthread_mutex_t *m, int ms)
+{
+	struct timespec ts = { 0, 1000000 };   /* 1 ms */
+	int i;
+
+	for (i = 0; i <= ms; i++) {
+		if (pthread_mutex_trylock(m) == 0)
+			return 1;
+		nanosleep(&ts, NULL);
+	}
+	return 0;
+}
+
 /*
  * A message that wants no answer, after registration: sent without
  * blocking (dropped, and counted, when the controller does not keep up);
@@ -270,8 +285,11 @@ int shim_ctl_send(const char *json)
 	if (zsock && slot_index >= 0) {
 		while (zmq.recv(zsock, sink, sizeof(sink), ZMQ_DONTWAIT) >= 0)
 			;
+		/* once the first frame is in, libzmq takes the rest of the
+		 * message: send it without DONTWAIT, or a half message would
+		 * glue itself onto the next one */
 		if (zmq.send(zsock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
-		    zmq.send(zsock, json, strlen(json), ZMQ_DONTWAIT) >= 0)
+		    zmq.send(zsock, json, strlen(json), 0) >= 0)
 			r = 0;
 		else if (!dropped++)
 			shim_log("the controller does not keep up; messages dropped");
@@ -285,7 +303,14 @@ void shim_ctl_exit(void)
 	static char msg[60000];
 	struct kjson j = { msg, sizeof(msg) - 8, 0, NULL };
 
-	pthread_mutex_lock(&sock_mu);
+	/* exit() may run on a thread interrupted (by a signal handler that
+	 * calls exit) while it held sock_mu in shim_ctl_send: never wait for
+	 * ever; after 200 ms go without the exit message (the controller's
+	 * liveness check notices the dead pid) */
+	if (!lock_bounded(&sock_mu, 200)) {
+		shim_log("exit message not sent: the controller connection is busy");
+		return;
+	}
 	if (!zsock || slot_index < 0) {
 		pthread_mutex_unlock(&sock_mu);
 		return;

@@ -248,8 +248,11 @@ static void twins_list(char *out, size_t outlen)
 			add_path(&t, path);
 	}
 	/* loaded libraries that carry twins (simgpu's CPU cuDNN/cuBLAS) say so
-	 * with the marker simgpu_twin_library; once per connection */
-	dl_iterate_phdr(collect_object, &t);
+	 * with the marker simgpu_twin_library; once per connection, and only
+	 * on simgpu (a GPU process may have hundreds of libraries, and this
+	 * runs under the forwarding lock) */
+	if (shim_dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin"))
+		dl_iterate_phdr(collect_object, &t);
 	for (i = 0; i < t.n; i++) {
 		void *h = dlopen(t.paths[i], RTLD_NOLOAD | RTLD_LAZY);
 

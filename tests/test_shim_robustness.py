@@ -102,3 +102,56 @@ def test_privately_loaded_renamed_runtime_is_found(tmp_path):
     assert native.stdout == "rc=0 p=0x1234\n", native.stdout + native.stderr
     # without the fallback the hook found no runtime and returned 302
     assert shimmed.stdout == native.stdout, shimmed.stdout + shimmed.stderr
+
+
+# cuBLAS of another major version, a dependency of a library loaded
+# RTLD_LOCAL (as a framework's extension module loads it): the call binds to
+# our exported hook, which must still reach it.
+FAKE_BLAS = r"""
+typedef struct ctx *cublasHandle_t;
+int cublasSgemm_v2(cublasHandle_t h, int ta, int tb, int m, int n, int k, const float *al,
+                   const float *a, int lda, const float *b, int ldb, const float *be, float *c,
+                   int ldc) { (void)h; (void)ta; (void)tb; (void)n; (void)k; (void)al; (void)a;
+                   (void)lda; (void)b; (void)ldb; (void)be; (void)ldc; c[0] = 42.0f; return m == 1 ? 0 : 7; }
+int cublasGetStream_v2(cublasHandle_t h, void **s) { (void)h; *s = 0; return 0; }
+"""
+BLAS_USER = r"""
+typedef struct ctx *cublasHandle_t;
+int cublasSgemm_v2(cublasHandle_t, int, int, int, int, int, const float *, const float *, int,
+                   const float *, int, const float *, float *, int);
+int user_gemm(float *c) { float one = 1; return cublasSgemm_v2(0, 0, 0, 1, 1, 1, &one, &one, 1, &one, 1, &one, c, 1); }
+"""
+BLAS_MAIN = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+int main(void) {
+    void *h = dlopen(USERLIB, RTLD_NOW | RTLD_LOCAL);
+    if (!h) { printf("dlopen: %s\n", dlerror()); return 2; }
+    int (*gemm)(float *) = (int (*)(float *))dlsym(h, "user_gemm");
+    float c = 0;
+    int rc = gemm(&c);
+    printf("rc=%d c=%g\n", rc, c);
+    return 0;
+}
+"""
+
+
+def test_privately_loaded_other_major_cublas_is_found(tmp_path):
+    d = tmp_path
+    (d / "blas.c").write_text(FAKE_BLAS)
+    (d / "user.c").write_text(BLAS_USER)
+    (d / "main.c").write_text(BLAS_MAIN)
+    blas = d / "libcublas.so.12"
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcublas.so.12", "-o", blas, d / "blas.c"],
+                   check=True)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", d / "libuser.so", d / "user.c", str(blas),
+                    f"-Wl,-rpath,{d}"], check=True)
+    subprocess.run(["cc", f'-DUSERLIB="{d / "libuser.so"}"', "-o", d / "main", d / "main.c", "-ldl"],
+                   check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLOCATE_", "SIMGPU_"))}
+    env.update(COLOCATE_RUNTIME_DIR=str(d / "run"), COLOCATE_QUIET="1")
+    native = subprocess.run([d / "main"], env=env, capture_output=True, text=True, timeout=30)
+    shimmed = subprocess.run([d / "main"], env={**env, "LD_PRELOAD": str(paths.LIBCOLOCATE)},
+                             capture_output=True, text=True, timeout=30)
+    assert native.stdout == "rc=0 c=42\n", native.stdout + native.stderr
+    assert shimmed.stdout == native.stdout, shimmed.stdout + shimmed.stderr
