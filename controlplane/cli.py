@@ -51,7 +51,10 @@ DEVICE_HELP = "auto: cuda when an NVIDIA driver answers, else sim (the CPU test 
 
 @app.command()
 def serve(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
-          policy: str = typer.Option("static", help="Scheduling policy (a module in controlplane/policies)."),
+          policy: str = typer.Option("static", metavar="NAME[,KEY=VALUE...]",
+                                     help="Scheduling policy and its options: static, mps-even, "
+                                          "mps-priority, claius (claius-nb, claius-nc: its ablations), "
+                                          "e.g. claius,models=DIR,granularity=10."),
           detach: bool = typer.Option(False, help="Run in the background; print its pid once it answers."),
           runtime_dir: Optional[Path] = RunDirOpt,
           log_level: Level = typer.Option(Level.info, help="Log level of serve.log."),

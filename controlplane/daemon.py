@@ -30,7 +30,7 @@ from typing import Any
 import zmq
 
 from controlplane import schema
-from controlplane.policies.base import AppInfo, Decision, Policy, make_policy
+from controlplane.policies.base import AppInfo, Decision, Policy, make_policy_spec
 from controlplane.rundir import ColocateError, RunDir, version
 from processpool import Pool, parse_spec
 from shim.ctlblock import ControlBlock, ControlBlockFull
@@ -442,6 +442,10 @@ class Controller:
                      "marked by the app" if q.rule == "api" else "inferred from copies")
         if app.final is not None:
             app.final["queries"] = q.summary()
+        elif q.rule == m["rule"]:
+            # a live app's boundary, by the rule in force: the policy hears it
+            info = {"id": m["id"], "size": m["size"], "t_us": t_us, "rule": m["rule"]}
+            self.decide("on_query_begin" if begin else "on_query_end", app.info, info)
         return schema.message("ok")
 
     def on_query_begin(self, m: dict) -> dict:
@@ -533,11 +537,12 @@ def setup_logging(rd: RunDir, level: str, stderr: bool) -> None:
     log.setLevel(level.upper())
 
 
-def policy(name: str) -> Policy:
+def policy(spec: str) -> Policy:
+    """The policy of "NAME[,key=value,...]"; a bad name or option is a usage error."""
     try:
-        return make_policy(name)
-    except ValueError as e:
-        raise ColocateError(str(e), code=2) from None
+        return make_policy_spec(spec)
+    except (ValueError, TypeError) as e:
+        raise ColocateError(f"--policy {spec}: {e}", code=2) from None
 
 
 def start_pool(rd: RunDir, device: str, spec: str | None) -> tuple[Pool | None, str]:

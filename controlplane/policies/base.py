@@ -94,3 +94,36 @@ def make_policy(name: str, **opts) -> Policy:
     if name not in _REGISTRY:
         raise ValueError(f"unknown policy {name!r} (known: {', '.join(sorted(_REGISTRY))})")
     return _REGISTRY[name](**opts)
+
+
+def _value(text: str) -> bool | int | float | str:
+    low = text.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_policy_spec(spec: str) -> tuple[str, dict]:
+    """ "NAME[,key=value,...]" -> (NAME, options); values become bool, int,
+    float or str.  E.g. "claius,bandwidth_cap=false,models=/data/models"."""
+    name, *items = [p.strip() for p in spec.split(",")]
+    opts: dict = {}
+    for item in items:
+        key, eq, val = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"policy option {item!r} is not key=value (in {spec!r})")
+        opts[key.strip().replace("-", "_")] = _value(val.strip())
+    return name, opts
+
+
+def make_policy_spec(spec: str) -> Policy:
+    """A policy from "NAME[,key=value,...]"; ValueError/TypeError on a bad spec."""
+    name, opts = parse_policy_spec(spec)
+    return make_policy(name, **opts)

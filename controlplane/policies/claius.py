@@ -712,3 +712,19 @@ class CLaius(Policy):
         a.seen = []
         a.query = None
         return self._decide()
+
+
+@register_policy("claius-nb")
+class CLaiusNB(CLaius):
+    """C-Laius-NB: the knapsack without the memory-bandwidth cap (ablation)."""
+
+    def __init__(self, **opts: Any):
+        super().__init__(**{**opts, "bandwidth_cap": False})
+
+
+@register_policy("claius-nc")
+class CLaiusNC(CLaius):
+    """C-Laius-NC: no progress-aware lag compensation (ablation)."""
+
+    def __init__(self, **opts: Any):
+        super().__init__(**{**opts, "compensation": False})

@@ -1,0 +1,115 @@
+"""Policy specs, the MPS baselines, and query boundaries reaching the policy."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import PY, ROOT, clean_env, colocate
+from controlplane.daemon import Controller as Ctl
+from controlplane.policies import (AppInfo, Decision, Policy, make_policy_spec, parse_policy_spec,
+                                   register_policy)
+from controlplane.rundir import ensure
+from processpool import Pool, parse_spec
+
+FAKE = [PY, str(ROOT / "tests" / "fake_worker.py")]
+
+
+def app(slot: int, cls: str = "batch") -> AppInfo:
+    return AppInfo(slot, 1000 + slot, f"a{slot}", cls, 10.0 if cls == "qos" else None)
+
+
+def test_policy_spec_parsing():
+    assert parse_policy_spec("claius") == ("claius", {})
+    assert parse_policy_spec("claius,bandwidth_cap=false,granularity=20,models=/m,th=0.85") == \
+        ("claius", {"bandwidth_cap": False, "granularity": 20, "models": "/m", "th": 0.85})
+    for bad in ("claius,nokey", "claius,=3"):
+        with pytest.raises(ValueError):
+            parse_policy_spec(bad)
+    p = make_policy_spec("claius-nb")
+    assert p.bandwidth_cap is False and p.compensation is True
+    p = make_policy_spec("claius-nc,granularity=20")
+    assert p.compensation is False and p.g == 20
+
+
+def test_serve_refuses_a_bad_policy_spec(rundir):
+    r = colocate("serve", "--runtime-dir", rundir, "--device", "sim", "--pool", "none",
+                 "--policy", "mps-even,granularity=7", "--detach")
+    assert r.returncode == 2 and "granularity must divide 100" in r.stderr
+    r = colocate("serve", "--runtime-dir", rundir, "--device", "sim", "--pool", "none",
+                 "--policy", "nosuch", "--detach")
+    assert r.returncode == 2 and "unknown policy 'nosuch'" in r.stderr
+
+
+def test_mps_even_gives_each_of_n_apps_200_over_n():
+    p = make_policy_spec("mps-even")
+    assert p.on_register(app(0)) == [Decision(0, 100, 0)]
+    assert p.on_register(app(1)) == [Decision(1, 100, 0)]      # 2 apps: 100 % each (caps)
+    got = p.on_register(app(2))                                # 3 apps: 66 % -> 60 %
+    assert got == [Decision(s, 60, None) for s in (0, 1, 2)]
+    assert p.on_register(app(3)) == [Decision(s, 50, None) for s in range(4)]
+    assert p.on_exit(app(3)) == [Decision(s, 60, None) for s in range(3)]
+
+
+def test_mps_priority_gives_qos_100_and_batch_the_rest_evenly():
+    p = make_policy_spec("mps-priority")
+    assert p.on_register(app(0, "qos")) == [Decision(0, 100, 0)]
+    assert p.on_register(app(1)) == [Decision(1, 100, 0)]
+    assert p.on_register(app(2)) == [Decision(1, 50, None), Decision(2, 50, None)]
+    got = p.on_register(app(3))
+    assert got == [Decision(1, 30, None), Decision(2, 30, None), Decision(3, 30, None)]   # 33 -> 30
+    assert p.on_exit(app(1)) == [Decision(2, 50, None), Decision(3, 50, None)]
+
+
+def test_mps_even_routes_apps_to_pool_workers(rundir, sleeper):
+    """Through the controller: the shares land on pool workers of that quota."""
+    pool = Pool(rundir, "sim", parse_spec("60:3"), cmd=FAKE, env=clean_env())
+    ctl = Ctl(ensure(rundir), make_policy_spec("mps-even"), "sim", pool=pool)
+    try:
+        pool.start()
+        assert pool.wait_ready(10)
+        regs = [ctl.handle([b"", json.dumps({"v": 1, "type": "register", "pid": sleeper().pid,
+                                              "name": n, "class": "batch"}).encode()]) for n in "abc"]
+        assert all(r["type"] == "registered" for r in regs)
+        routes = {s: (a.quota_pct, a.route) for s, a in ctl.apps.items()}
+        assert sorted(q for q, _ in routes.values()) == [60, 60, 60]
+        assert sorted(r for _, r in routes.values()) == [1, 2, 3]     # one worker each, least loaded
+    finally:
+        ctl.close()
+
+
+@register_policy("test-records-queries")
+class Recorder(Policy):
+    """Records the query hooks the controller calls."""
+    calls: list = []
+
+    def on_query_begin(self, app: AppInfo, info: dict) -> list[Decision]:
+        Recorder.calls.append(("begin", app.name, info["id"], info["size"], info["rule"]))
+        return [Decision(app.slot, 40, 0)]
+
+    def on_query_end(self, app: AppInfo, info: dict) -> list[Decision]:
+        Recorder.calls.append(("end", app.name, info["id"], info["rule"]))
+        return []
+
+
+def test_query_boundaries_reach_the_policy(rundir, sleeper):
+    Recorder.calls = []
+    ctl = Ctl(ensure(rundir), make_policy_spec("test-records-queries"), "sim")
+    try:
+        pid = sleeper().pid
+
+        def send(**m):
+            return ctl.handle([b"", json.dumps({"v": 1, **m}).encode()])
+        r = send(type="register", pid=pid, name="svc", **{"class": "qos", "qos_ms": 10})
+        assert r["type"] == "registered"
+        send(type="query_begin", pid=pid, id=7, size=32, rule="inferred", t_us=1000)
+        send(type="query_end", pid=pid, id=7, size=32, rule="inferred", t_us=3000)
+        send(type="query_begin", pid=pid, id=8, size=4, rule="api", t_us=4000)
+        # once the app marks queries itself, late inferred boundaries are not the policy's
+        send(type="query_end", pid=pid, id=7, size=0, rule="inferred", t_us=4100)
+        send(type="query_end", pid=pid, id=8, size=4, rule="api", t_us=5000)
+        assert Recorder.calls == [("begin", "svc", 7, 32, "inferred"), ("end", "svc", 7, "inferred"),
+                                  ("begin", "svc", 8, 4, "api"), ("end", "svc", 8, "api")]
+        assert ctl.apps[r["slot"]].quota_pct == 40          # the policy's decision was applied
+    finally:
+        ctl.close()
