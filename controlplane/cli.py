@@ -59,6 +59,9 @@ def serve(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
           runtime_dir: Optional[Path] = RunDirOpt,
           log_level: Level = typer.Option(Level.info, help="Log level of serve.log."),
           pool: Optional[str] = typer.Option(None, metavar="SPEC", help=SPEC_HELP),
+          metrics_port: Optional[int] = typer.Option(None, min=1, max=65535, metavar="PORT",
+                                                     help="Serve Prometheus metrics on "
+                                                          "http://127.0.0.1:PORT/metrics."),
           log_stderr: bool = typer.Option(True, hidden=True)) -> None:
     """Run the controller: applications register with it, the policy sets their GPU quotas.
 
@@ -74,13 +77,14 @@ def serve(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
     rd = rundir.ensure(runtime_dir)
     dev = launcher.detect_device(device.value)
     if not detach:
-        daemon.serve(rd, policy, dev, log_level.value, log_stderr, pool)
+        daemon.serve(rd, policy, dev, log_level.value, log_stderr, pool, metrics_port)
         return
     daemon.policy(policy)                               # unknown name: say so here, not in the log
     pong = daemon.ping(rd, timeout=0.5)
     if pong:
         raise ColocateError(f"a controller (pid {pong['controller_pid']}) already answers on {rd.sock}")
-    proc, pong = daemon.start_background(rd, policy, dev, log_level.value, pool=pool)
+    proc, pong = daemon.start_background(rd, policy, dev, log_level.value, pool=pool,
+                                         metrics_port=metrics_port)
     print(proc.pid)
     print(f"colocate: controller {proc.pid} serving {rd.sock} (policy {pong['policy']}, "
           f"device {pong['device']})", file=sys.stderr)
@@ -296,6 +300,8 @@ def query_cells(q: dict | None) -> list[str]:
     if not q or q.get("rule") is None:
         return ["-", "-", "-"]
     done = str(q["done"]) + (f" +{q['in_flight']}" if q["in_flight"] else "")
+    if q.get("violations"):
+        done += f" ({q['violations']} late)"
     lat = "-" if q["p50_ms"] is None else f"{q['p50_ms']:.2f}/{q['p99_ms']:.2f} ms"
     return [done, lat, q["rule"]]
 
@@ -327,7 +333,8 @@ def quotas(as_json: bool = typer.Option(False, "--json", help="Print a JSON list
            runtime_dir: Optional[Path] = RunDirOpt) -> None:
     """Show each app's quota, route and counters (launches, forwarded, bytes copied) and its queries.
 
-    queries: completed (+ in flight); p50/p99: latency over the last 1000;
+    queries: completed (+ in flight) (and how many ended after the app's QoS
+    target); p50/p99: latency over the last 1000;
     rule: api (marked with colocate.h / shim.query) or inferred (from copies:
     host-to-device input ... device-to-host result and a sync)."""
     if watch and as_json:
@@ -405,6 +412,19 @@ def pool_table(reply: dict) -> Table:
                   Text(w["state"], style=style), str(w["forwarded"]), str(w["apps"]),
                   str(w.get("routed", "-")))
     return t
+
+
+@app.command("metrics")
+def metrics_cmd(runtime_dir: Optional[Path] = RunDirOpt) -> None:
+    """Print the controller's per-app metrics in Prometheus text format.
+
+    Quota, route, launches, bytes copied, queries, QoS violations and recent
+    query latency (p50, p99) of every live app; the same metrics as
+    `colocate serve --metrics-port PORT` serves over HTTP."""
+    from controlplane import metrics
+    rd = rundir.ensure(runtime_dir)
+    apps = daemon.request(rd, "list", timeout=1.0, all=False)["apps"]
+    sys.stdout.write(metrics.exposition(apps))
 
 
 @app.command("pool")

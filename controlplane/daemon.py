@@ -30,6 +30,7 @@ from typing import Any
 import zmq
 
 from controlplane import schema
+from controlplane import metrics
 from controlplane.policies.base import AppInfo, Decision, Policy, make_policy_spec
 from controlplane.rundir import ColocateError, RunDir, version
 from processpool import Pool, parse_spec
@@ -99,6 +100,7 @@ class QueryStats:
     rule: str | None = None
     done: int = 0
     unmatched: int = 0
+    violations: int = 0                                 # ended later than the app's QoS target
     in_flight: dict[int, float] = field(default_factory=dict)          # id -> begin (us)
     window: collections.deque = field(default_factory=lambda: collections.deque(maxlen=QUERY_WINDOW))
 
@@ -108,7 +110,7 @@ class QueryStats:
         if self.rule == "api":
             return False
         if self.rule is not None:                       # inferred -> api
-            self.done, self.unmatched = 0, 0
+            self.done, self.unmatched, self.violations = 0, 0, 0
             self.in_flight.clear()
             self.window.clear()
         self.rule = rule
@@ -122,7 +124,7 @@ class QueryStats:
             self.unmatched += 1
         self.in_flight[qid] = t_us
 
-    def end(self, qid: int, t_us: float, rule: str) -> None:
+    def end(self, qid: int, t_us: float, rule: str, qos_ms: float | None = None) -> None:
         if not self._take(rule):
             return
         t0 = self.in_flight.pop(qid, None)
@@ -130,13 +132,16 @@ class QueryStats:
             self.unmatched += 1
             return
         self.done += 1
-        self.window.append(max(0.0, (t_us - t0) / 1000.0))
+        ms = max(0.0, (t_us - t0) / 1000.0)
+        self.window.append(ms)
+        if qos_ms is not None and ms > qos_ms:
+            self.violations += 1
 
     def summary(self) -> dict:
         lat = sorted(self.window)
         return {"rule": self.rule, "done": self.done, "in_flight": len(self.in_flight),
                 "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), "window": len(lat),
-                "unmatched": self.unmatched}
+                "unmatched": self.unmatched, "violations": self.violations}
 
 
 @dataclass
@@ -160,6 +165,7 @@ class Controller:
                  pool_note: str = ""):
         """pool: started by the caller (after the socket is bound, see serve());
         None: no pool, and explicit routes in decisions are taken as they are."""
+        self.metrics: metrics.Snapshot | None = None    # --metrics-port
         self.rd, self.policy, self.device = rd, policy, device
         self.pool, self.pool_note = pool, pool_note
         self.apps: dict[int, App] = {}                  # slot -> live app
@@ -233,6 +239,8 @@ class Controller:
             return schema.error(f"internal error: {e}", t if t in schema.REQUESTS else None)
 
     def tick(self, now: float) -> None:
+        if self.metrics is not None:                    # what the HTTP thread serves
+            self.metrics.publish([self.record(a) for a in self.apps.values()])
         for app in list(self.apps.values()):
             if proc_start(app.info.pid) != app.start:
                 log.info("app %s (pid %d, slot %d) died without exit", app.info.name, app.info.pid,
@@ -436,7 +444,10 @@ class Controller:
         t_us = m["t_us"] if m["t_us"] is not None else time.monotonic() * 1e6
         q = app.queries
         was = q.rule
-        (q.begin if begin else q.end)(m["id"], t_us, m["rule"])
+        if begin:
+            q.begin(m["id"], t_us, m["rule"])
+        else:
+            q.end(m["id"], t_us, m["rule"], app.info.qos_ms)
         if q.rule != was:
             log.info("app %s (pid %d): queries %s", app.info.name, app.info.pid,
                      "marked by the app" if q.rule == "api" else "inferred from copies")
@@ -567,10 +578,12 @@ def start_pool(rd: RunDir, device: str, spec: str | None) -> tuple[Pool | None, 
 
 
 def serve(rd: RunDir, policy_name: str = "static", device: str = "sim", log_level: str = "info",
-          log_stderr: bool = True, pool_spec: str | None = None) -> None:
+          log_stderr: bool = True, pool_spec: str | None = None,
+          metrics_port: int | None = None) -> None:
     """Run a controller in the foreground until `stop`, SIGTERM or SIGINT.
     pool_spec: processpool spec ("10:2,50:2", "none"); None: the default pool,
-    skipped with a warning when it cannot start."""
+    skipped with a warning when it cannot start.  metrics_port: serve
+    Prometheus metrics over HTTP on 127.0.0.1:PORT."""
     pol = policy(policy_name)
     parse_spec(pool_spec)                               # a bad spec: say so before anything
     fd = lock_pidfile(rd)
@@ -585,6 +598,14 @@ def serve(rd: RunDir, policy_name: str = "static", device: str = "sim", log_leve
             ctl = Controller(rd, pol, device)
         except (OSError, zmq.ZMQError) as e:
             raise ColocateError(f"cannot start the controller in {rd.path}: {e}") from None
+        if metrics_port is not None:
+            ctl.metrics = metrics.Snapshot()
+            try:
+                metrics.serve_http(metrics_port, ctl.metrics)
+            except OSError as e:
+                ctl.close()
+                raise ColocateError(f"cannot serve metrics on port {metrics_port}: {e}") from None
+            log.info("Prometheus metrics on http://127.0.0.1:%d/metrics", metrics_port)
         try:
             ctl.pool, ctl.pool_note = start_pool(rd, device, pool_spec)
         except ColocateError as e:
@@ -640,12 +661,14 @@ def log_tail(rd: RunDir, n: int = 20) -> str:
 
 def start_background(rd: RunDir, policy: str, device: str, log_level: str = "info",
                      timeout: float = 10.0, new_session: bool = True,
-                     pool: str | None = None) -> tuple[subprocess.Popen, dict]:
+                     pool: str | None = None,
+                     metrics_port: int | None = None) -> tuple[subprocess.Popen, dict]:
     """Start `colocate serve` as a background process and wait until it answers
     ping.  Returns (process, pong); ColocateError with the log tail otherwise."""
     cmd = [sys.executable, "-m", "controlplane.cli", "serve", "--runtime-dir", str(rd.path),
            "--policy", policy, "--device", device, "--log-level", log_level, "--no-log-stderr",
-           *(["--pool", pool] if pool is not None else [])]
+           *(["--pool", pool] if pool is not None else []),
+           *(["--metrics-port", str(metrics_port)] if metrics_port is not None else [])]
     with open(rd.log, "ab") as out:                     # early errors land in the log too
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=new_session, close_fds=True)

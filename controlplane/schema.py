@@ -68,6 +68,7 @@ QUERIES = {
     "p99_ms": F("number", null=True, doc="99th percentile latency over the recent window"),
     "window": F("int", doc="latencies in that window (the most recent ones)"),
     "unmatched": F("int", doc="ends without a begin, and begins given up"),
+    "violations": F("int", doc="queries that ended later than the app's QoS target (qos_ms)"),
 }
 
 RECORD = {

@@ -300,7 +300,7 @@ def test_malformed_query_messages_are_rejected(controller, sleeper):
     assert controller.call("query_end", pid=p.pid, id=5, t_us=4000)["type"] == "ok"   # no begin
     rec = next(a for a in controller.call("list")["apps"] if a["pid"] == p.pid)
     assert rec["queries"] == {"rule": "api", "done": 1, "in_flight": 0, "p50_ms": 2.5, "p99_ms": 2.5,
-                              "window": 1, "unmatched": 1}
+                              "window": 1, "unmatched": 1, "violations": 0}
 
 
 def test_api_supersedes_inference(controller, sleeper):
