@@ -332,17 +332,30 @@ def targets_of(t: Task) -> dict[str, float] | None:
     return out
 
 
-def task_sample(t: Task, key: str, input_bytes: float, quota: int) -> dict[str, Any] | None:
+def occurrences(tasks: list[Task]) -> list[int]:
+    """For each task, how many tasks of its name (and process) came before it."""
+    seen: dict[tuple, int] = {}
+    out = []
+    for t in tasks:
+        k = (t.rec.get("pid"), t.rec["name"])
+        out.append(seen.get(k, 0))
+        seen[k] = out[-1] + 1
+    return out
+
+
+def task_sample(t: Task, key: str, input_bytes: float, quota: int,
+                occurrence: int = 0) -> dict[str, Any] | None:
     r = t.rec
     tg = targets_of(t)
     if tg is None:
         return None
     if r["kind"] == "kernel":
         f = S.task_row(r["name"], input_bytes, r.get("grid") or (0, 0, 0),
-                       r.get("block") or (0, 0, 0), r.get("shmem") or 0, quota)
+                       r.get("block") or (0, 0, 0), r.get("shmem") or 0, quota,
+                       occurrence=occurrence)
     else:
         f = S.task_row(r["name"], input_bytes, quota=quota,
-                       params=lib_params(r["name"], r.get("params")))
+                       params=lib_params(r["name"], r.get("params")), occurrence=occurrence)
     return {"key": key, "src": SRC, "f": f, "t": tg}
 
 
@@ -377,8 +390,8 @@ def run_app(t: Target, inp: str, quota: int, rep: int, tmp: Path,
     if not tasks:
         raise RunFailed(f"no task in the trace\n{_tail(res.stderr + res.stdout)}")
     out, dropped = [], 0
-    for i, tk in enumerate(tasks):
-        smp = task_sample(tk, f"{t.label}|{inp}|q{quota}|{i}#r{rep}", h2d or 0, quota)
+    for i, (tk, occ) in enumerate(zip(tasks, occurrences(tasks))):
+        smp = task_sample(tk, f"{t.label}|{inp}|q{quota}|{i}#r{rep}", h2d or 0, quota, occ)
         if smp is None:
             dropped += 1
         else:
@@ -459,8 +472,8 @@ def run_service(t: Target, quota: int, work: Sequence[tuple[str, int]], tmp: Pat
         if not mine:
             raise RunFailed(f"query {r.id} (size {size}) has no task in the trace\n{_tail(out)}")
         base = f"{t.label}|{size}|q{quota}"
-        for i, tk in enumerate(mine):
-            smp = task_sample(tk, f"{base}|{i}#r{rep}", r.in_bytes, quota)
+        for i, (tk, occ) in enumerate(zip(mine, occurrences(mine))):
+            smp = task_sample(tk, f"{base}|{i}#r{rep}", r.in_bytes, quota, occ)
             if smp is None:
                 dropped += 1
             else:

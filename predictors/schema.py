@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2      # 2: task feature `occurrence`
 NPARAMS = 10            # library-task parameter slots p0..p9
 GROUP_SLOTS = 8         # services one group sample can describe
 
@@ -126,6 +126,11 @@ TASK = Kind(
         _f("block_z", "block dimension z"),
         _f("shmem", "dynamic shared memory per block, bytes"),
         _f("quota", "SM quota, percent of the device's SMs (1..100)"),
+        # not in C-Laius Table 1: repeated launches of one kernel with one
+        # shape can do different work (a BFS level, a solver step); which one
+        # it is tells them apart, and the runtime knows it too
+        _f("occurrence", "tasks of the same name before it in its query (or run, for batch "
+                         "apps): a BFS level, a network's n-th convolution", scale="linear"),
         *(_f(f"p{i}", f"library parameter {i} in the hook's order (0 for kernels)")
           for i in range(NPARAMS)),
     ),
@@ -180,14 +185,14 @@ def kind(name: str) -> Kind:
 
 def task_row(task: str, input_bytes: float, grid: Sequence[int] = (0, 0, 0),
              block: Sequence[int] = (0, 0, 0), shmem: float = 0, quota: float = 100,
-             params: Sequence[tuple[str, float]] = ()) -> dict[str, Any]:
+             params: Sequence[tuple[str, float]] = (), occurrence: int = 0) -> dict[str, Any]:
     """A task's feature dict; a library task's params fill p0.. in order."""
     if len(params) > NPARAMS:
         raise ValueError(f"a task has at most {NPARAMS} parameters, got {len(params)}")
     row: dict[str, Any] = {"task": task, "input_bytes": float(input_bytes),
                            "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
                            "block_x": block[0], "block_y": block[1], "block_z": block[2],
-                           "shmem": shmem, "quota": quota}
+                           "shmem": shmem, "quota": quota, "occurrence": occurrence}
     for i in range(NPARAMS):
         row[f"p{i}"] = float(params[i][1]) if i < len(params) else 0.0
     return row

@@ -75,6 +75,9 @@ def test_task_samples(profiled):
             else r["input_bytes"] > 0
     conv = [ss.rows[i] for i in dig if ss.rows[i]["task"] == "cudnnConvolutionForward"]
     assert {r["p0"] for r in conv} == {1, 4}        # n = the batch
+    # repeated launches are told apart: hotspot's 2 launches per run, dig's 2 convolutions
+    assert sorted({ss.rows[i]["occurrence"] for i in hot}) == [0, 1]
+    assert sorted({r["occurrence"] for r in conv}) == [0, 1]
 
 
 def test_compute_bound_kernel_is_faster_at_a_higher_quota(profiled):
