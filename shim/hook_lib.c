@@ -22,6 +22,7 @@
 #define _GNU_SOURCE
 #include "shim.h"
 #include "shim_task.h"
+#include "shim_trace.h"
 #include "include/colocate_dnn.h"
 
 #include <dlfcn.h>
@@ -77,6 +78,19 @@ static void *real(struct real_fn *r)
 
 #define CALL(var, T) ((__typeof__(&T))real(&var))
 
+/*
+ * The parameters only go into the trace: with tracing off, or inside an
+ * outer library task (whose parameters are the ones recorded), no
+ * descriptor getter runs -- no cost, and no cuDNN error state of ours for
+ * the app to see.  GETTER is CALL for those getters, NULL otherwise.
+ */
+static inline int recording(void)
+{
+	return shim_trace_on() && !shim_task_in_lib();
+}
+
+#define GETTER(var, T) (recording() ? CALL(var, T) : NULL)
+
 /* ---- recording parameters ------------------------------------------------ */
 
 struct params {
@@ -104,7 +118,7 @@ struct dims { cudnnDataType_t t; int n, c, h, w; };
 
 static int tensor_dims(cudnnTensorDescriptor_t d, struct dims *o)
 {
-	__typeof__(&cudnnGetTensor4dDescriptor) f = CALL(r_get_tensor, cudnnGetTensor4dDescriptor);
+	__typeof__(&cudnnGetTensor4dDescriptor) f = GETTER(r_get_tensor, cudnnGetTensor4dDescriptor);
 	int ns, cs, hs, ws;
 
 	return f && f(d, &o->t, &o->n, &o->c, &o->h, &o->w, &ns, &cs, &hs, &ws) ==
@@ -124,7 +138,7 @@ static void put_tensor(struct params *ps, cudnnTensorDescriptor_t d)
 
 static void *dnn_stream(cudnnHandle_t h)
 {
-	__typeof__(&cudnnGetStream) f = CALL(r_dnn_stream, cudnnGetStream);
+	__typeof__(&cudnnGetStream) f = GETTER(r_dnn_stream, cudnnGetStream);
 	cudaStream_t s = NULL;
 
 	if (!f || f(h, &s) != CUDNN_STATUS_SUCCESS)
@@ -134,7 +148,7 @@ static void *dnn_stream(cudnnHandle_t h)
 
 static void *blas_stream(cublasHandle_t h)
 {
-	__typeof__(&cublasGetStream_v2) f = CALL(r_blas_stream, cublasGetStream_v2);
+	__typeof__(&cublasGetStream_v2) f = GETTER(r_blas_stream, cublasGetStream_v2);
 	cudaStream_t s = NULL;
 
 	if (!f || f(h, &s) != CUBLAS_STATUS_SUCCESS)
@@ -163,11 +177,11 @@ SHIM_API cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void 
 					       const cudnnTensorDescriptor_t yDesc, void *y)
 {
 	__typeof__(&cudnnConvolutionForward) fn = CALL(r_conv_fwd, cudnnConvolutionForward);
-	__typeof__(&cudnnGetFilter4dDescriptor) gf = CALL(r_get_filter, cudnnGetFilter4dDescriptor);
+	__typeof__(&cudnnGetFilter4dDescriptor) gf = GETTER(r_get_filter, cudnnGetFilter4dDescriptor);
 	__typeof__(&cudnnGetConvolution2dDescriptor) gc =
-		CALL(r_get_conv, cudnnGetConvolution2dDescriptor);
+		GETTER(r_get_conv, cudnnGetConvolution2dDescriptor);
 	__typeof__(&cudnnGetConvolutionGroupCount) gg =
-		CALL(r_get_groups, cudnnGetConvolutionGroupCount);
+		GETTER(r_get_groups, cudnnGetConvolutionGroupCount);
 	struct params ps = { .n = 0 };
 	struct dims xd, yd;
 	cudnnDataType_t ft, ct;
@@ -219,7 +233,7 @@ SHIM_API cudnnStatus_t cudnnActivationForward(cudnnHandle_t handle,
 {
 	__typeof__(&cudnnActivationForward) fn = CALL(r_act_fwd, cudnnActivationForward);
 	__typeof__(&cudnnGetActivationDescriptor) ga =
-		CALL(r_get_act, cudnnGetActivationDescriptor);
+		GETTER(r_get_act, cudnnGetActivationDescriptor);
 	struct params ps = { .n = 0 };
 	cudnnActivationMode_t mode;
 	cudnnNanPropagation_t nan;
@@ -248,7 +262,7 @@ SHIM_API cudnnStatus_t cudnnPoolingForward(cudnnHandle_t handle,
 					   const cudnnTensorDescriptor_t yDesc, void *y)
 {
 	__typeof__(&cudnnPoolingForward) fn = CALL(r_pool_fwd, cudnnPoolingForward);
-	__typeof__(&cudnnGetPooling2dDescriptor) gp = CALL(r_get_pool, cudnnGetPooling2dDescriptor);
+	__typeof__(&cudnnGetPooling2dDescriptor) gp = GETTER(r_get_pool, cudnnGetPooling2dDescriptor);
 	struct params ps = { .n = 0 };
 	cudnnPoolingMode_t mode;
 	cudnnNanPropagation_t nan;
@@ -333,7 +347,7 @@ static void put_gemm(struct params *ps, cublasHandle_t h, cublasOperation_t ta,
 		     cublasOperation_t tb, int m, int n, int k, int lda, int ldb, int ldc,
 		     int batch)
 {
-	__typeof__(&cublasGetMathMode) gm = CALL(r_blas_math, cublasGetMathMode);
+	__typeof__(&cublasGetMathMode) gm = GETTER(r_blas_math, cublasGetMathMode);
 	cublasMath_t math;
 
 	put(ps, "transa", ta), put(ps, "transb", tb);

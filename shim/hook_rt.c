@@ -547,6 +547,15 @@ SHIM_API cudaError_t cudaDeviceSynchronize(void)
 	return r;
 }
 
+/* The context and every event in it die here: the trace forgets its
+ * events first (they are still valid then) so it never touches one again. */
+SHIM_API cudaError_t cudaDeviceReset(void)
+{
+	REAL(cudaDeviceReset, NOSYM);
+	shim_trace_device_reset();
+	return IN_RUNTIME(real_());
+}
+
 #define STREAM_SYNC_HOOK(name, ptsz)                                      \
 	SHIM_API cudaError_t name(cudaStream_t s)                         \
 	{                                                                 \

@@ -23,7 +23,9 @@
 #include <string.h>
 #include <unistd.h>
 
-unsigned shim_task_state;
+/* Set while this thread has a library task open: the launch hooks' hot
+ * check reads it (initial-exec: one %fs-relative load, no call). */
+__thread int shim_task_lib_open __attribute__((tls_model("initial-exec")));
 
 /* The library task open on this thread.  Default TLS model: only the
  * library path and hot launches touch it. */
@@ -35,9 +37,14 @@ struct lib_task {
 	struct shim_trace_rec rec;
 };
 static __thread struct lib_task cur;
+/* Tokens are only compared on the thread that made them. */
+static __thread uint64_t next_token;
 
-static uint64_t next_token = 1;
-static uint64_t lib_tasks, lib_kernels;
+/* Written by every library call on any thread: on a line of their own, so
+ * that neither the launch path's flags nor anything else shares it. */
+static struct {
+	uint64_t tasks, kernels;
+} __attribute__((aligned(64))) lib_ctr;   /* aligned(64): sized 64 too */
 
 enum { DRV_NONE, DRV_LIB, DRV_TRACED };
 
@@ -120,25 +127,32 @@ uint64_t shim_task_lib_begin(const char *api, const struct shim_task_param *para
 {
 	struct lib_task *t = &cur;
 	struct shim_trace_rec *r = &t->rec;
-	int i, n = 0;
+	int i, n = 0, routed;
 
 	if (t->token)
 		return 0;       /* nested: the outer call is the task */
-	t->token = __atomic_fetch_add(&next_token, 1, __ATOMIC_RELAXED);
+	t->token = ++next_token;
 	t->nkernels = 0;
 	t->stream = stream;
 	t->traced = shim_tracing();
-	__atomic_fetch_add(&shim_task_state, SHIM_TASK_LIB_OPEN, __ATOMIC_RELAXED);
-	shim_add(&lib_tasks, 1);
+	shim_task_lib_open = 1;
+	shim_add(&lib_ctr.tasks, 1);
 	if (!t->traced)
 		return t->token;
+	/* as for a kernel task: decided once, and routed to a worker the
+	 * library's kernels run there, so events on this process's stream
+	 * would not bracket them: recorded without device times */
+	routed = shim_fwd_check();
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
 	fill_common(r, SHIM_TASK_LIBRARY, stream);
+	if (!routed)
+		r->route = 0;
 	snprintf(r->api, sizeof(r->api), "%s", api ? api : "?");
 	for (i = 0; params && i < nparams && n < SHIM_TASK_MAX_PARAMS; i++)
 		if (params[i].key)
 			r->params[n++] = params[i];
 	r->nparams = n;
-	shim_trace_begin(r, shim_trace_backend(0), stream, 0);
+	shim_trace_begin(r, r->route ? SHIM_EV_NONE : shim_trace_backend(0), stream, 0);
 	return t->token;
 }
 
@@ -154,7 +168,7 @@ void shim_task_lib_end(uint64_t token, int rc)
 		shim_trace_end(&t->rec, 1, t->stream, 0);
 	}
 	t->token = 0;
-	__atomic_fetch_sub(&shim_task_state, SHIM_TASK_LIB_OPEN, __ATOMIC_RELAXED);
+	shim_task_lib_open = 0;
 }
 
 int shim_task_in_lib(void)
@@ -165,17 +179,32 @@ int shim_task_in_lib(void)
 static void lib_owns_one(void)
 {
 	cur.nkernels++;
-	shim_add(&lib_kernels, 1);
+	shim_add(&lib_ctr.kernels, 1);
 }
 
 void shim_task_counts(uint64_t *kernels, uint64_t *libraries)
 {
 	uint64_t all = __atomic_load_n(&__atomic_load_n(&shim_ctr, __ATOMIC_ACQUIRE)->launches,
 				       __ATOMIC_RELAXED);
-	uint64_t owned = __atomic_load_n(&lib_kernels, __ATOMIC_RELAXED);
+	uint64_t owned = __atomic_load_n(&lib_ctr.kernels, __ATOMIC_RELAXED);
 
 	*kernels = all > owned ? all - owned : 0;
-	*libraries = __atomic_load_n(&lib_tasks, __ATOMIC_RELAXED);
+	*libraries = __atomic_load_n(&lib_ctr.tasks, __ATOMIC_RELAXED);
+}
+
+/* A forked child: the forking thread is the only one left, and nothing it
+ * had open belongs to the child (shim_core.c zeroes the launch counters,
+ * so the kernels libraries owned start over too). */
+static void task_after_fork(void)
+{
+	memset(&cur, 0, sizeof(cur));
+	shim_task_lib_open = 0;
+	lib_ctr.tasks = lib_ctr.kernels = 0;
+}
+
+__attribute__((constructor)) static void task_ctor(void)
+{
+	pthread_atfork(NULL, NULL, task_after_fork);
 }
 
 /* ---- runtime launches ------------------------------------------------- */

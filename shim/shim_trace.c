@@ -15,6 +15,11 @@
  * Nothing here may crash or hang the app: a missing event API or a failed
  * event creation is logged once and tasks are then recorded without times;
  * a write error is logged once and turns tracing off.
+ *
+ * The trace must not change what the app sees either: every runtime call
+ * it makes on an app thread keeps the thread's last error as it was
+ * (ev_call), a stream being captured into a graph gets no events, and a
+ * device reset makes it forget (never touch again) the events it had.
  */
 #define _GNU_SOURCE
 #include "shim_trace.h"
@@ -32,15 +37,28 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <link.h>
 
 #define PENDING_MAX  4096            /* records waiting for their events   */
 #define POOL_MAX     (2 * PENDING_MAX + 8)
 #define OUT_SIZE     (256 * 1024)
 #define OUT_FLUSH    (192 * 1024)    /* write once this much is buffered   */
-#define LINE_ROOM    (8 * 1024)      /* the longest line we ever format    */
 #define NAME_MAX_OUT 2048            /* longer kernel names are cut        */
+#define APP_MAX_OUT  256             /* and app names                      */
+#define KEY_MAX_OUT  64              /* and parameter names                */
+/* The longest line we ever format, so that a flush before it means it is
+ * never cut: each string byte may take 6 ("\u001f"); the app name; the
+ * kernel name or the library's entry point (api[] is shorter); every
+ * parameter as "key":number, (a number: at most 24 bytes); the rest (keys,
+ * dims, ids, times) is well under LINE_FIXED.  emit_locked still drops a
+ * line whole, counted, should it ever not fit. */
+#define ESC_MAX      6
+#define LINE_FIXED   1024
+#define LINE_ROOM    (LINE_FIXED + ESC_MAX * (APP_MAX_OUT + NAME_MAX_OUT) + \
+		      SHIM_TASK_MAX_PARAMS * (ESC_MAX * KEY_MAX_OUT + 4 + 24))
 #define FLUSH_EVERY_NS 1000000000ull /* and at a sync after this long      */
 
 enum { REC_QBEGIN = 10, REC_QEND = 11 };   /* query lines share the queue */
@@ -55,10 +73,17 @@ struct evapi {
 	int (*query)(void *ev);
 	int (*elapsed)(float *ms, void *a, void *b);
 	int (*destroy)(void *ev);
+	/* optional: missing means "not capturing" */
+	int (*capturing)(void *stream, int *status);
+	int (*capturing_ptsz)(void *stream, int *status);
+	/* runtime only: the thread's last error (the driver keeps none) */
+	int (*peek)(void);
+	int (*getlast)(void);
 	void *ref;                   /* the first start event: time zero      */
 	void *pool[POOL_MAX];
 	int npool;
-	int create_failed;
+	int create_failed;           /* said so (once)                         */
+	int said_missing;
 };
 
 static struct evapi api[3] = {
@@ -75,11 +100,21 @@ static struct shim_trace_rec *ring;
 static unsigned head, count;
 static char *out;
 static size_t outlen;
-static uint64_t seq, records, untimed;
+static uint64_t seq, records, untimed, dropped;
 static uint64_t last_flush_ns;
 static int pid;
-static int started, atexit_n, events_seen, failed;
+static int started, atexit_n, events_seen, failed, overflow;
 static locale_t c_locale;
+/* Bumped by a device reset: events of an older generation died with the
+ * context and are never recorded, queried, pooled or destroyed again. */
+static uint32_t ev_gen;
+
+struct shim_flag_line shim_trace_flag;
+
+int shim_trace_on(void)
+{
+	return shim_tracing();
+}
 
 /* ---- start-up ---------------------------------------------------------- */
 __attribute__((constructor)) static void trace_ctor(void)
@@ -94,7 +129,7 @@ void shim_trace_init(void)
 	if (!p || !*p)
 		return;
 	snprintf(path, sizeof(path), "%s", p);
-	__atomic_fetch_or(&shim_task_state, SHIM_TASK_TRACING, __ATOMIC_RELEASE);
+	__atomic_store_n(&shim_trace_flag.on, 1, __ATOMIC_RELEASE);
 }
 
 static void trace_exit(void);
@@ -108,7 +143,7 @@ static void after_fork_child(void)
 	pthread_mutex_init(&mu, NULL);
 	head = count = 0;
 	outlen = 0;
-	seq = records = untimed = 0;
+	seq = records = untimed = dropped = 0;
 	pid = getpid();
 	for (b = SHIM_EV_RT; b <= SHIM_EV_DRV; b++) {
 		api[b].ref = NULL;
@@ -120,7 +155,7 @@ static void after_fork_child(void)
 
 static void turn_off(void)
 {
-	__atomic_fetch_and(&shim_task_state, ~SHIM_TASK_TRACING, __ATOMIC_RELEASE);
+	__atomic_store_n(&shim_trace_flag.on, 0, __ATOMIC_RELEASE);
 }
 
 /* Under mu: buffers, atexit, fork handler, once. */
@@ -157,9 +192,21 @@ static void flush_locked(void)
 	if (!outlen || failed)
 		return;
 	if (fd < 0) {
-		fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-		if (fd < 0) {
+		/* O_NONBLOCK: a FIFO without a reader fails here (ENXIO) instead
+		 * of blocking the app under mu; anything but a regular file is
+		 * refused, so no write can block either */
+		struct stat st;
+
+		fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0644);
+		if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+			close(fd);
+			fd = -1;
+			errno = EINVAL;
+			shim_log("trace: %s is not a regular file; tracing off", path);
+		} else if (fd < 0) {
 			shim_log("trace: cannot open %s: %s; tracing off", path, strerror(errno));
+		}
+		if (fd < 0) {
 			failed = 1;
 			turn_off();
 			outlen = 0;
@@ -189,13 +236,18 @@ static void put(const char *fmt, ...)
 	va_list ap;
 	int n;
 
-	if (outlen >= OUT_SIZE)
+	if (outlen >= OUT_SIZE) {
+		overflow = 1;
 		return;
+	}
 	va_start(ap, fmt);
 	n = vsnprintf(out + outlen, OUT_SIZE - outlen, fmt, ap);
 	va_end(ap);
-	if (n > 0)
-		outlen += (size_t)n < OUT_SIZE - outlen ? (size_t)n : OUT_SIZE - outlen - 1;
+	if (n < 0 || (size_t)n >= OUT_SIZE - outlen) {
+		overflow = 1;   /* cut: emit_locked drops the line */
+		return;
+	}
+	outlen += (size_t)n;
 }
 
 static void put_str(const char *s, size_t max)
@@ -203,9 +255,13 @@ static void put_str(const char *s, size_t max)
 	size_t i;
 
 	put("\"");
-	for (i = 0; s[i] && i < max && outlen + 8 < OUT_SIZE; i++) {
+	for (i = 0; s[i] && i < max; i++) {
 		unsigned char c = (unsigned char)s[i];
 
+		if (outlen + 8 >= OUT_SIZE) {
+			overflow = 1;
+			return;
+		}
 		if (c == '"' || c == '\\')
 			put("\\%c", c);
 		else if (c < 0x20)
@@ -218,9 +274,10 @@ static void put_str(const char *s, size_t max)
 
 static void put_num(double v)
 {
+	/* the range first: converting |v| >= 2^63 to long long is undefined */
 	if (!isfinite(v))
 		put("null");
-	else if (v == (double)(long long)v && fabs(v) < 9e15)
+	else if (fabs(v) < 9e15 && v == (double)(long long)v)
 		put("%lld", (long long)v);
 	else
 		put("%.9g", v);
@@ -236,13 +293,16 @@ static void put_us(int64_t ns)
 static void emit_locked(const struct shim_trace_rec *r, int timed, int64_t start_ns, int64_t dur_ns)
 {
 	locale_t old = uselocale(c_locale);   /* "%.3f" must print a dot */
+	size_t line;
 	int i;
 
 	if (outlen + LINE_ROOM > OUT_SIZE)
 		flush_locked();
+	line = outlen;
+	overflow = 0;
 	put("{\"pid\":%d,\"app\":", pid);
-	put_str(shim_app_name(), 256);
-	put(",\"seq\":%llu,\"kind\":", (unsigned long long)seq++);
+	put_str(shim_app_name(), APP_MAX_OUT);
+	put(",\"seq\":%llu,\"kind\":", (unsigned long long)seq);
 	if (r->kind == REC_QBEGIN || r->kind == REC_QEND) {
 		put("\"%s\",\"id\":%llu", r->kind == REC_QBEGIN ? "query_begin" : "query_end",
 		    (unsigned long long)r->query);
@@ -258,8 +318,7 @@ static void emit_locked(const struct shim_trace_rec *r, int timed, int64_t start
 				put("null");
 		}
 		put("}\n");
-		uselocale(old);
-		return;
+		goto done;
 	}
 	put("\"%s\",\"name\":", r->kind == SHIM_TASK_LIBRARY ? "library" : "kernel");
 	put_str(r->kind == SHIM_TASK_LIBRARY ? r->api : (r->name ? r->name : "?"), NAME_MAX_OUT);
@@ -294,102 +353,150 @@ static void emit_locked(const struct shim_trace_rec *r, int timed, int64_t start
 		put(",\"params\":{");
 		for (i = 0; i < r->nparams; i++) {
 			put(i ? "," : "");
-			put_str(r->params[i].key, 64);
+			put_str(r->params[i].key, KEY_MAX_OUT);
 			put(":");
 			put_num(r->params[i].val);
 		}
 		put("},\"kernels\":%u,\"rc\":%d", r->nkernels, r->rc);
 	}
 	put("}\n");
-	records++;
-	untimed += !timed;
+	if (!overflow) {
+		records++;
+		untimed += !timed;
+	}
+done:
+	if (overflow) {
+		outlen = line;  /* never half a line: drop it whole, counted */
+		dropped++;
+	} else {
+		seq++;
+	}
 	uselocale(old);
 }
 
 /* ---- events -------------------------------------------------------------- */
-static void *find(const char *const *libs, const char *name)
+/*
+ * Every runtime call the trace makes on an app thread can set that thread's
+ * last error (cudaEventQuery's cudaErrorNotReady on real cudart, a handle
+ * that died, an event in a captured stream), which the app would then read
+ * from its own cudaGetLastError/cudaPeekAtLastError.  So: peek before; if
+ * ours failed and nothing was pending, take ours back out.  When the app
+ * already had an error pending, ours may have replaced it - the runtime
+ * has no way to put it back - but the app still sees an error, never a
+ * spurious one.  The driver API keeps no last error (peek is NULL there).
+ */
+static int ev_call_begin(const struct evapi *a)
 {
-	void *p = shim_dlsym(RTLD_NEXT, name);
-
-	for (; !p && *libs; libs++) {
-		void *h = dlopen(*libs, RTLD_NOLOAD | RTLD_LAZY);
-
-		if (h) {
-			p = shim_dlsym(h, name);
-			dlclose(h);
-		}
-	}
-	return p;
+	shim_in_runtime++;
+	return a->peek ? a->peek() : 0;
 }
 
-#define LOOKUP(a, field, libs, name)                                   \
-	(*(void **)&(a)->field = find(libs, name))
-
-/* Under mu.  The state of backend b, looked up once. */
-static int usable(int b)
+static int ev_call_end(const struct evapi *a, int saved, int rc)
 {
-	static const char *const rt[] = { "libcudart.so.13", "libcudart.so", NULL };
-	static const char *const drv[] = { "libcuda.so.1", "libcuda.so", NULL };
-	struct evapi *a = &api[b];
+	if (rc != 0 && saved == 0 && a->getlast)
+		a->getlast();
+	shim_in_runtime--;
+	return rc;
+}
+
+#define EV_CALL(a, call) ({ int s_ = ev_call_begin(a); ev_call_end(a, s_, (call)); })
+
+/* The runtime's functions through shim_real_rt(), as the hooks find them:
+ * with a renamed, privately loaded libcudart (wheels vendor one) the trace
+ * then uses the very instance the app's calls reach. */
+#define RT(a, field, name) (*(void **)&(a)->field = shim_real_rt(name))
+#define DRV(a, field, name) (*(void **)&(a)->field = shim_real_drv(name))
+
+/* Once per backend, outside mu (pthread_once): lookups dlopen, and the
+ * loader lock must never be taken while holding mu. */
+static void lookup_rt(void)
+{
+	struct evapi *a = &api[SHIM_EV_RT];
 	int ok;
 
-	if (a->state)
-		return a->state > 0;
-	if (b == SHIM_EV_RT) {
-		ok = LOOKUP(a, create, rt, "cudaEventCreateWithFlags") &&
-		     LOOKUP(a, record, rt, "cudaEventRecord") &&
-		     LOOKUP(a, query, rt, "cudaEventQuery") &&
-		     LOOKUP(a, elapsed, rt, "cudaEventElapsedTime") &&
-		     LOOKUP(a, destroy, rt, "cudaEventDestroy");
-		LOOKUP(a, record_ptsz, rt, "cudaEventRecord_ptsz");
-	} else {
-		ok = LOOKUP(a, create, drv, "cuEventCreate") &&
-		     LOOKUP(a, record, drv, "cuEventRecord") &&
-		     LOOKUP(a, query, drv, "cuEventQuery") &&
-		     (LOOKUP(a, elapsed, drv, "cuEventElapsedTime_v2") ||
-		      LOOKUP(a, elapsed, drv, "cuEventElapsedTime")) &&
-		     (LOOKUP(a, destroy, drv, "cuEventDestroy_v2") ||
-		      LOOKUP(a, destroy, drv, "cuEventDestroy"));
-		LOOKUP(a, record_ptsz, drv, "cuEventRecord_ptsz");
+	ok = RT(a, create, "cudaEventCreateWithFlags") && RT(a, record, "cudaEventRecord") &&
+	     RT(a, query, "cudaEventQuery") && RT(a, elapsed, "cudaEventElapsedTime") &&
+	     RT(a, destroy, "cudaEventDestroy") && RT(a, peek, "cudaPeekAtLastError") &&
+	     RT(a, getlast, "cudaGetLastError");
+	if (ok) {
+		RT(a, record_ptsz, "cudaEventRecord_ptsz");
+		RT(a, capturing, "cudaStreamIsCapturing");
+		RT(a, capturing_ptsz, "cudaStreamIsCapturing_ptsz");
 	}
 	__atomic_store_n(&a->state, ok ? 1 : -1, __ATOMIC_RELEASE);
-	if (!ok)
-		shim_log("trace: the %s has no event API; its tasks are recorded without device times",
-			 a->what);
-	return ok;
+}
+
+static void lookup_drv(void)
+{
+	struct evapi *a = &api[SHIM_EV_DRV];
+	int ok;
+
+	ok = DRV(a, create, "cuEventCreate") && DRV(a, record, "cuEventRecord") &&
+	     DRV(a, query, "cuEventQuery") &&
+	     (DRV(a, elapsed, "cuEventElapsedTime_v2") || DRV(a, elapsed, "cuEventElapsedTime")) &&
+	     (DRV(a, destroy, "cuEventDestroy_v2") || DRV(a, destroy, "cuEventDestroy"));
+	DRV(a, record_ptsz, "cuEventRecord_ptsz");
+	DRV(a, capturing, "cuStreamIsCapturing");
+	DRV(a, capturing_ptsz, "cuStreamIsCapturing_ptsz");
+	__atomic_store_n(&a->state, ok ? 1 : -1, __ATOMIC_RELEASE);
+}
+
+static pthread_once_t once_rt = PTHREAD_ONCE_INIT, once_drv = PTHREAD_ONCE_INIT;
+
+static int usable(int b)
+{
+	struct evapi *a = &api[b];
+	int st = __atomic_load_n(&a->state, __ATOMIC_ACQUIRE);
+
+	if (!st) {
+		pthread_once(b == SHIM_EV_RT ? &once_rt : &once_drv,
+			     b == SHIM_EV_RT ? lookup_rt : lookup_drv);
+		st = __atomic_load_n(&a->state, __ATOMIC_ACQUIRE);
+		/* the first thread to see it says it, once */
+		if (st < 0 && !__atomic_exchange_n(&a->said_missing, 1, __ATOMIC_RELAXED))
+			shim_log("trace: the %s has no event API; its tasks are recorded without "
+				 "device times", a->what);
+	}
+	return st > 0;
+}
+
+/* Is a shared libcudart loaded, under its soname or a vendored name
+ * (libcudart-<hash>.so.13)?  Looked for as shim_core.c looks for it. */
+static int cudart_object(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	const char *base = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+
+	(void)size;
+	(void)arg;
+	base = base ? base + 1 : info->dlpi_name;
+	return base && strncmp(base, "libcudart", 9) == 0;
+}
+
+static int have_rt;
+
+static void find_rt(void)
+{
+	void *h = dlopen("libcudart.so.13", RTLD_NOLOAD | RTLD_LAZY);
+
+	if (!h)
+		h = dlopen("libcudart.so", RTLD_NOLOAD | RTLD_LAZY);
+	if (h)
+		dlclose(h);
+	have_rt = h != NULL || dl_iterate_phdr(cudart_object, NULL) != 0;
 }
 
 int shim_trace_backend(int driver)
 {
-	static int rt = -1;
-	int b;
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	int b = SHIM_EV_DRV;
 
 	if (!driver) {
 		/* runtime launches and library calls: cudart when the process
 		 * has one (shared), else the driver (static cudart inside) */
-		int have = __atomic_load_n(&rt, __ATOMIC_RELAXED);
-
-		if (have < 0) {
-			void *h = dlopen("libcudart.so.13", RTLD_NOLOAD | RTLD_LAZY);
-
-			if (!h)
-				h = dlopen("libcudart.so", RTLD_NOLOAD | RTLD_LAZY);
-			if (h)
-				dlclose(h);
-			have = h != NULL;
-			__atomic_store_n(&rt, have, __ATOMIC_RELAXED);
-		}
-		b = have ? SHIM_EV_RT : SHIM_EV_DRV;
-	} else {
-		b = SHIM_EV_DRV;
+		pthread_once(&once, find_rt);
+		b = have_rt ? SHIM_EV_RT : SHIM_EV_DRV;
 	}
-	if (__atomic_load_n(&api[b].state, __ATOMIC_ACQUIRE) > 0)
-		return b;       /* looked up already: no lock per task */
-	pthread_mutex_lock(&mu);
-	if (!usable(b))
-		b = SHIM_EV_NONE;
-	pthread_mutex_unlock(&mu);
-	return b;
+	return usable(b) ? b : SHIM_EV_NONE;
 }
 
 static void *get_event(int b)
@@ -404,9 +511,8 @@ static void *get_event(int b)
 	pthread_mutex_unlock(&mu);
 	if (ev)
 		return ev;
-	shim_in_runtime++;
-	rc = a->create(&ev, 0);   /* cudaEventDefault == CU_EVENT_DEFAULT: timed */
-	shim_in_runtime--;
+	/* cudaEventDefault == CU_EVENT_DEFAULT: timed */
+	rc = EV_CALL(a, a->create(&ev, 0));
 	if (rc != 0) {
 		if (!__atomic_exchange_n(&a->create_failed, 1, __ATOMIC_RELAXED))
 			shim_log("trace: creating a %s event failed (error %d); tasks recorded without "
@@ -416,20 +522,19 @@ static void *get_event(int b)
 	return ev;
 }
 
-/* Under mu. */
-static void put_event_locked(int b, void *ev)
+/* Under mu.  An event of generation gen back to the pool; one from before
+ * a device reset is simply forgotten (its context is gone). */
+static void put_event_locked(int b, void *ev, uint32_t gen)
 {
 	struct evapi *a = &api[b];
 
-	if (!ev)
+	if (!ev || gen != ev_gen)
 		return;
 	if (a->npool < POOL_MAX) {
 		a->pool[a->npool++] = ev;
 		return;
 	}
-	shim_in_runtime++;
-	a->destroy(ev);
-	shim_in_runtime--;
+	EV_CALL(a, a->destroy(ev));
 }
 
 static void put_events(struct shim_trace_rec *r)
@@ -437,8 +542,8 @@ static void put_events(struct shim_trace_rec *r)
 	if (r->backend == SHIM_EV_NONE)
 		return;
 	pthread_mutex_lock(&mu);
-	put_event_locked(r->backend, r->ev[0]);
-	put_event_locked(r->backend, r->ev[1]);
+	put_event_locked(r->backend, r->ev[0], r->gen);
+	put_event_locked(r->backend, r->ev[1], r->gen);
 	pthread_mutex_unlock(&mu);
 	r->ev[0] = r->ev[1] = NULL;
 	r->backend = SHIM_EV_NONE;
@@ -447,18 +552,31 @@ static void put_events(struct shim_trace_rec *r)
 static int record(int b, void *ev, void *stream, int ptsz)
 {
 	struct evapi *a = &api[b];
-	int rc;
 
-	shim_in_runtime++;
-	rc = ptsz && a->record_ptsz ? a->record_ptsz(ev, stream) : a->record(ev, stream);
-	shim_in_runtime--;
-	return rc;
+	return EV_CALL(a, ptsz && a->record_ptsz ? a->record_ptsz(ev, stream) : a->record(ev, stream));
+}
+
+/* A stream being captured into a graph must get no events: the record
+ * would become a node of the graph, and the events could not be queried
+ * or timed.  A failed check counts as capturing (e.g. the legacy stream
+ * while another stream captures globally); a runtime without the call
+ * (simgpu may lack it) captures nothing. */
+static int capturing(int b, void *stream, int ptsz)
+{
+	struct evapi *a = &api[b];
+	int (*fn)(void *, int *) = ptsz && a->capturing_ptsz ? a->capturing_ptsz : a->capturing;
+	int status = 0;       /* cudaStreamCaptureStatusNone == CU_..._NONE */
+
+	if (!fn)
+		return 0;
+	return EV_CALL(a, fn(stream, &status)) != 0 || status != 0;
 }
 
 /* ---- the queue ----------------------------------------------------------- */
 void shim_trace_begin(struct shim_trace_rec *r, int backend, void *stream, int ptsz)
 {
 	struct evapi *a = &api[backend];
+	uint32_t gen;
 
 	r->backend = SHIM_EV_NONE;
 	r->ev[0] = r->ev[1] = NULL;
@@ -469,13 +587,18 @@ void shim_trace_begin(struct shim_trace_rec *r, int backend, void *stream, int p
 	}
 	if (!events_seen) {
 		/* CUDA is up now.  Its own exit handlers were registered at its
-		 * initialisation; ours must run before them (atexit is LIFO). */
+		 * initialisation (again after a device reset); ours must run
+		 * before them (atexit is LIFO).  trace_exit runs harmlessly
+		 * more than once. */
 		events_seen = 1;
-		if (atexit_n < 2 && atexit(trace_exit) == 0)
-			atexit_n = 2;
+		if (atexit_n < 4 && atexit(trace_exit) == 0)
+			atexit_n++;
 	}
+	gen = r->gen = ev_gen;
 	pthread_mutex_unlock(&mu);
 
+	if (capturing(backend, stream, ptsz))
+		return;         /* untimed: no events on that stream */
 	r->ev[0] = get_event(backend);
 	r->ev[1] = r->ev[0] ? get_event(backend) : NULL;
 	r->backend = backend;
@@ -484,13 +607,19 @@ void shim_trace_begin(struct shim_trace_rec *r, int backend, void *stream, int p
 	if (!__atomic_load_n(&a->ref, __ATOMIC_ACQUIRE)) {
 		void *ref = get_event(backend);
 
-		if (!ref || record(backend, ref, stream, ptsz) != 0)
+		if (!ref)
 			goto untimed;
+		if (record(backend, ref, stream, ptsz) != 0) {
+			pthread_mutex_lock(&mu);
+			put_event_locked(backend, ref, gen);
+			pthread_mutex_unlock(&mu);
+			goto untimed;
+		}
 		pthread_mutex_lock(&mu);
-		if (!a->ref)
+		if (!a->ref && gen == ev_gen)
 			__atomic_store_n(&a->ref, ref, __ATOMIC_RELEASE);
 		else
-			put_event_locked(backend, ref);
+			put_event_locked(backend, ref, gen);
 		pthread_mutex_unlock(&mu);
 	}
 	if (record(backend, r->ev[0], stream, ptsz) == 0)
@@ -516,20 +645,20 @@ static int resolve_head_locked(int force)
 	int timed = 0, q;
 	float ms;
 
-	if (r->backend != SHIM_EV_NONE) {
-		shim_in_runtime++;
-		q = a->query(r->ev[1]);
-		if (q == 0 && a->elapsed(&ms, r->ev[0], r->ev[1]) == 0) {
+	if (r->backend != SHIM_EV_NONE && r->gen == ev_gen && a->ref) {
+		q = EV_CALL(a, a->query(r->ev[1]));
+		if (q == 0 && EV_CALL(a, a->elapsed(&ms, r->ev[0], r->ev[1])) == 0) {
 			dur = ms_to_ns(ms);
-			q = a->elapsed(&ms, a->ref, r->ev[0]);
+			q = EV_CALL(a, a->elapsed(&ms, a->ref, r->ev[0]));
 			start = ms_to_ns(ms);
 			timed = q == 0;
 		}
-		shim_in_runtime--;
 		if (q == NOT_READY && !force)
 			return 0;
-		put_event_locked(r->backend, r->ev[0]);
-		put_event_locked(r->backend, r->ev[1]);
+	}
+	if (r->backend != SHIM_EV_NONE) {
+		put_event_locked(r->backend, r->ev[0], r->gen);
+		put_event_locked(r->backend, r->ev[1], r->gen);
 	}
 	emit_locked(r, timed, start, dur);
 	head = (head + 1) % PENDING_MAX;
@@ -549,8 +678,10 @@ void shim_trace_end(struct shim_trace_rec *r, int ok, void *stream, int ptsz)
 		put_events(r);
 		return;
 	}
-	if (r->backend != SHIM_EV_NONE && record(r->backend, r->ev[1], stream, ptsz) != 0)
-		put_events(r);
+	if (r->backend != SHIM_EV_NONE &&
+	    (r->gen != __atomic_load_n(&ev_gen, __ATOMIC_RELAXED) ||
+	     record(r->backend, r->ev[1], stream, ptsz) != 0))
+		put_events(r);  /* a reset came in between: events are dead */
 	pthread_mutex_lock(&mu);
 	if (start_locked() < 0 || !shim_tracing()) {
 		pthread_mutex_unlock(&mu);
@@ -579,6 +710,12 @@ void shim_trace_poll(void)
 	pthread_mutex_unlock(&mu);
 }
 
+/*
+ * Called from colocate_query_end_v1, possibly inside a cudaLaunchHostFunc
+ * callback where CUDA calls are forbidden: only queue the line, never
+ * resolve (resolving queries events).  The next sync or exit writes it.
+ * A full queue (thousands of tasks and no sync) drops it, counted.
+ */
 void shim_trace_query(int begin, uint64_t id, uint64_t size, const char *rule, uint64_t t_ns,
 		      int64_t latency_ns)
 {
@@ -593,33 +730,45 @@ void shim_trace_query(int begin, uint64_t id, uint64_t size, const char *rule, u
 	snprintf(r.api, sizeof(r.api), "%s", rule);
 	pthread_mutex_lock(&mu);
 	if (start_locked() == 0 && shim_tracing()) {
-		if (count == PENDING_MAX)
-			drain_locked();
-		if (count == PENDING_MAX)
-			resolve_head_locked(1);
-		ring[(head + count) % PENDING_MAX] = r;
-		count++;
-		drain_locked();
+		if (count < PENDING_MAX) {
+			ring[(head + count) % PENDING_MAX] = r;
+			count++;
+		} else {
+			dropped++;
+		}
 	}
 	pthread_mutex_unlock(&mu);
 }
 
-/* ---- exit ---------------------------------------------------------------- */
-static void trace_exit(void)
+/* ---- settling: exit and device reset --------------------------------------- */
+/* mu within about ns, else -1: exit() may run on a thread that already
+ * holds it (a signal handler interrupted shim_trace_end), and then waiting
+ * for it would hang the exit for ever. */
+static int lock_bounded(uint64_t ns)
 {
-	const char *w = getenv("COLOCATE_TRACE_WAIT_MS");
-	uint64_t wait_ns = (uint64_t)(w && *w ? atoll(w) : 2000) * 1000000ull;
-	uint64_t deadline = shim_now_ns() + wait_ns;
-	uint64_t kernels, libs;
-	struct timespec nap = { 0, 50000 };
-	int late = 0;
+	uint64_t deadline = shim_now_ns() + ns;
+	struct timespec nap = { 0, 1000000 };
 
-	pthread_mutex_lock(&mu);
-	if (!started || failed || getpid() != pid) {
-		pthread_mutex_unlock(&mu);
-		return;
+	while (pthread_mutex_trylock(&mu) != 0) {
+		if (shim_now_ns() >= deadline)
+			return -1;
+		nanosleep(&nap, NULL);
 	}
-	/* the work still queued completes on its own: wait for it, bounded */
+	return 0;
+}
+
+#define LOCK_WAIT_NS 200000000ull
+
+/* Under mu (held again on return when 0): write every queued record,
+ * waiting up to wait_ns for the work still queued to complete on its own,
+ * then giving up the times of the rest.  Returns the records given up,
+ * or -1 when mu could not be had back (then it is not held). */
+static long settle_locked(uint64_t wait_ns)
+{
+	uint64_t deadline = shim_now_ns() + wait_ns;
+	struct timespec nap = { 0, 50000 };
+	long late = 0;
+
 	while (count) {
 		if (resolve_head_locked(0))
 			continue;
@@ -631,17 +780,81 @@ static void trace_exit(void)
 		}
 		pthread_mutex_unlock(&mu);
 		nanosleep(&nap, NULL);
-		pthread_mutex_lock(&mu);
+		if (lock_bounded(LOCK_WAIT_NS) < 0)
+			return -1;
+	}
+	return late;
+}
+
+static uint64_t wait_ms(void)
+{
+	const char *w = getenv("COLOCATE_TRACE_WAIT_MS");
+
+	return (uint64_t)(w && *w ? atoll(w) : 2000);
+}
+
+/*
+ * cudaDeviceReset destroys the context and with it every event: those in
+ * the pool, those of queued records, ref.  Before the real reset (the
+ * events are still alive): write what completes within the wait, then
+ * forget them all; the next task creates fresh ones and a new time zero.
+ * Records begun before and ended after the reset (another thread) see a
+ * newer generation and go untimed.  Both backends: the runtime's context
+ * is the driver's primary context.
+ */
+void shim_trace_device_reset(void)
+{
+	int b;
+
+	pthread_mutex_lock(&mu);
+	if (started && !failed && getpid() == pid && settle_locked(wait_ms() * 1000000ull) < 0)
+		return;         /* mu not held: nothing else can be done */
+	for (b = SHIM_EV_RT; b <= SHIM_EV_DRV; b++) {
+		api[b].npool = 0;
+		__atomic_store_n(&api[b].ref, NULL, __ATOMIC_RELEASE);
+	}
+	__atomic_store_n(&ev_gen, ev_gen + 1, __ATOMIC_RELEASE);
+	events_seen = 0;        /* CUDA registers its exit handlers again */
+	if (started && !failed)
+		flush_locked();
+	pthread_mutex_unlock(&mu);
+}
+
+/* ---- exit ---------------------------------------------------------------- */
+static void trace_exit(void)
+{
+	uint64_t kernels, libs;
+	long late;
+
+	if (lock_bounded(LOCK_WAIT_NS) < 0) {
+		shim_log("trace: the trace lock stayed busy at exit (exit from a signal handler?); "
+			 "the last records are not written");
+		return;
+	}
+	if (!started || failed || getpid() != pid) {
+		pthread_mutex_unlock(&mu);
+		return;
+	}
+	/* the work still queued completes on its own: wait for it, bounded */
+	late = settle_locked(wait_ms() * 1000000ull);
+	if (late < 0) {
+		shim_log("trace: the trace lock stayed busy at exit; the last records are not written");
+		return;
 	}
 	flush_locked();
-	if (records) {
+	if (records || dropped) {
 		shim_task_counts(&kernels, &libs);
+		char drops[64] = "";
+
+		if (dropped)
+			snprintf(drops, sizeof(drops), "; %llu line(s) dropped",
+				 (unsigned long long)dropped);
 		shim_log("trace: %llu task record(s) (%llu kernel task(s), %llu library task(s) in "
-			 "this process; %llu without device times%s) -> %s",
+			 "this process; %llu without device times%s%s) -> %s",
 			 (unsigned long long)records, (unsigned long long)kernels,
 			 (unsigned long long)libs, (unsigned long long)untimed,
-			 late ? ", unfinished at exit" : "", path);
-		records = untimed = 0;
+			 late ? ", unfinished at exit" : "", drops, path);
+		records = untimed = dropped = 0;
 	}
 	pthread_mutex_unlock(&mu);
 }

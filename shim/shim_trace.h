@@ -3,10 +3,12 @@
  * copy and sync hooks call (shim_task.c), the per-task trace (shim_trace.c)
  * and queries (shim_query.c).  The library-call hooks use shim_task.h.
  *
- * Off path: a launch hook asks shim_task_hot(), one relaxed load of a
- * process-wide word and a branch.  The word is non-zero while tracing is on
- * (COLOCATE_TRACE) or while any thread has a library task open; only then
- * does a launch take shim_task_launch() / shim_task_drv_begin().
+ * Off path: a launch hook asks shim_task_hot(): one load of the tracing
+ * flag, which sits alone on a read-mostly cache line (written only when
+ * tracing starts, stops or the process forks), and one load of an
+ * initial-exec TLS flag set while this thread is inside a library task.
+ * Library calls on other threads write nothing the launch path reads, so
+ * apps calling cuBLAS/cuDNN from many threads do not bounce a shared line.
  */
 #ifndef COLOCATE_SHIM_TRACE_H
 #define COLOCATE_SHIM_TRACE_H
@@ -17,20 +19,29 @@
 #include "shim.h"
 #include "shim_task.h"
 
-/* bit 0: tracing on; plus SHIM_TASK_LIB_OPEN per open library task */
-#define SHIM_TASK_TRACING  1u
-#define SHIM_TASK_LIB_OPEN 2u
-extern unsigned shim_task_state;
-
-static inline int shim_task_hot(void)
-{
-	return __builtin_expect(__atomic_load_n(&shim_task_state, __ATOMIC_RELAXED) != 0, 0);
-}
+/* Non-zero while tracing is on (COLOCATE_TRACE); shim_trace.c owns it.
+ * aligned(64) makes the struct 64 bytes: nothing else shares its line. */
+struct shim_flag_line {
+	unsigned on;
+} __attribute__((aligned(64)));
+extern struct shim_flag_line shim_trace_flag;
+/* Non-zero while this thread has a library task open; shim_task.c owns it. */
+extern __thread int shim_task_lib_open __attribute__((tls_model("initial-exec")));
 
 static inline int shim_tracing(void)
 {
-	return __atomic_load_n(&shim_task_state, __ATOMIC_RELAXED) & SHIM_TASK_TRACING;
+	return __atomic_load_n(&shim_trace_flag.on, __ATOMIC_RELAXED) != 0;
 }
+
+static inline int shim_task_hot(void)
+{
+	return __builtin_expect(shim_tracing() || shim_task_lib_open, 0);
+}
+
+/* The same as shim_tracing(), as a function: for files that include only
+ * shim_task.h (hook_lib.c skips gathering a nested call's parameters when
+ * tracing is off). */
+int shim_trace_on(void);
 
 /* --- tasks (shim_task.c) ------------------------------------------------ */
 
@@ -74,6 +85,7 @@ struct shim_trace_rec {
 	uint32_t nkernels;      /* library: kernels launched inside it      */
 	int rc;                 /* library: its status                      */
 	int64_t latency_ns;     /* query boundaries (shim_trace.c's own)    */
+	uint32_t gen;           /* event generation at begin (device resets) */
 	/* last: filling a record clears everything before params */
 	int nparams;
 	struct shim_task_param params[SHIM_TASK_MAX_PARAMS];
@@ -109,6 +121,10 @@ void shim_trace_query(int begin, uint64_t id, uint64_t size, const char *rule, u
 		      int64_t latency_ns);
 /* The backend for a task on the runtime (cudart) or the driver API. */
 int shim_trace_backend(int driver);
+/* The app is about to reset the device (cudaDeviceReset): write what has
+ * completed, then forget every event (they die with the context; never
+ * destroyed or queried again); the next task creates fresh ones. */
+void shim_trace_device_reset(void);
 
 /* --- queries (shim_query.c) ----------------------------------------------- */
 
