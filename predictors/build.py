@@ -9,9 +9,7 @@ newer than the module.  Without it, predictors.compiled falls back to numpy
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from cffi import FFI
@@ -61,29 +59,10 @@ def make_ffi(base: Path) -> FFI:
 ffibuilder = make_ffi(Path(os.path.relpath(HERE)))
 
 
-def _stale(targets: list[Path]) -> bool:
-    """True when a module is missing or any copy (an editable install leaves
-    _cinfer.abi3.so, this build _cinfer.cpython-*.so; Python loads the
-    latter first) is older than a source."""
-    if not targets:
-        return True
-    deps = [HERE / s for s in SOURCES + HEADERS] + [Path(__file__)]
-    newest = max(d.stat().st_mtime for d in deps)
-    return any(t.stat().st_mtime < newest for t in targets)
-
-
 def build_inplace(force: bool = False) -> Path:
     """Compile predictors/_cinfer*.so when missing or older than its sources."""
-    targets = sorted(HERE.glob("_cinfer*.so"))
-    if not force and not _stale(targets):
-        return targets[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        so = Path(make_ffi(HERE).compile(tmpdir=tmp, verbose=False))
-        for old in HERE.glob("_cinfer*.so"):
-            old.unlink()
-        shutil.copy(so, HERE / so.name)
-    print(f"predictors: built {HERE / so.name}", file=sys.stderr)
-    return HERE / so.name
+    from shim.build import cffi_inplace     # not at the top: setup.py runs this file alone
+    return cffi_inplace(make_ffi, HERE, "_cinfer", [HERE / s for s in SOURCES + HEADERS] + [Path(__file__)], force)
 
 
 if __name__ == "__main__":

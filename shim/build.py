@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 from cffi import FFI
 
@@ -191,17 +192,31 @@ def build_dnn(headers: list[Path]) -> None:
           deps + [sim / name for name in libs], shared=False)
 
 
+def cffi_inplace(make: Callable[[Path], FFI], here: Path, stem: str, deps: list[Path],
+                 force: bool = False) -> Path:
+    """Compile the cffi module <here>/<stem>*.so when it is missing or any
+    copy of it is older than deps (an editable install leaves <stem>.abi3.so,
+    this builds <stem>.cpython-*.so, which Python loads first).  make(base)
+    returns the FFI with its sources under base."""
+    targets = sorted(here.glob(f"{stem}*.so"))
+    if targets and not force:
+        newest = max(d.stat().st_mtime for d in deps)
+        if all(t.stat().st_mtime >= newest for t in targets):
+            return targets[0]
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        so = Path(make(here).compile(tmpdir=tmp, verbose=False))
+        for old in here.glob(f"{stem}*.so"):
+            old.unlink()
+        shutil.copy(so, here / so.name)
+    print(f"built {here / so.name}", file=sys.stderr)
+    return here / so.name
+
+
 def build_inplace() -> None:
     """Build the cffi module next to its package and the native libraries."""
-    import tempfile
     build_native()
-    target = next(HERE.glob("_ctlblock*.so"), None)
-    if target is None or not _newer(target, [HERE / "ctlblock.c", HERE / "ctlblock.h", Path(__file__)]):
-        with tempfile.TemporaryDirectory() as tmp:
-            so = make_ffi(HERE).compile(tmpdir=tmp, verbose=False)
-            for old in HERE.glob("_ctlblock*.so"):
-                old.unlink()
-            shutil.copy(so, HERE / Path(so).name)
+    cffi_inplace(make_ffi, HERE, "_ctlblock", [HERE / "ctlblock.c", HERE / "ctlblock.h", Path(__file__)])
 
 
 if __name__ == "__main__":

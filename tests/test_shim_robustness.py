@@ -82,15 +82,17 @@ int main(void) {
 """
 
 
-def test_privately_loaded_renamed_runtime_is_found(tmp_path):
-    d = tmp_path
-    (d / "rt.c").write_text(FAKE_RT)
-    (d / "user.c").write_text(USER_LIB)
-    (d / "main.c").write_text(USER_MAIN)
-    rt = d / "libcudart-0a1b2c3d.so.13"
-    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcudart-0a1b2c3d.so.13", "-o", rt,
-                    d / "rt.c"], check=True)
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", d / "libuser.so", d / "user.c", str(rt),
+def private_library_run(d, lib_name: str, lib_src: str, user_src: str, main_src: str) -> tuple[str, str]:
+    """Build lib_name (its soname), a user library that needs it, and a main
+    that dlopen()s the user library RTLD_LOCAL; run main natively and under
+    the shim.  Returns (native stdout, shimmed stdout + stderr)."""
+    (d / "lib.c").write_text(lib_src)
+    (d / "user.c").write_text(user_src)
+    (d / "main.c").write_text(main_src)
+    lib = d / lib_name
+    subprocess.run(["cc", "-shared", "-fPIC", f"-Wl,-soname,{lib_name}", "-o", lib, d / "lib.c"],
+                   check=True)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", d / "libuser.so", d / "user.c", str(lib),
                     f"-Wl,-rpath,{d}"], check=True)
     subprocess.run(["cc", f'-DUSERLIB="{d / "libuser.so"}"', "-o", d / "main", d / "main.c", "-ldl"],
                    check=True)
@@ -99,9 +101,15 @@ def test_privately_loaded_renamed_runtime_is_found(tmp_path):
     native = subprocess.run([d / "main"], env=env, capture_output=True, text=True, timeout=30)
     shimmed = subprocess.run([d / "main"], env={**env, "LD_PRELOAD": str(paths.LIBCOLOCATE)},
                              capture_output=True, text=True, timeout=30)
-    assert native.stdout == "rc=0 p=0x1234\n", native.stdout + native.stderr
+    return native.stdout + native.stderr, shimmed.stdout + shimmed.stderr
+
+
+def test_privately_loaded_renamed_runtime_is_found(tmp_path):
+    native, shimmed = private_library_run(tmp_path, "libcudart-0a1b2c3d.so.13", FAKE_RT, USER_LIB,
+                                          USER_MAIN)
+    assert native == "rc=0 p=0x1234\n", native
     # without the fallback the hook found no runtime and returned 302
-    assert shimmed.stdout == native.stdout, shimmed.stdout + shimmed.stderr
+    assert shimmed == native
 
 
 # cuBLAS of another major version, a dependency of a library loaded
@@ -137,21 +145,6 @@ int main(void) {
 
 
 def test_privately_loaded_other_major_cublas_is_found(tmp_path):
-    d = tmp_path
-    (d / "blas.c").write_text(FAKE_BLAS)
-    (d / "user.c").write_text(BLAS_USER)
-    (d / "main.c").write_text(BLAS_MAIN)
-    blas = d / "libcublas.so.12"
-    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcublas.so.12", "-o", blas, d / "blas.c"],
-                   check=True)
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", d / "libuser.so", d / "user.c", str(blas),
-                    f"-Wl,-rpath,{d}"], check=True)
-    subprocess.run(["cc", f'-DUSERLIB="{d / "libuser.so"}"', "-o", d / "main", d / "main.c", "-ldl"],
-                   check=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLOCATE_", "SIMGPU_"))}
-    env.update(COLOCATE_RUNTIME_DIR=str(d / "run"), COLOCATE_QUIET="1")
-    native = subprocess.run([d / "main"], env=env, capture_output=True, text=True, timeout=30)
-    shimmed = subprocess.run([d / "main"], env={**env, "LD_PRELOAD": str(paths.LIBCOLOCATE)},
-                             capture_output=True, text=True, timeout=30)
-    assert native.stdout == "rc=0 c=42\n", native.stdout + native.stderr
-    assert shimmed.stdout == native.stdout, shimmed.stdout + shimmed.stderr
+    native, shimmed = private_library_run(tmp_path, "libcublas.so.12", FAKE_BLAS, BLAS_USER, BLAS_MAIN)
+    assert native == "rc=0 c=42\n", native
+    assert shimmed == native

@@ -12,9 +12,7 @@ the package: importing it only describes the build, it compiles nothing.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from cffi import FFI
@@ -44,25 +42,10 @@ def make_ffi(base: Path) -> FFI:
 ffibuilder = make_ffi(Path(os.path.relpath(HERE)))
 
 
-def _stale(targets: list[Path]) -> bool:
-    if not targets:
-        return True
-    newest = max(d.stat().st_mtime for d in [HERE / s for s in SOURCES] + [Path(__file__)])
-    return any(t.stat().st_mtime < newest for t in targets)
-
-
 def build_inplace(force: bool = False) -> Path:
-    """Compile controlplane/policies/_knapsack*.so when missing or stale."""
-    targets = sorted(HERE.glob("_knapsack*.so"))
-    if not force and not _stale(targets):
-        return targets[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        so = Path(make_ffi(HERE).compile(tmpdir=tmp, verbose=False))
-        for old in HERE.glob("_knapsack*.so"):
-            old.unlink()
-        shutil.copy(so, HERE / so.name)
-    print(f"policies: built {HERE / so.name}", file=sys.stderr)
-    return HERE / so.name
+    """Compile controlplane/policies/_knapsack*.so when missing or older than its sources."""
+    from shim.build import cffi_inplace     # not at the top: setup.py runs this file alone
+    return cffi_inplace(make_ffi, HERE, "_knapsack", [HERE / s for s in SOURCES] + [Path(__file__)], force)
 
 
 if __name__ == "__main__":
