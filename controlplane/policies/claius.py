@@ -285,6 +285,11 @@ class Packing:
     nodes: int
 
 
+# Lagrange multipliers of the bandwidth cap, as multiples of (best uncapped
+# value) / cap: the same list as knapsack.c's ks_lag_scale
+KS_LAG_SCALE = (0.25, 0.5, 1.0, 2.0)
+
+
 def _bounds(V: list[list[float]], nunits: int) -> list[list[float]]:
     """bound[i][u]: the best value apps i.. reach with u units, no cap (Eq. 5's DP)."""
     n = len(V)
@@ -321,6 +326,21 @@ def knapsack_py(value: np.ndarray, bw: np.ndarray, bw_cap: float, use_cap: bool 
         minbw[i] = minbw[i + 1] + min(BW[i])
     st = {"best": 0.0, "bw": 0.0, "found": False, "choice": [0] * n, "nodes": 0}
     cur = [0] * n
+    # Lagrangian bounds (see knapsack.c): the DP over value - lam * bandwidth
+    lams: list[float] = []
+    lbounds: list[list[list[float]]] = []
+    if use_cap and bw_cap > 0 and bound[0][nunits] > 0:
+        lams = [sc * (bound[0][nunits] / bw_cap) for sc in KS_LAG_SCALE]
+        lbounds = [_bounds([[V[i][k] - lam * BW[i][k] for k in range(nunits + 1)]
+                            for i in range(n)], nunits) for lam in lams]
+
+    def lag(i: int, u: int, rest: float) -> float:
+        best = lbounds[0][i][u] + lams[0] * rest
+        for m in range(1, len(lams)):
+            b = lbounds[m][i][u] + lams[m] * rest
+            if b < best:
+                best = b
+        return best
 
     def dfs(i: int, left: int, val: float, used: float) -> None:
         if st["nodes"] >= max_nodes:
@@ -340,6 +360,8 @@ def knapsack_py(value: np.ndarray, bw: np.ndarray, bw_cap: float, use_cap: bool 
                 break
             nused = used + BW[i][k]
             if use_cap and nused + minbw[i + 1] > bw_cap:
+                continue
+            if lams and st["found"] and val + V[i][k] + lag(i + 1, left - k, bw_cap - nused) <= st["best"]:
                 continue
             cur[i] = k
             dfs(i + 1, left - k, val + V[i][k], nused)
