@@ -156,3 +156,11 @@ def wait_for(pred, timeout: float = 3.0, step: float = 0.05):
             return v
         time.sleep(step)
     return pred()
+
+
+def wait_until(pred, timeout: float = 10.0, what: str = "condition", step: float = 0.05):
+    """wait_for, failing the test with what it waited for when pred stays falsy."""
+    got = wait_for(pred, timeout, step)
+    if not got:
+        raise AssertionError(f"timed out waiting for {what}")
+    return got

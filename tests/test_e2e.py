@@ -10,10 +10,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
+
+from conftest import wait_until
 
 from shim import paths
 
@@ -38,15 +39,6 @@ def colocate(*args: str, rundir: Path, check: bool = True, env: dict | None = No
     return res
 
 
-def wait_for(pred, timeout: float = 10.0, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 @pytest.fixture()
 def rundir():
@@ -61,8 +53,8 @@ def controller(rundir):
     proc = subprocess.Popen([*COLOCATE, "serve", "--runtime-dir", str(rundir), "--device", "sim",
                              "--pool", "none"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: colocate("ping", rundir=rundir, check=False).returncode == 0,
-             what="controller to answer ping")
+    wait_until(lambda: colocate("ping", rundir=rundir, check=False).returncode == 0,
+               what="controller to answer ping")
     yield proc
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -98,8 +90,8 @@ def test_counters_match_what_the_program_did(controller, rundir, prog, args, cls
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"PASS {prog}" in res.stdout
     want = stats_of(res.stdout)
-    rec = wait_for(lambda: (r := app_record(rundir, f"t-{prog}"))["state"] == "exited" and r,
-                   what="final record")
+    rec = wait_until(lambda: (r := app_record(rundir, f"t-{prog}"))["state"] == "exited" and r,
+                     what="final record")
     assert rec["class"] == cls
     assert rec["launches"] == want["launches"]
     assert rec["h2d_bytes"] == want["h2d_bytes"]
@@ -117,9 +109,9 @@ def test_live_app_is_listed_with_its_target(controller, rundir):
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=SLOW_DEVICE)
     try:
-        rec = wait_for(lambda: [a for a in json.loads(colocate("quotas", "--json", rundir=rundir).stdout)
-                                if a["name"] == "live-hot" and a["launches"] > 0],
-                       what="live app with launches")[0]
+        rec = wait_until(lambda: [a for a in json.loads(colocate("quotas", "--json", rundir=rundir).stdout)
+                                  if a["name"] == "live-hot" and a["launches"] > 0],
+                         what="live app with launches")[0]
         assert set(rec) >= {"name", "pid", "class", "quota_pct", "route", "launches", "forwarded",
                             "h2d_bytes", "d2h_bytes", "qos_ms"}
         assert rec["qos_ms"] == 25 and rec["class"] == "qos" and rec["quota_pct"] == 100
@@ -134,9 +126,9 @@ def test_app_survives_a_controller_killed_mid_run(controller, rundir):
                              "--iters", "5", "--repeat", "300"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=SLOW_DEVICE)
-    wait_for(lambda: any(a["name"] == "orphan" and a["launches"] > 0
-                         for a in json.loads(colocate("quotas", "--json", rundir=rundir).stdout)),
-             what="app registered and launching")
+    wait_until(lambda: any(a["name"] == "orphan" and a["launches"] > 0
+                 for a in json.loads(colocate("quotas", "--json", rundir=rundir).stdout)),
+               what="app registered and launching")
     controller.kill()
     controller.wait()
     out, err = proc.communicate(timeout=120)
@@ -171,8 +163,8 @@ def test_driver_api_launches_are_counted(controller, rundir):
     assert res.returncode == 0, res.stdout + res.stderr
     m = re.search(r"DRVAPI launches=(\d+) allocs=(\d+) PASS", res.stdout)
     assert m, res.stdout
-    rec = wait_for(lambda: (r := app_record(rundir, "drv"))["state"] == "exited" and r,
-                   what="final record")
+    rec = wait_until(lambda: (r := app_record(rundir, "drv"))["state"] == "exited" and r,
+                     what="final record")
     assert rec["launches"] == int(m.group(1)) >= 15
     # the module's and the library's add_one are two functions of one name
     assert sum(k["launches"] for k in rec["kernels"] if k["name"] == "add_one") == rec["launches"]
@@ -187,12 +179,12 @@ def test_kernels_without_a_host_twin_are_reported(controller, rundir, tmp_path):
     res = colocate("run", "--device", "sim", "--name", "lone", "--", str(lone), rundir=rundir,
                    check=False)
     assert res.returncode != 0 and "FAIL vecadd" in res.stdout
-    wait_for(lambda: app_record(rundir, "lone")["state"] == "exited", what="final record")
+    wait_until(lambda: app_record(rundir, "lone")["state"] == "exited", what="final record")
     rows = json.loads(colocate("kernels", "lone", "--json", "--no-twin", rundir=rundir).stdout)
     assert [(r["name"], r["twin"], r["launches"]) for r in rows] == [("_Z6vecaddPKfS0_Pfi", False, 1)]
     # the same kernel with its twin is not listed
     colocate("run", "--device", "sim", "--name", "paired", "--", str(BIN / "vecadd"), rundir=rundir)
-    wait_for(lambda: app_record(rundir, "paired")["state"] == "exited", what="final record")
+    wait_until(lambda: app_record(rundir, "paired")["state"] == "exited", what="final record")
     assert json.loads(colocate("kernels", "paired", "--json", "--no-twin", rundir=rundir).stdout) == []
 
 
@@ -238,8 +230,8 @@ def test_allocations_are_counted_once_when_the_runtime_calls_itself(controller, 
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "FREED"
-        rec = wait_for(lambda: [a for a in json.loads(colocate("quotas", "--json", rundir=rundir).stdout)
-                                if a["name"] == "allocs"], what="live record")[0]
+        rec = wait_until(lambda: [a for a in json.loads(colocate("quotas", "--json", rundir=rundir).stdout)
+                                  if a["name"] == "allocs"], what="live record")[0]
         cb = ControlBlock(rundir / "ctlblock")
         slot = next(i for i in range(256) if cb.control(i)["pid"] == rec["pid"]
                     and cb.control(i)["state"] == 1)

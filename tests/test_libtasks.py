@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_until
+
 from shim import paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -427,15 +429,6 @@ def cli(*args: str, rundir: Path, env: dict | None = None) -> subprocess.Complet
                           env={**os.environ, **(env or {})})
 
 
-def wait_for(pred, timeout: float = 10.0, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 @pytest.fixture()
 def controller():
@@ -444,7 +437,7 @@ def controller():
                              "--pool", "none"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: cli("ping", rundir=rundir).returncode == 0, what="controller")
+        wait_until(lambda: cli("ping", rundir=rundir).returncode == 0, what="controller")
         yield rundir
     finally:
         if proc.poll() is None:
@@ -473,7 +466,7 @@ def test_hooks_pass_results_through_and_library_kernels_are_counted(controller, 
         apps = json.loads(cli("quotas", "--json", "--all", rundir=controller).stdout)
         recs = [a for a in apps if a["name"] == "dnn" and a["state"] == "exited"]
         return recs and recs[0]
-    rec = wait_for(final, what="final record")
+    rec = wait_until(final, what="final record")
     # every kernel the libraries launched went through the shim's launch hook
     assert rec["launches"] == want == 24
 

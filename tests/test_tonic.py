@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_until
+
 from shim import paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,15 +201,6 @@ def colocate(rundir: Path, *args: str, env: dict | None = None) -> subprocess.Co
                           capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
 
 
-def wait_for(pred, timeout: float = 20.0, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def launches_per_query(net: str, env: dict, sockdir: Path) -> int:
     """Kernels one query launches, from simgpu's own per-kernel report."""
@@ -231,7 +224,8 @@ def test_queries_are_marked_under_colocate(simenv, sockdir):
                             "--pool", "none"], cwd=ROOT, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, env=simenv)
     try:
-        wait_for(lambda: colocate(rundir, "ping", env=simenv).returncode == 0, what="controller")
+        wait_until(lambda: colocate(rundir, "ping", env=simenv).returncode == 0, what="controller",
+                   timeout=20.0, step=0.1)
         wrap = [*COLOCATE, "run", "--runtime-dir", str(rundir), "--device", "sim", "--name", "t-dig",
                 "--class", "qos", "--qos-ms", "50", "--"]
         proc = start("dig", sockdir / "dig.sock", simenv, "--queries", "6", wrap=wrap)
@@ -246,10 +240,10 @@ def test_queries_are_marked_under_colocate(simenv, sockdir):
             apps = json.loads(colocate(rundir, "quotas", "--json", "--all", env=simenv).stdout)
             recs = [a for a in apps if a["name"] == "t-dig" and a["state"] == "exited"]
             return recs[0] if recs else None
-        rec = wait_for(final, what="the service's final record")
+        rec = wait_until(final, what="the service's final record", timeout=20.0, step=0.1)
         assert rec["class"] == "qos" and rec["launches"] == 6 * per_query
-        q = wait_for(lambda: (r := final()) and r["queries"]["done"] == 6 and r["queries"],
-                     what="6 queries done")
+        q = wait_until(lambda: (r := final()) and r["queries"]["done"] == 6 and r["queries"],
+                       what="6 queries done", timeout=20.0, step=0.1)
         assert q["rule"] == "api" and q["in_flight"] == 0 and q["p50_ms"] > 0
     finally:
         ctl.send_signal(signal.SIGTERM)
