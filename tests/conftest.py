@@ -158,6 +158,25 @@ def wait_for(pred, timeout: float = 3.0, step: float = 0.05):
     return pred()
 
 
+# the simulated device the classification tests pin: simgpu's defaults,
+# spelled out so that a change of default does not move their thresholds
+PINNED_DEVICE = {"SIMGPU_SMS": "132", "SIMGPU_SM_GFLOPS": "500", "SIMGPU_BW_GBS": "3350",
+                 "SIMGPU_SM_BW_GBS": str(3 * 3350 / 132)}
+
+
+def pinned_sim_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """A private simulated device (PINNED_DEVICE) that does not sleep for
+    modelled time and reports its kernels to tmp/report.jsonl; no shim."""
+    from shim import paths
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("COLOCATE_", "SIMGPU_", "CUDA_MPS_")) and k != "LD_PRELOAD"}
+    env.update(PINNED_DEVICE)
+    env.update({"LD_LIBRARY_PATH": str(paths.SIMGPU_DIR), "SIMGPU_DIR": str(tmp / "dev"),
+                "SIMGPU_TIMESCALE": "0", "SIMGPU_REPORT": str(tmp / "report.jsonl")})
+    env.update(extra)
+    return env
+
+
 def wait_until(pred, timeout: float = 10.0, what: str = "condition", step: float = 0.05):
     """wait_for, failing the test with what it waited for when pred stays falsy."""
     got = wait_for(pred, timeout, step)

@@ -4,7 +4,7 @@ gives the plain step-by-step result bit for bit for every pyramid height,
 function counts what the kernel does, and the device model sees the default
 input as compute-bound (C-Laius's class for hotspot).
 
-Classification, for the device pinned in DEVICE (132 SMs at 500 GFLOP/s,
+Classification, for the device pinned in conftest.PINNED_DEVICE (132 SMs at 500 GFLOP/s,
 76 GB/s per SM, 3350 GB/s in all; launch overhead 0, see
 tests/test_rodinia_mem.py): a memory-bound kernel takes 1.69x longer at
 quota 20 % than at 100 %, a compute-bound one that fills the device 5.08x.
@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import json
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import pinned_sim_env
 from shim import paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +33,6 @@ BIN = ROOT / "bench" / "bin"
 EXE, TWINS = BIN / "hotspot", BIN / "hotspot.twins.so"
 STEP = "_Z12hotspot_stepPKfS0_Pfiifffff"
 PYRAMID = "_Z15hotspot_pyramidPKfS0_Pfiiifffff"
-DEVICE = {"SIMGPU_SMS": "132", "SIMGPU_SM_GFLOPS": "500", "SIMGPU_BW_GBS": "3350",
-          "SIMGPU_SM_BW_GBS": str(3 * 3350 / 132)}
 BLOCK = 16
 
 pytestmark = pytest.mark.skipif(
@@ -42,20 +40,10 @@ pytestmark = pytest.mark.skipif(
     reason="hotspot or simgpu not built (make build)")
 
 
-def sim_env(tmp: Path, **extra: str) -> dict[str, str]:
-    """A private simulated device that does not sleep for modelled time."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("COLOCATE_", "SIMGPU_", "CUDA_MPS_")) and k != "LD_PRELOAD"}
-    env.update(DEVICE)
-    env.update({"LD_LIBRARY_PATH": str(paths.SIMGPU_DIR), "SIMGPU_DIR": str(tmp / "dev"),
-                "SIMGPU_TIMESCALE": "0", "SIMGPU_REPORT": str(tmp / "report.jsonl")})
-    env.update(extra)
-    return env
-
 
 def run(tmp: Path, *args: str, exe: Path = EXE, **extra: str) -> subprocess.CompletedProcess:
     tmp.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([str(exe), *args], env=sim_env(tmp, **extra), capture_output=True,
+    return subprocess.run([str(exe), *args], env=pinned_sim_env(tmp, **extra), capture_output=True,
                           text=True, timeout=60)
 
 

@@ -3,7 +3,7 @@ simgpu: their results match their CPU references through the host twins,
 the shim counts what they say they did, and simgpu's device model sees them
 as memory-bound.
 
-Classification thresholds, for the device pinned in DEVICE (132 SMs,
+Classification thresholds, for the device pinned in conftest.PINNED_DEVICE (132 SMs,
 500 GFLOP/s and 3 * 3350 / 132 = 76 GB/s per SM, 3350 GB/s in all), with
 the launch overhead set to 0 because it is the same at every quota and
 only pulls every ratio towards 1:
@@ -46,13 +46,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import pinned_sim_env
 from shim import paths
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "bench" / "bin"
 COLOCATE = [sys.executable, "-m", "controlplane.cli"]
-DEVICE = {"SIMGPU_SMS": "132", "SIMGPU_SM_GFLOPS": "500", "SIMGPU_BW_GBS": "3350",
-          "SIMGPU_SM_BW_GBS": str(3 * 3350 / 132)}
 
 
 @dataclass(frozen=True)
@@ -84,16 +83,6 @@ pytestmark = pytest.mark.skipif(
     reason="Rodinia apps or simgpu not built (make build)")
 
 
-def sim_env(tmp: Path, **extra: str) -> dict[str, str]:
-    """A private simulated device that does not sleep for modelled time."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("COLOCATE_", "SIMGPU_", "CUDA_MPS_")) and k != "LD_PRELOAD"}
-    env.update(DEVICE)
-    env.update({"LD_LIBRARY_PATH": str(paths.SIMGPU_DIR), "SIMGPU_DIR": str(tmp / "dev"),
-                "SIMGPU_TIMESCALE": "0", "SIMGPU_REPORT": str(tmp / "report.jsonl")})
-    env.update(extra)
-    return env
-
 
 def run_app(exe: Path, args: tuple[str, ...], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([str(exe), *args], env=env, capture_output=True, text=True, timeout=60)
@@ -118,7 +107,7 @@ def report(tmp: Path) -> list[dict]:
 def test_small_input_checks_through_the_twins(name, tmp_path):
     app = APPS[name]
     res = run_app(BIN / name, (*app.small, "--repeat", "2", "--check"),
-                  sim_env(tmp_path, SIMGPU_DEBUG="1"))
+                  pinned_sim_env(tmp_path, SIMGPU_DEBUG="1"))
     assert res.returncode == 0 and f"PASS {name}" in res.stdout, res.stdout + res.stderr
     for k in app.kernels:       # simgpu's debug log names what it found for each kernel
         assert re.search(rf"{k}: twin yes, cost yes", res.stderr), res.stderr
@@ -131,7 +120,7 @@ def test_small_input_checks_through_the_twins(name, tmp_path):
     assert sum(r["launches"] for r in rows) == stats["launches"] > 0
     # a repeat redoes the whole computation: launches and results read back
     (tmp_path / "once").mkdir()
-    once = stats_of(run_app(BIN / name, app.small, sim_env(tmp_path / "once")).stdout)
+    once = stats_of(run_app(BIN / name, app.small, pinned_sim_env(tmp_path / "once")).stdout)
     assert stats["launches"] == 2 * once["launches"] and stats["d2h_bytes"] == 2 * once["d2h_bytes"]
     assert once["h2d_bytes"] < stats["h2d_bytes"] < 2 * once["h2d_bytes"]   # inputs uploaded once
 
@@ -141,14 +130,14 @@ def test_the_check_fails_when_kernels_do_nothing(name, tmp_path):
     """Copied away from its twins the kernels are timed no-ops: --check must notice."""
     lone = tmp_path / name
     shutil.copy(BIN / name, lone)
-    res = run_app(lone, (*APPS[name].small, "--check"), sim_env(tmp_path))
+    res = run_app(lone, (*APPS[name].small, "--check"), pinned_sim_env(tmp_path))
     assert res.returncode != 0 and f"FAIL {name}" in res.stdout, res.stdout + res.stderr
     assert all(r["twin"] is False for r in report(tmp_path))
 
 
 @pytest.mark.parametrize("name", APPS)
 def test_duration_keeps_rerunning_the_whole_computation(name, tmp_path):
-    res = run_app(BIN / name, (*APPS[name].small, "--duration", "0.2"), sim_env(tmp_path))
+    res = run_app(BIN / name, (*APPS[name].small, "--duration", "0.2"), pinned_sim_env(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
     tp = fields(res.stdout, f"THROUGHPUT {name}")
     iters, seconds = int(tp["iters"]), float(tp["seconds"])
@@ -164,7 +153,7 @@ def modelled_us(name: str, quota: int, tmp: Path) -> float:
     d.mkdir()
     # a kernel without a cost function would get simgpu's default work, here
     # made compute-bound: only the apps' own cost functions can pass the test
-    env = sim_env(d, SIMGPU_LAUNCH_US="0", CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(quota),
+    env = pinned_sim_env(d, SIMGPU_LAUNCH_US="0", CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(quota),
                   SIMGPU_DEFAULT_FLOPS_PER_THREAD="1000", SIMGPU_DEFAULT_BYTES_PER_THREAD="0")
     res = run_app(BIN / name, APPS[name].wide, env)
     assert res.returncode == 0, res.stdout + res.stderr
