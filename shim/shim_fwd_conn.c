@@ -548,35 +548,6 @@ void fconn_poll(struct fconn *c)
 	pthread_mutex_unlock(&c->sock_mu);
 }
 
-int fconn_lost(struct fconn *c, char *why, size_t whylen)
-{
-	uint64_t now = shim_now_ns(), beat;
-
-	c->last_check_ns = now;
-	fconn_poll(c);
-	if (__atomic_load_n(&c->lost, __ATOMIC_ACQUIRE)) {
-		snprintf(why, whylen, "%s", c->lost_why);
-		return 1;
-	}
-	if (__atomic_load_n(&c->page->refused_code, __ATOMIC_ACQUIRE)) {
-		snprintf(why, whylen, "worker refused launch %llu (error %d; see its log)",
-			 (unsigned long long)__atomic_load_n(&c->page->refused_seq, __ATOMIC_RELAXED),
-			 c->page->refused_code);
-		return 1;
-	}
-	if (!colocate_pid_alive(c->worker_pid)) {
-		snprintf(why, whylen, "worker process %u exited", c->worker_pid);
-		return 1;
-	}
-	beat = __atomic_load_n(&c->page->beat_ns, __ATOMIC_RELAXED);
-	if (now > beat && now - beat > (uint64_t)timeout_ms() * 1000000ull) {
-		snprintf(why, whylen, "no heartbeat from worker process %u for %llu ms",
-			 c->worker_pid, (unsigned long long)((now - beat) / 1000000ull));
-		return 1;
-	}
-	return 0;
-}
-
 /* fconn_lost without a socket poll or a /proc read: its flags, the pid's
  * existence (one kill(2)) and the heartbeat. */
 int fconn_lost_quick(struct fconn *c, char *why, size_t whylen)
@@ -601,6 +572,20 @@ int fconn_lost_quick(struct fconn *c, char *why, size_t whylen)
 	if (now > beat && now - beat > (uint64_t)timeout_ms() * 1000000ull) {
 		snprintf(why, whylen, "no heartbeat from worker process %u for %llu ms",
 			 c->worker_pid, (unsigned long long)((now - beat) / 1000000ull));
+		return 1;
+	}
+	return 0;
+}
+
+int fconn_lost(struct fconn *c, char *why, size_t whylen)
+{
+	c->last_check_ns = shim_now_ns();
+	fconn_poll(c);
+	if (fconn_lost_quick(c, why, whylen))
+		return 1;
+	/* kill(0) answers for a killed worker its parent has not reaped yet */
+	if (!colocate_pid_alive(c->worker_pid)) {
+		snprintf(why, whylen, "worker process %u exited", c->worker_pid);
 		return 1;
 	}
 	return 0;
