@@ -158,6 +158,30 @@ def wait_for(pred, timeout: float = 3.0, step: float = 0.05):
     return pred()
 
 
+# Small inputs of every bench workload, well under a second each on simgpu;
+# their own test files and tests/test_workloads.py run them.
+RODINIA_SMALL = {
+    "hotspot": ["--size", "64", "--iters", "4"],
+    "bfs": ["--size", "5000"],
+    "btree": ["--size", "20000", "--queries", "300", "--ranges", "200"],
+    "pathfinder": ["--cols", "3000", "--rows", "50", "--pyramid", "10"],
+    "nw": ["--size", "128"],
+    "lud": ["--size", "256"],
+    "myocyte": ["--cells", "500", "--time", "15", "--launch-ms", "2"],
+    "lavamd": ["--boxes", "3", "--par", "20"],
+}
+# small but complete Tonic shapes: every layer kind, all six nets (full shapes
+# are the default; see bench/tonic/net.h)
+TONIC_SMALL = {
+    "dig": [],
+    "imc": ["--width", "0.25", "--res", "67"],
+    "face": ["--width", "0.25", "--res", "76"],
+    "pos": ["--width", "0.5"],
+    "chk": ["--width", "0.5"],
+    "ner": ["--width", "0.5"],
+}
+
+
 # the simulated device the classification tests pin: simgpu's defaults,
 # spelled out so that a change of default does not move their thresholds
 PINNED_DEVICE = {"SIMGPU_SMS": "132", "SIMGPU_SM_GFLOPS": "500", "SIMGPU_BW_GBS": "3350",

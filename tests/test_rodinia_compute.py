@@ -33,18 +33,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, clean_env, colocate, wait_for
+from conftest import RODINIA_SMALL, ROOT, clean_env, colocate, wait_for
 from shim import paths
 
 BIN = ROOT / "bench" / "bin"
 APPS = ("lud", "myocyte", "lavamd")
 
 # small inputs for --check and the shim run (well under a second each)
-SMALL = {
-    "lud": ["--size", "256"],
-    "myocyte": ["--cells", "500", "--time", "15", "--launch-ms", "2"],
-    "lavamd": ["--boxes", "3", "--par", "20"],
-}
+SMALL = {app: RODINIA_SMALL[app] for app in APPS}
 KERNELS = {
     "lud": {"_Z12lud_diagonalPfii", "_Z13lud_perimeterPfii", "_Z12lud_internalPfii"},
     "myocyte": {"_Z14myocyte_kernelPdPKdixiid"},

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pinned_sim_env
+from conftest import RODINIA_SMALL, pinned_sim_env
 from shim import paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,17 +63,17 @@ class App:
 
 
 APPS = {
-    "bfs": App(("--size", "5000"), ("--size", "200000"),
+    "bfs": App(tuple(RODINIA_SMALL["bfs"]), ("--size", "200000"),
                frozenset({"_Z10bfs_expandPK4NodePKiPbS4_PKbPii", "_Z10bfs_updatePbS_S_S_i"}),
                True),
-    "btree": App(("--size", "20000", "--queries", "300", "--ranges", "200"),
+    "btree": App(tuple(RODINIA_SMALL["btree"]),
                  ("--size", "100000", "--queries", "2000", "--ranges", "2000"),
                  frozenset({"_Z5findKiPK5knodeiPKiS3_Pi", "_Z10findRangeKiPK5knodeiPKiS3_PiS4_"}),
                  True),
-    "pathfinder": App(("--cols", "3000", "--rows", "50", "--pyramid", "10"),
+    "pathfinder": App(tuple(RODINIA_SMALL["pathfinder"]),
                       ("--cols", "100000", "--rows", "41", "--pyramid", "20"),
                       frozenset({"_Z14dynproc_kerneliPKiS0_Piiii"}), True),
-    "nw": App(("--size", "128"), ("--size", "512"),
+    "nw": App(tuple(RODINIA_SMALL["nw"]), ("--size", "512"),
               frozenset({"_Z8nw_upperPKiPiiii", "_Z8nw_lowerPKiPiiiii"}), False),
 }
 

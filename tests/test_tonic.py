@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_until
+from conftest import TONIC_SMALL, wait_until
 
 from shim import paths
 
@@ -31,16 +31,7 @@ pytestmark = pytest.mark.skipif(
     not SERVICE.exists() or not (paths.SIMGPU_DIR / "libcudnn.so.9").exists(),
     reason="tonic-service or simgpu's libcudnn not built (make build)")
 
-# small but complete shapes: every layer kind, all six nets (full shapes are
-# the default; see bench/tonic/net.h)
-SMALL = {
-    "dig": [],
-    "imc": ["--width", "0.25", "--res", "67"],
-    "face": ["--width", "0.25", "--res", "76"],
-    "pos": ["--width", "0.5"],
-    "chk": ["--width", "0.5"],
-    "ner": ["--width", "0.5"],
-}
+SMALL = TONIC_SMALL
 REQ = struct.Struct("<IIQII")
 REP = struct.Struct("<IiQQQQIIII")
 

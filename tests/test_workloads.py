@@ -14,30 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import RODINIA_SMALL, TONIC_SMALL
 from shim import paths
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "bench" / "bin"
 
-# small inputs: well under a second each on simgpu
-RODINIA = {
-    "hotspot": ["--size", "64", "--iters", "4"],
-    "bfs": ["--size", "5000"],
-    "btree": ["--size", "20000", "--queries", "300", "--ranges", "200"],
-    "pathfinder": ["--cols", "3000", "--rows", "50", "--pyramid", "10"],
-    "nw": ["--size", "128"],
-    "lud": ["--size", "256"],
-    "myocyte": ["--cells", "500", "--time", "15", "--launch-ms", "2"],
-    "lavamd": ["--boxes", "3", "--par", "20"],
-}
-TONIC = {
-    "dig": [],
-    "imc": ["--width", "0.25", "--res", "67"],
-    "face": ["--width", "0.25", "--res", "76"],
-    "pos": ["--width", "0.5"],
-    "chk": ["--width", "0.5"],
-    "ner": ["--width", "0.5"],
-}
+RODINIA, TONIC = RODINIA_SMALL, TONIC_SMALL
 # what a predictor keys on, per library entry point (C-Laius Table 1)
 LIB_KEYS = {
     "cudnnConvolutionForward": {"n", "c", "h", "w", "k", "r", "s", "pad_h", "stride_h", "out_h"},
