@@ -17,6 +17,12 @@
  *   SIMGPU_DEBUG=1            diagnostics on stderr
  *   SIMGPU_SYNC=1             no executor threads: every operation runs in
  *                             the calling thread when it is enqueued (debugging)
+ *   SIMGPU_TIMING_ONLY=1      timing only: kernels take their modelled time but
+ *                             their host twins do not run (results are wrong).
+ *                             For scheduling experiments, where the twins' CPU
+ *                             time would otherwise swamp modelled time on a
+ *                             small machine; data-dependent control flow (bfs)
+ *                             then goes wrong too
  *   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE  SM quota, read once as real MPS does
  *
  * Device time is modelled time.  With a timescale t > 0 one device second
@@ -113,6 +119,7 @@ static void read_config(void)
 	c->debug = getenv("SIMGPU_DEBUG") && *getenv("SIMGPU_DEBUG") &&
 		   strcmp(getenv("SIMGPU_DEBUG"), "0") != 0;
 	c->sync = env_num("SIMGPU_SYNC", 0, 0, 1) != 0;
+	c->timing_only = env_num("SIMGPU_TIMING_ONLY", 0, 0, 1) != 0;
 	c->sms = (int)env_num("SIMGPU_SMS", 132, 1, 100000);
 	c->mem_bytes = env_num("SIMGPU_MEM_GIB", 80, 1.0 / 1024, 1 << 20) * (double)(1ULL << 30);
 	c->bw = env_num("SIMGPU_BW_GBS", 3350, 1e-3, 1e9) * 1e9;

@@ -64,6 +64,7 @@ struct sg_config {
 	int    quota_sms;        /* SMs the quota allows, at least 1            */
 	int    debug;            /* SIMGPU_DEBUG                                */
 	int    sync;             /* SIMGPU_SYNC: run all work at enqueue        */
+	int    timing_only;      /* SIMGPU_TIMING_ONLY: skip twins, keep time   */
 	char   name[256];        /* SIMGPU_NAME                                 */
 	char   dir[512];         /* SIMGPU_DIR                                  */
 };
