@@ -33,8 +33,10 @@ from controlplane import schema
 from controlplane import metrics
 from controlplane.policies.base import AppInfo, Decision, Policy, make_policy_spec
 from controlplane.rundir import ColocateError, RunDir, version
+from predictors import schema as pschema
+from predictors.profile import lib_params
 from processpool import Pool, parse_spec
-from shim.ctlblock import ControlBlock, ControlBlockFull
+from shim.ctlblock import ROUTE_HOLD, ControlBlock, ControlBlockFull
 
 log = logging.getLogger("colocate")
 VERSION = version()
@@ -44,6 +46,7 @@ RECV_MAX = 16 * schema.MAX_BYTES   # bigger ones make zmq drop the peer; 64 KiB.
 QUERY_WINDOW = 1000                # latencies behind each app's p50/p99
 QUERY_IN_FLIGHT_MAX = 4096         # begun, not ended: the oldest is given up beyond this
 RECENT_EXITS = 64                  # exited apps whose late query boundaries still count
+OCC_QUERIES = 64                   # recent queries whose task occurrences are kept per app
 
 
 class Reject(Exception):
@@ -156,6 +159,38 @@ class App:
     unplaced: tuple | None = None                       # last (quota, route) warned about
     queries: QueryStats = field(default_factory=QueryStats)
     final: dict | None = None                           # its history record, once exited
+    held: bool = False                                  # route CB_ROUTE_HOLD written
+    feed: dict | None = None                            # task feedback counts (schema.FEED)
+    # occurrence of each task name: per query (QoS apps; recent queries only) or per run
+    occ: collections.OrderedDict = field(default_factory=collections.OrderedDict)
+    query_size: collections.OrderedDict = field(default_factory=collections.OrderedDict)
+
+
+class BadTask(ValueError):
+    """A task record that cannot become a predictors task row."""
+
+
+def _dims(v: Any, what: str) -> tuple[int, int, int]:
+    if v is None:
+        return (0, 0, 0)
+    if (not isinstance(v, list) or len(v) != 3
+            or not all(type(x) is int and 0 <= x < 2**32 for x in v)):
+        raise BadTask(f"{what} must be [x, y, z] of non-negative ints, got {v!r}")
+    return (v[0], v[1], v[2])
+
+
+def task_features(t: dict, input_bytes: float, occurrence: int) -> dict:
+    """A fed task record (schema.TASK) -> the predictors task row, as
+    predictors.profile.task_sample builds it from a trace record."""
+    if t["kind"] == "kernel":
+        return pschema.task_row(t["name"], input_bytes, _dims(t["grid"], "grid"),
+                                _dims(t["block"], "block"), t["shmem"] or 0, t["quota"],
+                                occurrence=occurrence)
+    params = t.get("params")
+    if params is not None and not isinstance(params, dict):
+        raise BadTask(f"params must be an object, got {type(params).__name__}")
+    return pschema.task_row(t["name"], input_bytes, quota=t["quota"],
+                            params=lib_params(t["name"], params), occurrence=occurrence)
 
 
 # --- the controller ---------------------------------------------------------
@@ -172,6 +207,7 @@ class Controller:
         self.history: collections.deque = collections.deque(maxlen=HISTORY_MAX)
         self.recent: collections.OrderedDict[int, App] = collections.OrderedDict()   # pid -> exited app
         self.stopping = False
+        self.bad_tasks = 0                              # malformed "tasks" messages
         self.cb = ControlBlock.create(rd.ctlblock)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -215,13 +251,16 @@ class Controller:
             except zmq.Again:
                 return
             reply = self.handle(frames[1:])
+            if reply is None:                           # one-way message ("tasks")
+                continue
             try:
                 self.sock.send_multipart([frames[0], b"", schema.encode(reply)], zmq.NOBLOCK)
             except zmq.ZMQError as e:                   # peer gone or its queue full
                 log.warning("reply dropped: %s", e)
 
-    def handle(self, frames: list[bytes]) -> dict:
-        """One request's frames (identity removed) -> its reply."""
+    def handle(self, frames: list[bytes]) -> dict | None:
+        """One request's frames (identity removed) -> its reply (None: a
+        one-way message, answered only when malformed)."""
         t = None
         try:
             if len(frames) != 2 or frames[0] != b"":
@@ -232,6 +271,8 @@ class Controller:
             msg = schema.validate(raw)
             return getattr(self, "on_" + msg["type"])(msg)
         except (schema.SchemaError, Reject) as e:
+            if t == "tasks":
+                self.bad_tasks += 1
             log.warning("bad request (%s): %s; got %s", t, e, _preview(frames))
             return schema.error(str(e), t if t in schema.REQUESTS else None)
         except Exception as e:                          # a bug: say so, keep serving
@@ -281,6 +322,9 @@ class Controller:
                 log.warning("policy %s decided for slot %d, which has no live app", self.policy.name, d.slot)
                 continue
             q = min(100, max(1, int(d.quota_pct)))
+            if d.hold:
+                self.hold(app, q)
+                continue
             route = None if d.route is None else max(0, int(d.route))
             if (q, route) != (d.quota_pct, d.route):
                 log.warning("policy %s: %s clamped to quota %d route %s", self.policy.name, d, q, route)
@@ -323,10 +367,25 @@ class Controller:
         return dict(collections.Counter(a.route for a in self.apps.values() if a.route))
 
     def set_route(self, app: App, quota_pct: int, route: int) -> None:
-        if (quota_pct, route) != (app.quota_pct, app.route):
+        """Write (quota, route); a held app is released by any route."""
+        if (quota_pct, route) != (app.quota_pct, app.route) or app.held:
             self.cb.set_route(app.info.slot, route, quota_pct)
-            app.quota_pct, app.route = quota_pct, route
+            if app.held:
+                log.info("slot %d (%s): released, quota %d%% route %d", app.info.slot, app.info.name,
+                         quota_pct, route)
+            app.quota_pct, app.route, app.held = quota_pct, route, False
             log.debug("slot %d (%s): quota %d%% route %d", app.info.slot, app.info.name, quota_pct, route)
+
+    def hold(self, app: App, quota_pct: int) -> None:
+        """Route CB_ROUTE_HOLD: the app's next kernel launch waits (its shim
+        leaves its worker first) until a later route releases it.  quota_pct
+        is kept for display; the app counts as routed nowhere."""
+        if app.held and app.quota_pct == quota_pct:
+            return
+        self.cb.set_route(app.info.slot, ROUTE_HOLD, quota_pct)
+        if not app.held:
+            log.info("slot %d (%s): held", app.info.slot, app.info.name)
+        app.quota_pct, app.route, app.held = quota_pct, 0, True
 
     def worker_of(self, app: App) -> dict | None:
         if app.route == 0:
@@ -343,7 +402,9 @@ class Controller:
                 "h2d_bytes": c["h2d_bytes"], "d2h_bytes": c["d2h_bytes"], "qos_ms": i.qos_ms,
                 "state": state, "slot": i.slot, "kernels": app.kernels,
                 "registered_at": app.registered_at, "exited_at": exited_at, "worker": self.worker_of(app),
-                "queries": app.queries.summary()}
+                "queries": app.queries.summary(), "held": app.held,
+                "held_ms": self.cb.control(app.info.slot)["held_ns"] / 1e6,
+                "feed": dict(app.feed) if app.feed is not None else None}
 
     def finish(self, app: App, kernels: list[dict]) -> dict:
         """Final record (counters read before the slot is freed), history, policy, release."""
@@ -386,11 +447,21 @@ class Controller:
             info = AppInfo(slot, pid, m["name"], m["class"], m["qos_ms"], m["quota_pct"], m["device"])
             app = App(info, start, m["exe"], self.cb.control(slot)["registered_ns"] / 1e9)
             self.apps[slot] = app
+            if self.wants_tasks(info):
+                app.feed = {"tasks": 0, "untimed": 0, "dropped": 0, "bad": 0}
             self.decide("on_register", info)
             log.info("registered %s (pid %d, %s, %s) in slot %d: quota %d%% route %d", info.name, pid,
                      info.cls, app.exe or "?", slot, app.quota_pct, app.route)
         return schema.message("registered", slot=app.info.slot, quota_pct=app.quota_pct,
-                              route=app.route, controller_pid=os.getpid())
+                              route=app.route, controller_pid=os.getpid(), feed=app.feed is not None,
+                              revision=schema.REVISION)
+
+    def wants_tasks(self, info: AppInfo) -> bool:
+        try:
+            return bool(self.policy.wants_tasks(info))
+        except Exception:
+            log.exception("policy %s failed in wants_tasks", self.policy.name)
+            return False
 
     def on_exit(self, m: dict) -> dict:
         app = self.apps.get(m["slot"])
@@ -451,6 +522,10 @@ class Controller:
         if q.rule != was:
             log.info("app %s (pid %d): queries %s", app.info.name, app.info.pid,
                      "marked by the app" if q.rule == "api" else "inferred from copies")
+        if begin and q.rule == m["rule"]:
+            app.query_size[m["id"]] = m["size"]
+            while len(app.query_size) > OCC_QUERIES:
+                app.query_size.popitem(last=False)
         if app.final is not None:
             app.final["queries"] = q.summary()
         elif q.rule == m["rule"]:
@@ -464,6 +539,51 @@ class Controller:
 
     def on_query_end(self, m: dict) -> dict:
         return self.on_query(m, False)
+
+    def on_tasks(self, m: dict) -> None:
+        """Completed tasks from an app's feed: each becomes a predictors task
+        row with its occurrence (per query for QoS apps, per run for batch
+        apps) and goes to policy.on_task_done.  One-way: no reply."""
+        app = self.query_app(m["pid"])
+        if app.final is None and m["slot"] != app.info.slot:
+            raise Reject(f"pid {m['pid']} is not in slot {m['slot']}")
+        if app.feed is None:
+            app.feed = {"tasks": 0, "untimed": 0, "dropped": 0, "bad": 0}
+        feed = app.feed
+        feed["dropped"] = max(feed["dropped"], m["dropped"])
+        for t in m["tasks"]:
+            feed["tasks"] += 1
+            qid = t["query"] if app.info.cls == "qos" else None
+            seen = app.occ.setdefault(qid, {})
+            if qid is not None:
+                app.occ.move_to_end(qid)
+                while len(app.occ) > OCC_QUERIES:
+                    app.occ.popitem(last=False)
+            occ = seen.get(t["name"], 0)
+            seen[t["name"]] = occ + 1
+            if qid is not None:
+                inp = float(app.query_size.get(qid, 0))
+            elif app.final is not None:
+                inp = float(app.final["h2d_bytes"])
+            else:
+                inp = float(self.cb.counters(app.info.slot)["h2d_bytes"])
+            try:
+                row = task_features(t, inp, occ)
+            except (BadTask, ValueError, TypeError) as e:
+                feed["bad"] += 1
+                log.warning("app %s (pid %d): bad task record %s: %s", app.info.name, app.info.pid,
+                            t.get("n"), e)
+                continue
+            if t["dur_us"] is None:
+                feed["untimed"] += 1
+                continue
+            if app.final is None:
+                self.decide("on_task_done", app.info,
+                            {"features": row, "duration_us": float(t["dur_us"]),
+                             "quota_pct": t["quota"], "query": t["query"]})
+        if app.final is not None:
+            app.final["feed"] = dict(feed)
+        return None
 
     def on_stop(self, m: dict) -> dict:
         log.info("stop requested")

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 PROTOCOL = 1
+# Additive changes (new message types, new optional fields) keep "v": 1 so
+# that older shims keep working, and bump REVISION: 2 = "tasks" (task
+# feedback), "feed" in "registered", held apps (route CB_ROUTE_HOLD).
+REVISION = 2
 MAX_BYTES = 64 * 1024
 
 
@@ -71,6 +75,33 @@ QUERIES = {
     "violations": F("int", doc="queries that ended later than the app's QoS target (qos_ms)"),
 }
 
+TASK = {
+    "n": F("int", min=0, doc="the app's task number (tasks fed or dropped before it)"),
+    "kind": F("str", choices=("kernel", "library")),
+    "name": F("str", doc="mangled kernel name, or the library entry point"),
+    "grid": F("list", null=True, doc="[x, y, z]; null for graphs and library tasks"),
+    "block": F("list", null=True),
+    "shmem": F("int", null=True, min=0),
+    "stream": F("str", required=False, default="0x0"),
+    "host_us": F("number", required=False, null=True, doc="CLOCK_MONOTONIC at issue"),
+    "start_us": F("number", null=True, doc="device start (us from the app's first task)"),
+    "dur_us": F("number", null=True, min=0, doc="device duration; null: not timed (e.g. forwarded)"),
+    "quota": F("int", min=1, max=100, doc="the SM quota it ran at"),
+    "route": F("str", required=False, choices=("local", "worker"), default="local"),
+    "worker": F("int", required=False, null=True),
+    "query": F("int", null=True, min=0, max=2**64 - 1, doc="the query open when it was issued"),
+    "params": F("object", required=False, null=True, doc="library task: its parameters"),
+    "kernels": F("int", required=False, null=True, doc="library task: kernels it launched"),
+    "rc": F("int", required=False, null=True, doc="library task: its status"),
+}
+
+FEED = {
+    "tasks": F("int", doc="tasks received"),
+    "untimed": F("int", doc="of those, without a device time (not passed to the policy)"),
+    "dropped": F("int", doc="tasks the shim could not send (it says how many)"),
+    "bad": F("int", doc="task records refused as malformed"),
+}
+
 RECORD = {
     "name": F("str"), "pid": F("int"), "class": F("str", choices=("qos", "batch")),
     "quota_pct": F("int"), "route": F("int", doc="0 = local, N = worker N"),
@@ -80,6 +111,11 @@ RECORD = {
     "registered_at": F("number", doc="unix time"), "exited_at": F("number", null=True),
     "worker": F("object", null=True, doc="route's pool worker {id, quota_pct}; null = local"),
     "queries": F("object", required=False, null=True, doc="query statistics (object queries)"),
+    "held": F("bool", required=False, default=False,
+              doc="the policy holds its kernel launches (route CB_ROUTE_HOLD)"),
+    "held_ms": F("number", required=False, default=0.0, doc="time its launches waited on holds"),
+    "feed": F("object", required=False, null=True,
+              doc="task feedback (object feed); null when the policy does not want it"),
 }
 
 WORKER = {
@@ -130,6 +166,15 @@ REQUESTS: dict[str, dict[str, F]] = {
         "rule": F("str", required=False, choices=("api", "inferred"), default="api"),
         "t_us": F("int", required=False, null=True, min=0, max=2**63 - 1),
     },
+    # completed tasks, sent by the shim's feed thread (shim/shim_trace.c) when
+    # "registered" said "feed": true; one-way: no reply (an error reply when malformed)
+    "tasks": {
+        "pid": F("int", min=1, max=2**31 - 1),
+        "slot": F("int", min=-1, max=2**31 - 1),
+        "dropped": F("int", required=False, default=0, min=0, max=2**64 - 1,
+                     doc="tasks the shim dropped so far (socket full)"),
+        "tasks": F("list", items=TASK, of="task"),
+    },
     "set_quota": {
         "name": F("str", doc="app name; every live app of that name"),
         "quota_pct": F("int", min=1, max=100, doc="route to a ready pool worker of exactly this quota "
@@ -138,7 +183,10 @@ REQUESTS: dict[str, dict[str, F]] = {
 }
 
 REPLIES: dict[str, dict[str, F]] = {
-    "registered": {"slot": F("int"), "quota_pct": F("int"), "route": F("int"), "controller_pid": F("int")},
+    "registered": {"slot": F("int"), "quota_pct": F("int"), "route": F("int"), "controller_pid": F("int"),
+                   "feed": F("bool", required=False, default=False,
+                             doc="send completed tasks (message tasks); absent: no"),
+                   "revision": F("int", required=False, doc="the controller's schema REVISION")},
     "ok": {"slot": F("int", required=False, doc="set_quota: the (first) app's slot"),
            "route": F("int", required=False, doc="set_quota: its new route"),
            "slots": F("list", required=False, doc="set_quota: every app's slot"),
@@ -153,7 +201,8 @@ REPLIES: dict[str, dict[str, F]] = {
 }
 
 REPLY_TO = {"register": "registered", "exit": "ok", "ping": "pong", "list": "apps", "stop": "ok",
-            "pool": "pool", "set_quota": "ok", "query_begin": "ok", "query_end": "ok"}
+            "pool": "pool", "set_quota": "ok", "query_begin": "ok", "query_end": "ok",
+            "tasks": None}
 
 
 _PY = {"int": int, "number": (int, float), "str": str, "bool": bool, "list": list, "object": dict}
@@ -266,11 +315,11 @@ def as_json() -> dict:
             out[n] = d
         return out
     return {
-        "version": PROTOCOL, "max_bytes": MAX_BYTES,
+        "version": PROTOCOL, "revision": REVISION, "max_bytes": MAX_BYTES,
         "envelope": {"v": {"type": "int", "required": True, "value": PROTOCOL},
                      "type": {"type": "str", "required": True}},
         "requests": {t: {"reply": REPLY_TO.get(t), "fields": fields(s)} for t, s in REQUESTS.items()},
         "replies": {t: {"fields": fields(s)} for t, s in REPLIES.items()},
         "objects": {"kernel": fields(KERNEL), "record": fields(RECORD), "worker": fields(WORKER),
-                    "queries": fields(QUERIES)},
+                    "queries": fields(QUERIES), "task": fields(TASK), "feed": fields(FEED)},
     }

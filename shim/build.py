@@ -33,6 +33,7 @@ CDEF = """
 #define CB_SLOT_LIVE 1
 #define CB_SLOT_EXITED 2
 #define CB_ROUTE_LOCAL 0
+#define CB_ROUTE_HOLD 0xFFFFFFFF
 #define CB_VERSION 1
 struct cb_header { uint64_t magic; uint32_t version; uint32_t nslots; uint32_t slot_size;
                    uint32_t controller_pid; uint64_t generation; uint64_t created_ns; ...; };
@@ -40,7 +41,8 @@ struct cb_counters { uint64_t launches; uint64_t forwarded; uint64_t h2d_bytes; 
                      int64_t allocs_live; int64_t alloc_bytes_live; uint64_t syncs;
                      uint64_t last_sync_ns; };
 struct cb_control { uint32_t state; uint32_t pid; uint32_t route; uint32_t quota_pct;
-                    uint64_t route_epoch; uint64_t d2d_bytes; uint64_t registered_ns; ...; };
+                    uint64_t route_epoch; uint64_t d2d_bytes; uint64_t registered_ns;
+                    uint64_t held_ns; ...; };
 struct cb_slot { struct cb_counters c; struct cb_control k; };
 struct cb_block { struct cb_header hdr; struct cb_slot slots[256]; };
 struct cb_block *cb_open(const char *path, int create);

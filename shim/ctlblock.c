@@ -141,6 +141,7 @@ int cb_claim_slot(struct cb_block *cb, uint32_t pid)
 		s->k.quota_pct = 100;
 		s->k.route_epoch = 0;
 		s->k.d2d_bytes = 0;
+		s->k.held_ns = 0;
 		s->k.registered_ns = now_realtime_ns();
 		__atomic_thread_fence(__ATOMIC_RELEASE);
 		return (int)i;

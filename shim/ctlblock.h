@@ -38,8 +38,16 @@
 #define CB_SLOT_EXITED 2u  /* process gone; controller collects the final */
 
 /* route values (cb_slot.route): 0 = run locally (natively), otherwise the
- * id of a process-pool worker (the process-pool issue gives them meaning). */
+ * id of a process-pool worker (the process-pool issue gives them meaning),
+ * or CB_ROUTE_HOLD: the app's next kernel launch waits (the batch task stays
+ * in the ready pool) until the route epoch changes again.  The shim first
+ * leaves its worker as for any route change; copies, syncs and frees go on
+ * as usual.  It stops waiting and runs locally until the next route change
+ * when the controller is gone or after COLOCATE_HOLD_MAX_MS (default
+ * 10000).  quota_pct keeps the quota a hold was decided at (for display).
+ * Worker ids are small: CB_ROUTE_HOLD is never one. */
 #define CB_ROUTE_LOCAL 0u
+#define CB_ROUTE_HOLD  0xFFFFFFFFu
 
 struct cb_header {
 	uint64_t magic;
@@ -72,7 +80,10 @@ struct cb_control {              /* exactly one cache line */
 	uint64_t d2d_bytes;          /* device-to-device bytes (app-written; here  */
 	                             /* because line 0 is full and it is rare)     */
 	uint64_t registered_ns;      /* CLOCK_REALTIME at registration             */
-	uint8_t  pad[CB_LINE - 40];
+	uint64_t held_ns;            /* time kernel launches waited on             */
+	                             /* CB_ROUTE_HOLD (app-written, like d2d_bytes;*/
+	                             /* added in the padding: layout unchanged)    */
+	uint8_t  pad[CB_LINE - 48];
 };
 
 struct cb_slot {

@@ -20,11 +20,20 @@ from shim._ctlblock import ffi, lib
 NSLOTS: int = lib.CB_MAX_SLOTS
 FREE, LIVE, EXITED = lib.CB_SLOT_FREE, lib.CB_SLOT_LIVE, lib.CB_SLOT_EXITED
 ROUTE_LOCAL: int = lib.CB_ROUTE_LOCAL
+# CB_ROUTE_HOLD (ctlblock.h): the app's next kernel launch waits until the
+# route changes again.
+ROUTE_HOLD: int = lib.CB_ROUTE_HOLD
 COUNTERS = ("launches", "forwarded", "h2d_bytes", "d2h_bytes", "allocs_live",
             "alloc_bytes_live", "syncs", "last_sync_ns")
 SIGNED = {"allocs_live", "alloc_bytes_live"}
 CONTROL32 = ("state", "pid", "route", "quota_pct")
 CONTROL64 = ("route_epoch", "d2d_bytes", "registered_ns")
+APP_CONTROL64 = ("held_ns",)          # in the control line, written by the app
+
+
+def _field_ptr(k, name: str):
+    """uint64_t * to a control-line field."""
+    return ffi.cast("uint64_t *", ffi.addressof(k, name))
 
 
 class ControlBlockFull(RuntimeError):
@@ -100,7 +109,12 @@ class ControlBlock:
         k = self._slot(slot).k
         out = {n: lib.cb_load32(ffi.addressof(k, n)) for n in CONTROL32}
         out.update({n: lib.cb_load64(ffi.addressof(k, n)) for n in CONTROL64})
+        out.update({n: lib.cb_load64(_field_ptr(k, n)) for n in APP_CONTROL64})
         return out
+
+    def held(self, slot: int) -> bool:
+        """Whether the controller holds the slot's kernel launches."""
+        return self.control(slot)["route"] == ROUTE_HOLD
 
     def header(self) -> dict[str, int]:
         h = self._block().hdr
@@ -108,6 +122,9 @@ class ControlBlock:
                                            "controller_pid", "generation", "created_ns")}
 
     # --- application side (tests and simulators play the shim with this)
+    def write_held_ns(self, slot: int, value: int) -> None:
+        _field_ptr(self._slot(slot).k, "held_ns")[0] = value
+
     def write_counters(self, slot: int, **values: int) -> None:
         c = self._slot(slot).c
         for name, v in values.items():

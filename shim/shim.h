@@ -137,6 +137,12 @@ void shim_ctl_exit(void);
 int shim_ctl_send(const char *json);
 /* Forget the parent's connection in a forked child. */
 void shim_ctl_forget(void);
+/* This process's slot (-1 when not registered). */
+int shim_ctl_slot(void);
+/* Is the controller we registered with still running?  (Its pid, from the
+ * reply to "register"; else whether its socket still listens.)  Costs a
+ * kill(2) and a /proc read: call it every few ms at most. */
+int shim_ctl_alive(void);
 const char *shim_runtime_dir(void);
 
 /* --- launch forwarding (shim_fwd.c, shim_fwd_conn.c) ------------------ */
@@ -185,8 +191,14 @@ struct shim_launch {
 };
 
 /* A launch while shim_fwd_check() says so: forwards it, or runs it locally
- * in order with forwarded work; counts it.  Returns its cudaError_t. */
+ * in order with forwarded work; counts it.  Returns its cudaError_t.  A
+ * route of CB_ROUTE_HOLD makes it wait here first (see ctlblock.h). */
 int shim_fwd_launch(const struct shim_launch *l);
+/* Act on a route change now, at a launch boundary (a hold waits here), so
+ * that what the task layer records about the launch is what happens.
+ * Returns 1 when launches go through shim_fwd_launch (routed to a worker
+ * or an error pending), else 0. */
+int shim_fwd_follow(void);
 
 /* Scopes of a fence before a local operation. */
 #define SHIM_FENCE_STREAM 0     /* the stream, with default-stream rules  */

@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "shim_trace.h"
 #include "unixutil.h"
 #include "zmqdl.h"
 
@@ -40,6 +41,7 @@ static int slot_index = -1;
 static pthread_mutex_t sock_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t dropped;
 static char rundir[PATH_MAX];
+static uint32_t ctl_pid;        /* the controller's, from its reply */
 
 const char *shim_runtime_dir(void)
 {
@@ -110,6 +112,22 @@ static int json_int(const char *msg, const char *key, long *val)
 		p++;
 	*val = strtol(p, &end, 10);
 	return end == p ? -1 : 0;
+}
+
+/* "key": true|false in a flat JSON reply: 1, 0, or -1 when absent. */
+static int json_bool(const char *msg, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\"%s\"", key);
+	p = strstr(msg, pat);
+	if (!p)
+		return -1;
+	p += strlen(pat);
+	while (*p == ' ' || *p == ':')
+		p++;
+	return strncmp(p, "true", 4) == 0 ? 1 : strncmp(p, "false", 5) == 0 ? 0 : -1;
 }
 
 static int send_msg(const char *json)
@@ -232,7 +250,28 @@ int shim_ctl_register(char *why, size_t whylen)
 		return -1;
 	}
 	slot_index = (int)slot;
+	if (json_int(reply, "controller_pid", &slot) == 0 && slot > 0 && slot <= INT32_MAX)
+		ctl_pid = (uint32_t)slot;
+	/* "feed": true - the policy wants this app's completed tasks (a
+	 * controller that predates it says nothing: no feed) */
+	if (json_bool(reply, "feed") == 1)
+		shim_trace_feed_on();
 	return slot_index;
+}
+
+int shim_ctl_slot(void)
+{
+	return __atomic_load_n(&slot_index, __ATOMIC_RELAXED);
+}
+
+int shim_ctl_alive(void)
+{
+	char sock_path[PATH_MAX + 16];
+
+	if (ctl_pid)
+		return colocate_pid_alive(ctl_pid);
+	snprintf(sock_path, sizeof(sock_path), "%s/ctl.sock", shim_runtime_dir());
+	return colocate_socket_listens(sock_path);
 }
 
 struct kjson {
@@ -334,5 +373,6 @@ void shim_ctl_forget(void)
 	/* a forked child must not touch the parent's libzmq threads */
 	zsock = zctx = NULL;
 	slot_index = -1;
+	ctl_pid = 0;
 	pthread_mutex_init(&sock_mu, NULL);
 }

@@ -102,6 +102,10 @@ static struct {
 	uint64_t nsent;
 	uint32_t refused_worker;        /* the last worker we could not reach   */
 	uint64_t local_runs;            /* launches run locally while routed    */
+	int hold;                       /* the epoch acted on says CB_ROUTE_HOLD */
+	uint64_t hold_since;            /* when that hold began (ns)             */
+	uint64_t hold_accounted;        /* up to when it is in held_ns (ns)      */
+	int hold_waiting;               /* launches waiting on it                */
 } F = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
 static struct fkernel not_forwardable = { .ok = 0 };
@@ -207,13 +211,14 @@ static int local_launch(const struct shim_launch *l)
 
 /* ---------------------------------------------------------------- state */
 
-/* The fast path's view of the state; F.mu held. */
+/* The fast path's view of the state; F.mu held.  A hold sends every launch
+ * here (to wait) but leaves copies and syncs alone (nothing to fence). */
 static void publish(void)
 {
 	int routed = F.conn != NULL || F.err != 0;
 
 	__atomic_store_n(&shim_fwd_busy, routed, __ATOMIC_RELAXED);
-	__atomic_store_n(&shim_fwd_epoch, routed ? ~0ull : F.epoch, __ATOMIC_RELEASE);
+	__atomic_store_n(&shim_fwd_epoch, routed || F.hold ? ~0ull : F.epoch, __ATOMIC_RELEASE);
 }
 
 static int take_error(void)
@@ -658,26 +663,133 @@ static void join_worker(uint32_t route)
 	F.conn = c;
 }
 
-/* Act on a new route epoch, at a launch boundary.  F.mu held. */
+/* ---------------------------------------------------------------- holding */
+
+/* COLOCATE_HOLD_MAX_MS: the longest one hold keeps launches waiting. */
+static uint64_t hold_max_ns(void)
+{
+	static uint64_t v;
+
+	if (!v) {
+		const char *e = getenv("COLOCATE_HOLD_MAX_MS");
+		long long ms = e && *e ? atoll(e) : 10000;
+
+		v = (uint64_t)(ms > 0 ? ms : 10000) * 1000000ull;
+	}
+	return v;
+}
+
+/* Held time into the slot's held_ns up to now (the controller shows it
+ * while the hold lasts).  F.mu held. */
+static void hold_account(uint64_t now)
+{
+	if (F.hold && now > F.hold_accounted) {
+		__atomic_fetch_add(&shim_ctl->held_ns, now - F.hold_accounted, __ATOMIC_RELAXED);
+		F.hold_accounted = now;
+	}
+}
+
+static void hold_end(void)
+{
+	hold_account(shim_now_ns());
+	F.hold = 0;
+}
+
+#define HOLD_NAP_NS     1000000L      /* 1 ms between looks at the epoch     */
+#define HOLD_ALIVE_NS   50000000ull   /* the controller's pid, every 50 ms   */
+
+/*
+ * The route says hold (epoch e): wait, without F.mu, until the controller
+ * changes the route (1: act on it), or give up and run locally until the
+ * next change (0): the controller is gone, or the hold lasted
+ * COLOCATE_HOLD_MAX_MS.  Short sleeps: a held app costs ~no CPU, and other
+ * threads' copies and syncs go on meanwhile (they fence nothing: the
+ * worker, if any, was left before).  F.mu held on entry and on return.
+ */
+static int hold_wait(uint64_t e)
+{
+	struct timespec nap = { 0, HOLD_NAP_NS };
+	uint64_t last_alive = shim_now_ns(), now;
+	const char *gave_up = NULL;
+	int first = F.hold_waiting++ == 0;
+
+	unlock();
+	for (;;) {
+		nanosleep(&nap, NULL);
+		if (__atomic_load_n(&shim_ctl->route_epoch, __ATOMIC_ACQUIRE) != e)
+			break;
+		now = shim_now_ns();
+		if (now - F.hold_since >= hold_max_ns()) {
+			gave_up = "COLOCATE_HOLD_MAX_MS";
+			break;
+		}
+		if (now - last_alive >= HOLD_ALIVE_NS) {
+			last_alive = now;
+			if (!shim_ctl_alive()) {
+				gave_up = "the controller is gone";
+				break;
+			}
+		}
+		if (first && lock() == 0) {   /* keep held_ns current */
+			if (F.hold && F.epoch == e)
+				hold_account(now);
+			unlock();
+		}
+	}
+	lock();
+	F.hold_waiting--;
+	if (gave_up && F.hold && F.epoch == e) {
+		/* the first to give up says it and releases the others */
+		hold_end();
+		shim_log("held for %.0f ms (%s): running locally until the route changes",
+			 (shim_now_ns() - F.hold_since) / 1e6, gave_up);
+		publish();
+	}
+	return gave_up == NULL;
+}
+
+/* Act on a new route epoch, at a launch boundary; a hold waits here (and
+ * acts on the route that ends it).  F.mu held. */
 static void follow_route(void)
 {
-	uint64_t e = __atomic_load_n(&shim_ctl->route_epoch, __ATOMIC_ACQUIRE);
-	uint32_t route;
+	for (;;) {
+		uint64_t e = __atomic_load_n(&shim_ctl->route_epoch, __ATOMIC_ACQUIRE);
+		uint32_t route;
 
-	if (F.acted && e == F.epoch)
-		return;
-	route = __atomic_load_n(&shim_ctl->route, __ATOMIC_RELAXED);
-	F.acted = 1;
-	F.epoch = e;
-	if (F.conn && F.conn->worker == route) {
-		publish();                 /* the quota changed, not the worker */
-		return;
+		if (!F.acted || e != F.epoch) {
+			route = __atomic_load_n(&shim_ctl->route, __ATOMIC_RELAXED);
+			F.acted = 1;
+			F.epoch = e;
+			hold_end();
+			if (F.conn && F.conn->worker == route) {
+				publish();         /* the quota changed, not the worker */
+				return;
+			}
+			if (F.conn)
+				leave_worker();    /* drained first, as for any change */
+			if (route == CB_ROUTE_HOLD) {
+				F.hold = 1;
+				F.hold_since = F.hold_accounted = shim_now_ns();
+			} else if (route != CB_ROUTE_LOCAL) {
+				join_worker(route);
+			}
+			publish();
+		}
+		if (!F.hold || hold_wait(e) == 0)
+			return;
 	}
-	if (F.conn)
-		leave_worker();
-	if (route != CB_ROUTE_LOCAL)
-		join_worker(route);
-	publish();
+}
+
+int shim_fwd_follow(void)
+{
+	int routed;
+
+	if (lock() < 0)
+		return shim_fwd_check();
+	follow_route();
+	routed = F.conn != NULL || F.err != 0;
+	unlock();
+	return routed;
 }
 
 /* ---------------------------------------------------------------- launches */
@@ -950,6 +1062,7 @@ void shim_fwd_forget(void)
 	F.any_pending = F.unknown_pending = 0;
 	F.refused_worker = 0;
 	F.local_runs = 0;
+	F.hold = F.hold_waiting = 0;
 	thread_key = 0;
 	holding = 0;
 	pthread_mutex_init(&F.mu, NULL);

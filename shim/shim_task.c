@@ -8,8 +8,9 @@
  *
  * Counting stays off the launch path: library tasks and the kernels they
  * own are counted here, and kernel tasks are the process's launches minus
- * the kernels libraries own.  With tracing on, each task also becomes a
- * record (shim_trace.c) bracketed by two events on its stream.
+ * the kernels libraries own.  With tracing or the controller's task
+ * feedback on, each task also becomes a record (shim_trace.c) bracketed by
+ * two events on its stream.
  */
 #define _GNU_SOURCE
 #include "shim_trace.h"
@@ -102,6 +103,8 @@ static void fill_common(struct shim_trace_rec *r, int kind, void *stream)
 	r->stream = stream;
 	r->quota = shim_task_quota();
 	r->route = __atomic_load_n(&c->route, __ATOMIC_RELAXED);
+	if (r->route == CB_ROUTE_HOLD)
+		r->route = 0;   /* a hold given up runs locally */
 	r->has_query = shim_query_current(&r->query);
 	r->host_ns = shim_now_ns();
 }
@@ -142,7 +145,7 @@ uint64_t shim_task_lib_begin(const char *api, const struct shim_task_param *para
 	/* as for a kernel task: decided once, and routed to a worker the
 	 * library's kernels run there, so events on this process's stream
 	 * would not bracket them: recorded without device times */
-	routed = shim_fwd_check();
+	routed = shim_fwd_check() && shim_fwd_follow();
 	__atomic_thread_fence(__ATOMIC_ACQUIRE);
 	fill_common(r, SHIM_TASK_LIBRARY, stream);
 	if (!routed)
@@ -266,10 +269,12 @@ int shim_task_launch(const struct shim_launch *l)
 	if (!shim_tracing())
 		return run(l);
 
-	/* decided once, so that the record says what really happened; the
-	 * acquire pairs with the controller's release of the route epoch,
-	 * after which quota and route read below are the new ones */
-	routed = shim_fwd_check();
+	/* decided once, so that the record says what really happened (a
+	 * route change is acted on first: a hold waits there, before the
+	 * record's times); the acquire pairs with the controller's release of
+	 * the route epoch, after which quota and route read below are the new
+	 * ones */
+	routed = shim_fwd_check() && shim_fwd_follow();
 	__atomic_thread_fence(__ATOMIC_ACQUIRE);
 	if (l->entry == SHIM_E_EXC && c)
 		stream = c->stream;

@@ -33,6 +33,7 @@
 #include <locale.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,13 +104,40 @@ static size_t outlen;
 static uint64_t seq, records, untimed, dropped;
 static uint64_t last_flush_ns;
 static int pid;
-static int started, atexit_n, events_seen, failed, overflow;
+static int started, atexit_n, events_seen, failed, file_failed, overflow;
 static locale_t c_locale;
+/* Where put() writes: the file's buffer, or the feed's (both under mu). */
+static struct {
+	char *buf;
+	size_t *len;
+	size_t size;
+} ob;
 /* Bumped by a device reset: events of an older generation died with the
  * context and are never recorded, queried, pooled or destroyed again. */
 static uint32_t ev_gen;
 
 struct shim_flag_line shim_trace_flag;
+
+/* The bits of shim_trace_flag.on: records are taken while any is set. */
+#define ON_FILE 1u      /* COLOCATE_TRACE: lines to the file               */
+#define ON_FEED 2u      /* the controller asked for task feedback           */
+
+static int file_on(void)
+{
+	return (__atomic_load_n(&shim_trace_flag.on, __ATOMIC_ACQUIRE) & ON_FILE) != 0;
+}
+
+static int feed_on(void)
+{
+	return (__atomic_load_n(&shim_trace_flag.on, __ATOMIC_ACQUIRE) & ON_FEED) != 0;
+}
+
+static void feed_forget(void);
+static void feed_stop_thread(void);
+static int feed_put_locked(const struct shim_trace_rec *r, int timed, int64_t start_ns,
+			   int64_t dur_ns, int force);
+static void feed_start_locked(void);
+static void feed_exit_locked(void);
 
 int shim_trace_on(void)
 {
@@ -120,6 +148,9 @@ int shim_trace_on(void)
 __attribute__((constructor)) static void trace_ctor(void)
 {
 	shim_trace_init();
+	/* a child has no feed until it registers itself (even when the
+	 * parent took no record yet: after_fork_child is not installed then) */
+	pthread_atfork(NULL, NULL, feed_forget);
 }
 
 void shim_trace_init(void)
@@ -129,7 +160,7 @@ void shim_trace_init(void)
 	if (!p || !*p)
 		return;
 	snprintf(path, sizeof(path), "%s", p);
-	__atomic_store_n(&shim_trace_flag.on, 1, __ATOMIC_RELEASE);
+	__atomic_or_fetch(&shim_trace_flag.on, ON_FILE, __ATOMIC_RELEASE);
 }
 
 static void trace_exit(void);
@@ -143,6 +174,7 @@ static void after_fork_child(void)
 	pthread_mutex_init(&mu, NULL);
 	head = count = 0;
 	outlen = 0;
+	feed_forget();
 	seq = records = untimed = dropped = 0;
 	pid = getpid();
 	for (b = SHIM_EV_RT; b <= SHIM_EV_DRV; b++) {
@@ -153,9 +185,10 @@ static void after_fork_child(void)
 	}
 }
 
+/* The file goes; the feed (if on) stays. */
 static void turn_off(void)
 {
-	__atomic_store_n(&shim_trace_flag.on, 0, __ATOMIC_RELEASE);
+	__atomic_and_fetch(&shim_trace_flag.on, ~ON_FILE, __ATOMIC_RELEASE);
 }
 
 /* Under mu: buffers, atexit, fork handler, once. */
@@ -168,9 +201,9 @@ static int start_locked(void)
 	out = malloc(OUT_SIZE);
 	c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
 	if (!ring || !out || !c_locale) {
-		shim_log("trace: out of memory; tracing off");
+		shim_log("trace: out of memory; tracing and task feedback off");
 		failed = 1;
-		turn_off();
+		__atomic_store_n(&shim_trace_flag.on, 0, __ATOMIC_RELEASE);
 		return -1;
 	}
 	pid = getpid();
@@ -187,9 +220,9 @@ static void flush_locked(void)
 	size_t off = 0;
 	ssize_t n;
 
-	if (failed)
-		outlen = 0;     /* tracing is off: nothing goes anywhere */
-	if (!outlen || failed)
+	if (file_failed)
+		outlen = 0;     /* the file is off: nothing goes there */
+	if (!outlen || file_failed)
 		return;
 	if (fd < 0) {
 		/* O_NONBLOCK: a FIFO without a reader fails here (ENXIO) instead
@@ -207,7 +240,7 @@ static void flush_locked(void)
 			shim_log("trace: cannot open %s: %s; tracing off", path, strerror(errno));
 		}
 		if (fd < 0) {
-			failed = 1;
+			file_failed = 1;
 			turn_off();
 			outlen = 0;
 			return;
@@ -220,7 +253,7 @@ static void flush_locked(void)
 		if (n <= 0) {
 			shim_log("trace: cannot write %s: %s; tracing off", path,
 				 n < 0 ? strerror(errno) : "short write");
-			failed = 1;
+			file_failed = 1;
 			turn_off();
 			break;
 		}
@@ -236,18 +269,18 @@ static void put(const char *fmt, ...)
 	va_list ap;
 	int n;
 
-	if (outlen >= OUT_SIZE) {
+	if (*ob.len >= ob.size) {
 		overflow = 1;
 		return;
 	}
 	va_start(ap, fmt);
-	n = vsnprintf(out + outlen, OUT_SIZE - outlen, fmt, ap);
+	n = vsnprintf(ob.buf + *ob.len, ob.size - *ob.len, fmt, ap);
 	va_end(ap);
-	if (n < 0 || (size_t)n >= OUT_SIZE - outlen) {
+	if (n < 0 || (size_t)n >= ob.size - *ob.len) {
 		overflow = 1;   /* cut: emit_locked drops the line */
 		return;
 	}
-	outlen += (size_t)n;
+	*ob.len += (size_t)n;
 }
 
 static void put_str(const char *s, size_t max)
@@ -258,7 +291,7 @@ static void put_str(const char *s, size_t max)
 	for (i = 0; s[i] && i < max; i++) {
 		unsigned char c = (unsigned char)s[i];
 
-		if (outlen + 8 >= OUT_SIZE) {
+		if (*ob.len + 8 >= ob.size) {
 			overflow = 1;
 			return;
 		}
@@ -267,7 +300,7 @@ static void put_str(const char *s, size_t max)
 		else if (c < 0x20)
 			put("\\u%04x", c);
 		else
-			out[outlen++] = (char)c;
+			ob.buf[(*ob.len)++] = (char)c;
 	}
 	put("\"");
 }
@@ -288,38 +321,11 @@ static void put_us(int64_t ns)
 	put("%.3f", (double)ns / 1e3);
 }
 
-/* One line; start/dur in ns, or < 0 when unknown (start may really be
- * negative: a task on another stream ahead of time zero). */
-static void emit_locked(const struct shim_trace_rec *r, int timed, int64_t start_ns, int64_t dur_ns)
+/* A task's fields after "kind": (the trace line and the feed share them). */
+static void put_task(const struct shim_trace_rec *r, int timed, int64_t start_ns, int64_t dur_ns)
 {
-	locale_t old = uselocale(c_locale);   /* "%.3f" must print a dot */
-	size_t line;
 	int i;
 
-	if (outlen + LINE_ROOM > OUT_SIZE)
-		flush_locked();
-	line = outlen;
-	overflow = 0;
-	put("{\"pid\":%d,\"app\":", pid);
-	put_str(shim_app_name(), APP_MAX_OUT);
-	put(",\"seq\":%llu,\"kind\":", (unsigned long long)seq);
-	if (r->kind == REC_QBEGIN || r->kind == REC_QEND) {
-		put("\"%s\",\"id\":%llu", r->kind == REC_QBEGIN ? "query_begin" : "query_end",
-		    (unsigned long long)r->query);
-		if (r->kind == REC_QBEGIN || r->shmem)
-			put(",\"size\":%llu", (unsigned long long)r->shmem);
-		put(",\"rule\":\"%s\",\"host_us\":", r->api);
-		put_us((int64_t)r->host_ns);
-		if (r->kind == REC_QEND) {
-			put(",\"latency_us\":");
-			if (r->latency_ns >= 0)
-				put_us(r->latency_ns);
-			else
-				put("null");
-		}
-		put("}\n");
-		goto done;
-	}
 	put("\"%s\",\"name\":", r->kind == SHIM_TASK_LIBRARY ? "library" : "kernel");
 	put_str(r->kind == SHIM_TASK_LIBRARY ? r->api : (r->name ? r->name : "?"), NAME_MAX_OUT);
 	if (r->has_dims)
@@ -359,6 +365,44 @@ static void emit_locked(const struct shim_trace_rec *r, int timed, int64_t start
 		}
 		put("},\"kernels\":%u,\"rc\":%d", r->nkernels, r->rc);
 	}
+}
+
+/* One line; start/dur in ns, or < 0 when unknown (start may really be
+ * negative: a task on another stream ahead of time zero). */
+static void emit_locked(const struct shim_trace_rec *r, int timed, int64_t start_ns, int64_t dur_ns)
+{
+	locale_t old;
+	size_t line;
+
+	if (!file_on() || file_failed)
+		return;
+	old = uselocale(c_locale);   /* "%.3f" must print a dot */
+	if (outlen + LINE_ROOM > OUT_SIZE)
+		flush_locked();
+	ob.buf = out, ob.len = &outlen, ob.size = OUT_SIZE;
+	line = outlen;
+	overflow = 0;
+	put("{\"pid\":%d,\"app\":", pid);
+	put_str(shim_app_name(), APP_MAX_OUT);
+	put(",\"seq\":%llu,\"kind\":", (unsigned long long)seq);
+	if (r->kind == REC_QBEGIN || r->kind == REC_QEND) {
+		put("\"%s\",\"id\":%llu", r->kind == REC_QBEGIN ? "query_begin" : "query_end",
+		    (unsigned long long)r->query);
+		if (r->kind == REC_QBEGIN || r->shmem)
+			put(",\"size\":%llu", (unsigned long long)r->shmem);
+		put(",\"rule\":\"%s\",\"host_us\":", r->api);
+		put_us((int64_t)r->host_ns);
+		if (r->kind == REC_QEND) {
+			put(",\"latency_us\":");
+			if (r->latency_ns >= 0)
+				put_us(r->latency_ns);
+			else
+				put("null");
+		}
+		put("}\n");
+		goto done;
+	}
+	put_task(r, timed, start_ns, dur_ns);
 	put("}\n");
 	if (!overflow) {
 		records++;
@@ -656,6 +700,11 @@ static int resolve_head_locked(int force)
 		if (q == NOT_READY && !force)
 			return 0;
 	}
+	/* the feed first: when its batch is full the record stays queued,
+	 * events and all, for the next batch (queries are the file's only) */
+	if ((r->kind == SHIM_TASK_KERNEL || r->kind == SHIM_TASK_LIBRARY) && feed_on() &&
+	    !feed_put_locked(r, timed, start, dur, force))
+		return 0;
 	if (r->backend != SHIM_EV_NONE) {
 		put_event_locked(r->backend, r->ev[0], r->gen);
 		put_event_locked(r->backend, r->ev[1], r->gen);
@@ -696,6 +745,8 @@ void shim_trace_end(struct shim_trace_rec *r, int ok, void *stream, int ptsz)
 	count++;
 	if (outlen >= OUT_FLUSH)
 		flush_locked();
+	if (feed_on())
+		feed_start_locked();
 	pthread_mutex_unlock(&mu);
 }
 
@@ -729,7 +780,7 @@ void shim_trace_query(int begin, uint64_t id, uint64_t size, const char *rule, u
 	r.latency_ns = latency_ns;
 	snprintf(r.api, sizeof(r.api), "%s", rule);
 	pthread_mutex_lock(&mu);
-	if (start_locked() == 0 && shim_tracing()) {
+	if (start_locked() == 0 && file_on()) {
 		if (count < PENDING_MAX) {
 			ring[(head + count) % PENDING_MAX] = r;
 			count++;
@@ -826,6 +877,7 @@ static void trace_exit(void)
 	uint64_t kernels, libs;
 	long late;
 
+	feed_stop_thread();     /* from here on, settling sends the feed's batches */
 	if (lock_bounded(LOCK_WAIT_NS) < 0) {
 		shim_log("trace: the trace lock stayed busy at exit (exit from a signal handler?); "
 			 "the last records are not written");
@@ -842,6 +894,7 @@ static void trace_exit(void)
 		return;
 	}
 	flush_locked();
+	feed_exit_locked();
 	if (records || dropped) {
 		shim_task_counts(&kernels, &libs);
 		char drops[64] = "";
@@ -857,4 +910,291 @@ static void trace_exit(void)
 		records = untimed = dropped = 0;
 	}
 	pthread_mutex_unlock(&mu);
+}
+
+/* ---- the feed: completed tasks to the controller, live ---------------------- */
+/*
+ * On when the controller's reply to "register" says "feed": true (the
+ * policy wants on_task_done).  Records are taken and timed exactly as for
+ * the file; a feed thread, started at the first record, resolves what has
+ * completed every FEED_POLL_NS (a non-blocking event query: never a wait)
+ * and sends it as one "tasks" message over the controller socket
+ * (shim_ctl_send: one-way, never blocking).  One message per poll, at most
+ * FEED_BYTES of tasks: a fuller batch leaves the rest queued for the next,
+ * unless the queue of records is full (the app outruns the thread): the app
+ * thread then sends the full batch itself.
+ *
+ * Nothing queues without bound: a message the socket refuses is dropped
+ * and its tasks counted (the next message says how many in "dropped");
+ * the controller gone (its pid, checked every FEED_ALIVE_NS), the feed
+ * turns itself off.  At exit the thread stops first and what completes
+ * within the trace's wait goes out from the exiting thread.  A forked
+ * child has no thread and no feed until it registers itself.
+ *
+ * Event calls here run on the feed thread, whose last error is its own:
+ * the app's cudaGetLastError never sees them (ev_call keeps it tidy too).
+ */
+#define FEED_BYTES    (60 * 1024)   /* tasks per message: schema.MAX_BYTES is 64 KiB */
+#define FEED_MSG_ROOM (FEED_BYTES + 256)
+#define FEED_POLL_NS  500000L       /* 0.5 ms                                  */
+#define FEED_ALIVE_NS 100000000ull  /* controller liveness, every 100 ms       */
+
+static char *feed_buf;              /* "{task},{task}..." under mu             */
+static size_t feed_len;
+static unsigned feed_n;             /* tasks in feed_buf                       */
+static uint64_t feed_seq;           /* tasks fed or dropped so far: "n"        */
+static uint64_t feed_dropped, feed_sent, feed_msgs;
+static pthread_t feed_tid;
+static int feed_live;               /* the thread runs (under mu)              */
+static int feed_stop;               /* asks it to return (atomic)              */
+static int feed_dev = -1;           /* the app thread's device, for the thread */
+static void *feed_ctx;              /* and its driver context                  */
+static int tried;                   /* to start the thread (once a process)    */
+
+int shim_trace_feed_count(uint64_t *sent, uint64_t *dropped_out, uint64_t *msgs)
+{
+	pthread_mutex_lock(&mu);
+	*sent = feed_sent;
+	*dropped_out = feed_dropped;
+	*msgs = feed_msgs;
+	pthread_mutex_unlock(&mu);
+	return feed_live;
+}
+
+void shim_trace_feed_on(void)
+{
+	__atomic_or_fetch(&shim_trace_flag.on, ON_FEED, __ATOMIC_RELEASE);
+}
+
+/* Off for good in this process (the controller is gone); mu held or not. */
+static void feed_off(const char *why)
+{
+	if (__atomic_fetch_and(&shim_trace_flag.on, ~ON_FEED, __ATOMIC_ACQ_REL) & ON_FEED)
+		shim_log("feed: %s; task feedback off (%llu task(s) sent, %llu dropped)", why,
+			 (unsigned long long)feed_sent, (unsigned long long)feed_dropped);
+}
+
+/* Fork child: the parent's thread, batch and counts are not ours. */
+static void feed_forget(void)
+{
+	__atomic_and_fetch(&shim_trace_flag.on, ~ON_FEED, __ATOMIC_RELEASE);
+	feed_len = feed_n = 0;
+	feed_seq = feed_dropped = feed_sent = feed_msgs = 0;
+	feed_live = 0;
+	feed_stop = 0;
+	tried = 0;
+}
+
+/* Under mu.  The batch as one message into dst (cap FEED_MSG_ROOM); the
+ * batch is emptied.  Returns the tasks in it (0: nothing to send). */
+static unsigned feed_take_locked(char *dst, size_t cap)
+{
+	unsigned n = feed_n;
+	int w;
+
+	if (!n)
+		return 0;
+	w = snprintf(dst, cap, "{\"v\":1,\"type\":\"tasks\",\"pid\":%d,\"slot\":%d,\"dropped\":%llu,"
+		     "\"tasks\":[%.*s]}", pid, shim_ctl_slot(), (unsigned long long)feed_dropped,
+		     (int)feed_len, feed_buf);
+	feed_len = feed_n = 0;
+	if (w < 0 || (size_t)w >= cap) {
+		feed_dropped += n;   /* cannot happen: the batch is bounded */
+		return 0;
+	}
+	return n;
+}
+
+/* After a send of n tasks (rc from shim_ctl_send).  Under mu. */
+static void feed_sent_locked(unsigned n, int rc)
+{
+	if (rc == 0) {
+		feed_sent += n;
+		feed_msgs++;
+	} else {
+		feed_dropped += n;
+	}
+}
+
+/* Under mu, from a thread that may send (exit, or no feed thread). */
+static void feed_flush_locked(void)
+{
+	static char msg[FEED_MSG_ROOM];
+	unsigned n = feed_take_locked(msg, sizeof(msg));
+
+	if (n)
+		feed_sent_locked(n, shim_ctl_send(msg));
+}
+
+/* Under mu: one resolved task into the batch.  1 done (queued, sent or
+ * dropped and counted), 0 the batch is full and the thread sends it soon:
+ * leave the record queued (unless force). */
+static int feed_put_locked(const struct shim_trace_rec *r, int timed, int64_t start_ns,
+			   int64_t dur_ns, int force)
+{
+	locale_t old;
+	size_t line;
+	int tries;
+
+	if (!feed_buf && !(feed_buf = malloc(FEED_BYTES))) {
+		feed_dropped++;
+		feed_seq++;
+		return 1;
+	}
+	old = uselocale(c_locale);
+	for (tries = 0; tries < 2; tries++) {
+		ob.buf = feed_buf, ob.len = &feed_len, ob.size = FEED_BYTES;
+		line = feed_len;
+		overflow = 0;
+		put("%s{\"n\":%llu,\"kind\":", feed_len ? "," : "", (unsigned long long)feed_seq);
+		put_task(r, timed, start_ns, dur_ns);
+		put("}");
+		if (!overflow) {
+			feed_n++;
+			feed_seq++;
+			uselocale(old);
+			return 1;
+		}
+		feed_len = line;
+		if (!feed_n)
+			break;          /* one task larger than a message: never */
+		if (feed_live && !force) {
+			uselocale(old);
+			return 0;
+		}
+		/* no thread (exit), or the app outruns it (the queue is full):
+		 * this thread sends the batch, in order, under mu */
+		feed_flush_locked();
+	}
+	feed_dropped++;
+	feed_seq++;
+	uselocale(old);
+	return 1;
+}
+
+typedef int (*get_dev_fn)(int *);
+typedef int (*set_dev_fn)(int);
+typedef int (*ctx_fn)(void **);
+
+static void *feed_main(void *arg)
+{
+	struct timespec nap = { 0, FEED_POLL_NS };
+	char *msg = malloc(FEED_MSG_ROOM);
+	uint64_t last_alive = shim_now_ns();
+	unsigned n;
+	int rc;
+
+	(void)arg;
+	if (!msg)
+		goto out;
+	/* the device (runtime) and context (driver) the app's records live on:
+	 * a thread starts on device 0 with no context */
+	if (feed_dev >= 0) {
+		set_dev_fn set = (set_dev_fn)shim_real_rt("cudaSetDevice");
+
+		if (set)
+			EV_CALL(&api[SHIM_EV_RT], set(feed_dev));
+	}
+	if (feed_ctx) {
+		ctx_fn set = (ctx_fn)shim_real_drv("cuCtxSetCurrent");
+
+		if (set)
+			((int (*)(void *))set)(feed_ctx);
+	}
+	while (!__atomic_load_n(&feed_stop, __ATOMIC_ACQUIRE)) {
+		nanosleep(&nap, NULL);
+		pthread_mutex_lock(&mu);
+		if (!feed_on() || getpid() != pid) {
+			pthread_mutex_unlock(&mu);
+			break;
+		}
+		drain_locked();
+		/* sent under mu (shim_ctl_send never blocks): an app thread
+		 * that must send a full batch itself cannot overtake this one */
+		n = feed_take_locked(msg, FEED_MSG_ROOM);
+		rc = n ? shim_ctl_send(msg) : 0;
+		if (n)
+			feed_sent_locked(n, rc);
+		pthread_mutex_unlock(&mu);
+		if (rc < 0 || shim_now_ns() - last_alive >= FEED_ALIVE_NS) {
+			last_alive = shim_now_ns();
+			if (!shim_ctl_alive()) {
+				feed_off("the controller is gone");
+				break;
+			}
+		}
+	}
+out:
+	free(msg);
+	pthread_mutex_lock(&mu);
+	__atomic_store_n(&feed_live, 0, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&mu);
+	return NULL;
+}
+
+/* Under mu, on an app thread that just queued a record: the thread, once. */
+static void feed_start_locked(void)
+{
+	pthread_attr_t at;
+	sigset_t all, old;
+
+	if (feed_live || tried || getpid() != pid)
+		return;
+	tried = 1;
+	if (api[SHIM_EV_RT].state > 0) {
+		get_dev_fn get = (get_dev_fn)shim_real_rt("cudaGetDevice");
+		int dev = -1;
+
+		if (get && EV_CALL(&api[SHIM_EV_RT], get(&dev)) == 0)
+			feed_dev = dev;
+	}
+	if (api[SHIM_EV_DRV].state > 0) {
+		ctx_fn get = (ctx_fn)shim_real_drv("cuCtxGetCurrent");
+
+		if (get && get(&feed_ctx) != 0)
+			feed_ctx = NULL;
+	}
+	/* the app's signals are the app's threads' business */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_attr_init(&at);
+	pthread_attr_setstacksize(&at, 256 * 1024);
+	feed_stop = 0;
+	if (pthread_create(&feed_tid, &at, feed_main, NULL) == 0)
+		__atomic_store_n(&feed_live, 1, __ATOMIC_RELEASE);
+	else
+		shim_log("feed: cannot start its thread; tasks are sent at syncs and exit only");
+	pthread_attr_destroy(&at);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* At exit, before mu: the thread returns (bounded: it may be waiting for
+ * mu held by the very thread that exits). */
+static void feed_stop_thread(void)
+{
+	struct timespec ts;
+	int live;
+
+	/* no mu here: exit may come on a thread that holds it */
+	live = __atomic_load_n(&feed_live, __ATOMIC_ACQUIRE) && getpid() == pid;
+	if (!live)
+		return;
+	__atomic_store_n(&feed_stop, 1, __ATOMIC_RELEASE);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += 300000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	if (pthread_timedjoin_np(feed_tid, NULL, &ts) != 0)
+		shim_log("feed: its thread did not stop at exit");
+}
+
+/* Under mu, at exit after settling: the last batch. */
+static void feed_exit_locked(void)
+{
+	if (feed_live)
+		return;         /* still running (did not stop): it sends it */
+	if (feed_on())
+		feed_flush_locked();
 }

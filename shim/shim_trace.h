@@ -19,7 +19,8 @@
 #include "shim.h"
 #include "shim_task.h"
 
-/* Non-zero while tracing is on (COLOCATE_TRACE); shim_trace.c owns it.
+/* Non-zero while task records are taken: tracing (COLOCATE_TRACE) or the
+ * controller's task feedback, one bit each; shim_trace.c owns it.
  * aligned(64) makes the struct 64 bytes: nothing else shares its line. */
 struct shim_flag_line {
 	unsigned on;
@@ -125,6 +126,14 @@ int shim_trace_backend(int driver);
  * completed, then forget every event (they die with the context; never
  * destroyed or queried again); the next task creates fresh ones. */
 void shim_trace_device_reset(void);
+
+/* Task feedback (the controller's reply to "register" asked for it): take
+ * records as the trace does and send completed ones to the controller from
+ * a feed thread (shim_trace.c, "the feed").  With COLOCATE_TRACE as well,
+ * each task goes to both. */
+void shim_trace_feed_on(void);
+/* Tasks sent and dropped, messages sent; returns whether the thread runs. */
+int shim_trace_feed_count(uint64_t *sent, uint64_t *dropped, uint64_t *msgs);
 
 /* --- queries (shim_query.c) ----------------------------------------------- */
 

@@ -34,6 +34,9 @@ class Decision:
     route: int | None = 0                 # 0 = local, N = process-pool worker N,
                                           # None = the controller picks a ready worker of
                                           # exactly quota_pct (100 % without one: local)
+    hold: bool = False                    # True: the app's next kernel launch waits (the
+                                          # batch task stays in the ready pool) until a
+                                          # later Decision for the slot has hold=False
 
 
 class Policy:
@@ -56,7 +59,17 @@ class Policy:
         return []
 
     def on_task_done(self, app: AppInfo, task: dict) -> list[Decision]:
+        """A task of the app completed (sent only when the controller asks the
+        shim for task feedback; see wants_tasks).  task: {"features": a
+        predictors task row (schema.task_row, with "occurrence"), "duration_us":
+        device time, "quota_pct": the quota it ran at, "query": the id of the
+        query it belongs to or None}."""
         return []
+
+    def wants_tasks(self, app: AppInfo) -> bool:
+        """Whether the app's shim should report completed tasks (on_task_done).
+        It costs two events per task in the app, so only policies that use it say yes."""
+        return False
 
     def on_tick(self, now_s: float) -> list[Decision]:
         return []
