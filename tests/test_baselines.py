@@ -113,3 +113,97 @@ def test_query_boundaries_reach_the_policy(rundir, sleeper):
         assert ctl.apps[r["slot"]].quota_pct == 40          # the policy's decision was applied
     finally:
         ctl.close()
+
+
+# --- baymax: time sharing with QoS headroom (hand cases, in process) -------------------
+
+def baymax_predictor():
+    from controlplane.policies.claius import TablePredictor
+    lengths = {"long": 6.0, "short": 2.0}
+    return TablePredictor(query={"svc": lambda s, q: 4.0 * s}, pcie={"svc": lambda s, q: 1.0},
+                          task={"svc": lambda f, q: 1.0,
+                                "b1": lambda f, q: lengths[f["task"]],
+                                "b2": lambda f, q: lengths[f["task"]]})
+
+
+BSVC = AppInfo(0, 100, "svc", "qos", qos_ms=10.0)          # headroom 10 - 1 = 9 ms
+BB1 = AppInfo(1, 101, "b1", "batch")
+BB2 = AppInfo(2, 102, "b2", "batch")
+PLAN = [{"task": f"k{i}"} for i in range(4)]               # 4 x 1 ms at 100 %
+
+
+def test_baymax_holds_a_batch_task_that_does_not_fit_and_releases_when_it_does():
+    p = make_policy_spec("baymax")
+    p.pred = baymax_predictor()
+    assert p.wants_tasks(BB1) and p.wants_tasks(BSVC)
+    assert p.on_register(BB1) == [Decision(1, 100, None)]
+    assert p.on_task_done(BB1, {"features": {"task": "long"}, "duration_us": 100}) == []
+    assert p.batch[1].next_ms == 6.0                     # predicted, not the measured 0.1
+    assert p.on_register(BSVC) == [Decision(0, 100, None)]
+    # 0 spent + 4 remaining + 6 > 9: hold
+    d = p.on_query_begin(BSVC, {"id": 1, "size": 1, "tasks": PLAN})
+    assert d == [Decision(1, 100, None, hold=True)]
+    # 1 spent + 3 remaining + 6 = 10 > 9: still held
+    assert p.on_task_done(BSVC, {"features": PLAN[0], "duration_us": 1000, "query": 1}) == []
+    assert p.on_task_done(BSVC, {"features": PLAN[1], "duration_us": 500, "query": 1}) == []
+    # faster than predicted: 1.7 spent + 1 remaining + 6 = 8.7 <= 9: released
+    d = p.on_task_done(BSVC, {"features": PLAN[2], "duration_us": 200, "query": 1})
+    assert d == [Decision(1, 100, None)]
+    # the released batch task's time is charged to the query: 1.7 + 6 + 1 + 6 > 9
+    assert p.on_task_done(BB1, {"features": {"task": "long"}, "duration_us": 6000}) == \
+        [Decision(1, 100, None, hold=True)]
+    assert p.on_query_end(BSVC, {"id": 1}) == [Decision(1, 100, None)]      # released at the end
+
+
+def test_baymax_releases_at_query_end_and_packs_the_headroom_in_slot_order():
+    p = make_policy_spec("baymax")
+    p.pred = baymax_predictor()
+    for a in (BSVC, BB1, BB2):
+        p.on_register(a)
+    p.on_task_done(BB1, {"features": {"task": "short"}, "duration_us": 1})
+    p.on_task_done(BB2, {"features": {"task": "long"}, "duration_us": 1})
+    # 4 + 2 (b1) fits; 4 + 2 + 6 (b2) does not
+    assert p.on_query_begin(BSVC, {"id": 1, "size": 1, "tasks": PLAN}) == \
+        [Decision(2, 100, None, hold=True)]
+    assert p.on_query_end(BSVC, {"id": 1}) == [Decision(2, 100, None)]
+    # the next query's plan is the tasks seen (none here: the query's own 4 ms)
+    p.on_task_done(BB2, {"features": {"task": "short"}, "duration_us": 1})
+    assert p.on_query_begin(BSVC, {"id": 2, "size": 1}) == []     # 4 + 2 + 2 <= 9
+    assert p.on_query_end(BSVC, {"id": 2}) == []
+    # a bigger query: 6 + 2 (b1) <= 9, 6 + 2 + 2 (b2) > 9
+    assert p.on_query_begin(BSVC, {"id": 3, "size": 1.5}) == [Decision(2, 100, None, hold=True)]
+
+
+def test_baymax_unknown_batch_task_waits_during_a_query():
+    p = make_policy_spec("baymax")
+    p.pred = baymax_predictor()
+    p.on_register(BSVC)
+    assert p.on_register(BB1) == [Decision(1, 100, None)]
+    assert p.on_query_begin(BSVC, {"id": 1, "size": 1}) == [Decision(1, 100, None, hold=True)]
+
+
+def test_baymax_holds_nothing_without_qos_apps():
+    p = make_policy_spec("baymax")
+    p.pred = baymax_predictor()
+    got = p.on_register(BB1) + p.on_register(BB2)
+    for f in ("long", "short", "long"):
+        got += p.on_task_done(BB1, {"features": {"task": f}, "duration_us": 9e6})
+    got += p.on_exit(BB2)
+    assert got == [Decision(1, 100, None), Decision(2, 100, None)]
+    assert not any(p.held.values())
+
+
+def test_baymax_without_predictor_uses_measured_times():
+    p = make_policy_spec("baymax")
+    for a in (BSVC, BB1):
+        p.on_register(a)
+    p.on_task_done(BB1, {"features": {"task": "x"}, "duration_us": 2000})     # measured 2 ms
+    # the first query is unknown: the batch app waits until it ends
+    assert p.on_query_begin(BSVC, {"id": 1, "size": 1}) == [Decision(1, 100, None, hold=True)]
+    p.on_task_done(BSVC, {"duration_us": 3000, "query": 1})
+    assert p.on_query_end(BSVC, {"id": 1}) == [Decision(1, 100, None)]
+    # now it took 3 ms: 3 + 2 <= 10 (no PCIe figure without a predictor)
+    assert p.on_query_begin(BSVC, {"id": 2, "size": 1}) == []
+    # 8 ms charged to the query + 3 remaining + the next 8 ms > 10
+    p.on_task_done(BB1, {"features": {"task": "x"}, "duration_us": 8000})
+    assert p.held[1] is True

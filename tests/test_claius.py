@@ -308,3 +308,105 @@ def test_granularity_option():
     assert pol.sent[0] == 60                           # 400/q <= 9 -> 44.4 -> next step 60
     with pytest.raises(ValueError):
         make_policy("claius", granularity=30)
+
+
+# --- holds, task feedback -------------------------------------------------------------
+
+def test_batch_app_given_no_units_is_held_then_released():
+    pol = start()
+    # Eq. 3: 400/q <= 5 - 1 only at 100 %: no unit left for the batch apps
+    d = pol.on_query_begin(SVC, {"id": 1, "size": 1, "t_us": 0, "tasks": TASKS, "qos_ms": 5.0})
+    # held at the quota each had (90 / 10), so that holding moves nothing
+    assert d == [Decision(1, 90, None, hold=True), Decision(2, 10, None, hold=True)]
+    assert pol.held == {0: False, 1: True, 2: True}
+    # a new ready task of a held app changes nothing while no unit is free
+    assert pol.on_task_done(B2, {"features": {"task": "b2-other"}}) == []
+    d = pol.on_query_end(SVC, {"id": 1})
+    assert d == [Decision(1, 90, None), Decision(2, 10, None)]          # released
+    assert not any(x.hold for x in d)
+
+
+def test_emit_sends_a_hold_change_even_at_the_same_quota():
+    pol = make_policy("claius")
+    assert pol._emit({5: (30, False)}) == [Decision(5, 30, None)]
+    assert pol._emit({5: (30, False)}) == []
+    assert pol._emit({5: (30, True)}) == [Decision(5, 30, None, hold=True)]
+    assert pol._emit({5: (30, False)}) == [Decision(5, 30, None)]
+
+
+def test_wants_tasks_with_a_predictor_only():
+    pol = make_policy("claius", predictor=scripted_predictor())
+    assert pol.wants_tasks(SVC) and pol.wants_tasks(B1)
+    bare = make_policy("claius")
+    assert not bare.wants_tasks(SVC) and not bare.wants_tasks(B1)
+
+
+# --- the fast path decides exactly what the reference path decides --------------------
+
+def random_predictor(rng: np.random.Generator, apps: list[str], tasks: list[str]) -> C.TablePredictor:
+    """Lookup tables per (app, task) and quota; rounded so that ties happen."""
+    def table(lo: float, hi: float, rising: bool) -> dict:
+        out = {}
+        for a in apps:
+            for t in tasks:
+                v = np.round(rng.uniform(lo, hi, 10), 1)
+                out[a, t] = np.sort(v) if rising else np.sort(v)[::-1]
+        return out
+    tms, tbw, tipc = table(0.2, 3.0, False), table(10, 900, True), table(0.1, 5.0, True)
+    qk = {a: rng.uniform(100, 600) for a in apps}
+
+    def look(t: dict, a: str):
+        return lambda f, q: float(t[a, f["task"]][int(q) // 10 - 1])
+    return C.TablePredictor(
+        query={a: (lambda k: lambda s, q: k * s / q)(qk[a]) for a in apps},
+        pcie={a: lambda s, q: 0.5 for a in apps},
+        task={a: look(tms, a) for a in apps}, bw={a: look(tbw, a) for a in apps},
+        ipc={a: look(tipc, a) for a in apps})
+
+
+def test_fast_path_decides_like_the_reference_on_random_runs():
+    rng = np.random.default_rng(66)
+    tasks = [f"k{i}" for i in range(4)]
+    for run in range(40):
+        nq, nb = int(rng.integers(1, 3)), int(rng.integers(1, 6))
+        apps = [AppInfo(i, 100 + i, f"q{i}", "qos", qos_ms=float(rng.uniform(5, 40)))
+                for i in range(nq)]
+        apps += [AppInfo(nq + i, 200 + i, f"b{i}", "batch") for i in range(nb)]
+        pred = random_predictor(rng, [a.name for a in apps], tasks)
+        opts = dict(predictor=pred, device_bw_gbs=float(rng.uniform(500, 3000)),
+                    bandwidth_cap=bool(rng.random() < 0.8), compensation=bool(rng.random() < 0.8))
+        pols = [make_policy("claius", fast=True, **opts), make_policy("claius", fast=False, **opts)]
+        live: set[int] = set()
+        qid = {a.slot: 0 for a in apps}
+        in_q: dict[int, list] = {}
+        for step in range(80):
+            a = apps[int(rng.integers(len(apps)))]
+            r = rng.random()
+            if a.slot not in live:
+                ev = ("on_register", a)
+                live.add(a.slot)
+            elif r < 0.04:
+                ev = ("on_exit", a)
+                live.discard(a.slot)
+                in_q.pop(a.slot, None)
+            elif a.cls == "batch":
+                ev = ("on_task_done", a, {"features": {"task": tasks[int(rng.integers(4))]},
+                                          "duration_us": 1000.0})
+            elif a.slot not in in_q:
+                qid[a.slot] += 1
+                plan = None if rng.random() < 0.4 else \
+                    [{"task": tasks[int(rng.integers(4))]} for _ in range(int(rng.integers(1, 6)))]
+                in_q[a.slot] = plan or []
+                info = {"id": qid[a.slot], "size": float(rng.uniform(0.5, 2.0)), "t_us": step}
+                if plan is not None:
+                    info["tasks"] = plan
+                ev = ("on_query_begin", a, info)
+            elif r < 0.25:
+                in_q.pop(a.slot)
+                ev = ("on_query_end", a, {"id": qid[a.slot]})
+            else:
+                ev = ("on_task_done", a, {"features": {"task": tasks[int(rng.integers(4))]},
+                                          "duration_us": float(rng.uniform(100, 4000))})
+            got = [getattr(p, ev[0])(*ev[1:]) for p in pols]
+            assert got[0] == got[1], (run, step, ev)
+            assert pols[0].sent == pols[1].sent and pols[0].held == pols[1].held

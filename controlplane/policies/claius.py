@@ -23,7 +23,15 @@ What the hooks read (the daemon passes these dicts):
                   query's progress; batch tasks give the app's next task.
   on_query_end    info: id
 Decisions are Decision(slot, quota_pct, route=None): the controller picks a
-worker of that quota.
+worker of that quota; a batch app the knapsack leaves out gets hold=True (its
+next launch waits) at the quota it had, and hold=False when it gets units.
+
+The decision path (query arrival -> quotas) has a fast mode, on by default:
+a QoS plan's predictions, remaining sums and bandwidth peaks are cached while
+the next query runs the same tasks, the batch curves are kept stacked for the
+knapsack (updated by set_batch_curves when a batch task's predictions change),
+and Decisions, being frozen, are reused.  fast=False is the reference path;
+tests check that both decide alike.
 """
 from __future__ import annotations
 
@@ -169,8 +177,8 @@ def eq3_quota(t_pred_ms: np.ndarray, quotas: np.ndarray, target_ms: float,
     where T_p(q) is its predicted device time at quota q and T_pcie its
     copy time.  Returns None when no quota qualifies (the caller uses 100 %)."""
     ok = np.asarray(t_pred_ms) <= target_ms - np.asarray(pcie_ms)
-    idx = np.flatnonzero(ok)
-    return int(quotas[idx[0]]) if idx.size else None
+    i = int(ok.argmax())                   # the first True (0 when none: checked)
+    return int(quotas[i]) if ok[i] else None
 
 
 def eq6_quota(spent_ms: float, remaining_ms: np.ndarray, quotas: np.ndarray, target_ms: float,
@@ -181,8 +189,8 @@ def eq6_quota(spent_ms: float, remaining_ms: np.ndarray, quotas: np.ndarray, tar
     remaining_ms[i] is sum_{j in R} T_j(quotas[i]).  None when no quota
     qualifies (the caller uses 100 %)."""
     ok = spent_ms + np.asarray(remaining_ms) <= target_ms - pcie_ms
-    idx = np.flatnonzero(ok)
-    return int(quotas[idx[0]]) if idx.size else None
+    i = int(ok.argmax())
+    return int(quotas[i]) if ok[i] else None
 
 
 def lag_ms(measured_ms: Sequence[float], predicted_ms: Sequence[float]) -> float:
@@ -437,6 +445,19 @@ class QueryState:
     measured: list[float] = field(default_factory=list)
     predicted: list[float] = field(default_factory=list)   # of done tasks, at their quota
     compensated: bool = False
+    cache: "PlanCache | None" = None       # fast path: predictions of this plan
+
+
+@dataclass
+class PlanCache:
+    """Fast path: what a QoS plan predicts, kept while the next query runs the
+    same tasks (the usual case: a query's plan is the previous query's tasks).
+    Each entry is computed by the same expression as the reference path, so
+    the numbers are the same bits."""
+    plan: list[Row]
+    pred: np.ndarray | None = None         # plan x quotas, ms
+    rem: dict[int, np.ndarray] = field(default_factory=dict)   # done -> pred[done:].sum(0)
+    bw: np.ndarray | None = None           # peak GB/s per quota
 
 
 @dataclass
@@ -445,7 +466,8 @@ class QosApp:
     query: QueryState | None = None
     last_plan: list[Row] = field(default_factory=list)
     seen: list[Row] = field(default_factory=list)          # tasks of the current query
-    bw_cache: tuple[int, np.ndarray] | None = None         # (id of plan, peak GB/s per quota)
+    bw_cache: tuple[list[Row], np.ndarray] | None = None   # (plan, peak GB/s per quota)
+    pcache: PlanCache | None = None                        # fast path
 
 
 @dataclass
@@ -456,19 +478,38 @@ class BatchApp:
     bw: np.ndarray | None = None
 
 
+@dataclass
+class BatchMats:
+    """Fast path: the batch apps' IPC and bandwidth curves stacked for the
+    knapsack, and their slices per free unit count.  refs holds the arrays
+    they were stacked from: a curve replaced behind our back (not through
+    set_batch_curves) is seen by identity and the stack is rebuilt."""
+    slots: tuple[int, ...]
+    refs: list[tuple[np.ndarray, np.ndarray]]
+    V: np.ndarray                          # apps x (N + 1)
+    B: np.ndarray
+    cut: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
 @register_policy("claius")
 class CLaius(Policy):
     """Options: granularity (percent per unit, 10), bandwidth_cap (True;
     False = C-Laius-NB), compensation (True; False = C-Laius-NC),
     device_bw_gbs (3350), th (Eq. 8, 0.9), slack_frac (Eq. 7, 0.1),
     predictor (a Predictor) or models (a directory of saved models),
-    use_c (True), max_nodes (knapsack search limit)."""
+    use_c (True), max_nodes (knapsack search limit), fast (True: cached
+    predictions and stacked curves on the decision path; False: the
+    reference path, recomputing everything; both decide alike).
+
+    A batch app the knapsack gives 0 units is held: Decision(hold=True) at
+    the quota it last had (so that holding moves nothing), released with
+    its new quota when it gets units again."""
 
     def __init__(self, granularity: int = 10, bandwidth_cap: bool = True,
                  compensation: bool = True, device_bw_gbs: float = 3350.0, th: float = 0.9,
                  slack_frac: float = 0.1, predictor: Predictor | None = None,
                  models: str | Path | None = None, use_c: bool = True,
-                 max_nodes: int = DEFAULT_MAX_NODES, **opts: Any):
+                 max_nodes: int = DEFAULT_MAX_NODES, fast: bool = True, **opts: Any):
         super().__init__(**opts)
         if not 1 <= granularity <= 100 or 100 % granularity:
             raise ValueError(f"granularity must divide 100, got {granularity}")
@@ -477,7 +518,7 @@ class CLaius(Policy):
         self.quotas = np.arange(1, self.n + 1, dtype=np.float64) * self.g
         self.bandwidth_cap, self.compensation = bool(bandwidth_cap), bool(compensation)
         self.device_bw, self.th, self.slack_frac = float(device_bw_gbs), float(th), float(slack_frac)
-        self.use_c, self.max_nodes = bool(use_c), int(max_nodes)
+        self.use_c, self.max_nodes, self.fast = bool(use_c), int(max_nodes), bool(fast)
         if predictor is None and models is not None:
             predictor = ModelPredictor.from_dir(models)
         self.pred = predictor
@@ -487,7 +528,10 @@ class CLaius(Policy):
         self.qos: dict[int, QosApp] = {}
         self.batch: dict[int, BatchApp] = {}
         self.sent: dict[int, int] = {}          # slot -> quota last decided
+        self.held: dict[int, bool] = {}         # slot -> hold last decided
         self.last_packing: Packing | None = None
+        self._bm: BatchMats | None = None       # fast path
+        self._dcache: dict[tuple[int, int, bool], Decision] = {}
 
     # --- helpers -------------------------------------------------------------
     def _units(self, q: int) -> int:
@@ -496,34 +540,73 @@ class CLaius(Policy):
     def _qidx(self, q: int) -> int:
         return self._units(q) - 1
 
-    def _emit(self, want: dict[int, int]) -> list[Decision]:
+    def _emit(self, want: dict[int, tuple[int, bool]]) -> list[Decision]:
+        """Decisions for the slots whose quota or hold changed."""
         out = []
-        for slot, q in sorted(want.items()):
-            if self.sent.get(slot) != q:
+        for slot, (q, hold) in sorted(want.items()):
+            if self.sent.get(slot) != q or self.held.get(slot, False) != hold:
                 self.sent[slot] = q
-                out.append(Decision(slot, q, None))
+                self.held[slot] = hold
+                if self.fast:               # Decisions are frozen: one object per value
+                    d = self._dcache.get((slot, q, hold))
+                    if d is None:
+                        d = self._dcache[slot, q, hold] = Decision(slot, q, None, hold)
+                    out.append(d)
+                else:
+                    out.append(Decision(slot, q, None, hold))
         return out
 
     def _plan_pred(self, a: QosApp) -> np.ndarray:
-        """plan x quotas predicted task times of the current query (once per query)."""
+        """plan x quotas predicted task times of the current query (once per
+        query; on the fast path once per plan)."""
         q = a.query
         if q.pred is None:
+            pc = q.cache
+            if pc is not None and pc.pred is not None:
+                q.pred = pc.pred
+                return q.pred
             rows = [self.pred.task_ms(a.info.name, t, self.quotas) for t in q.plan]
             q.pred = np.array(rows, dtype=np.float64).reshape(len(q.plan), self.n)
+            if pc is not None:
+                pc.pred = q.pred
         return q.pred
+
+    def _rem_sum(self, a: QosApp, done: int) -> np.ndarray:
+        """Predicted time of the plan's tasks from index done on, per quota."""
+        pc = a.query.cache
+        if pc is None:
+            return self._plan_pred(a)[done:].sum(axis=0)
+        r = pc.rem.get(done)
+        if r is None:
+            r = pc.rem[done] = self._plan_pred(a)[done:].sum(axis=0)
+        return r
+
+    def _plan_bw(self, a: QosApp) -> np.ndarray:
+        m = np.array([self.pred.task_bw(a.info.name, t, self.quotas) for t in a.query.plan])
+        return m.max(axis=0)
 
     def _qos_bw(self, a: QosApp, quota: int) -> float:
         """Peak predicted bandwidth of the query's tasks at its quota (0 without a plan)."""
         if a.query is None or not a.query.plan or self.pred is None:
             return 0.0
-        key = id(a.query.plan)
-        if a.bw_cache is None or a.bw_cache[0] != key:
+        pc = a.query.cache
+        if pc is not None:
+            if pc.bw is None:
+                try:
+                    pc.bw = self._plan_bw(a)
+                except (KeyError, ValueError) as e:
+                    log.warning("claius: no bandwidth prediction for %s (%s): counting 0",
+                                a.info.name, e)
+                    pc.bw = np.zeros(self.n)
+            return float(pc.bw[self._qidx(quota)])
+        # keyed by the plan object itself (held, so its id cannot be reused)
+        plan = a.query.plan
+        if a.bw_cache is None or a.bw_cache[0] is not plan:
             try:
-                m = np.array([self.pred.task_bw(a.info.name, t, self.quotas) for t in a.query.plan])
-                a.bw_cache = (key, m.max(axis=0))
+                a.bw_cache = (plan, self._plan_bw(a))
             except (KeyError, ValueError) as e:
                 log.warning("claius: no bandwidth prediction for %s (%s): counting 0", a.info.name, e)
-                a.bw_cache = (key, np.zeros(self.n))
+                a.bw_cache = (plan, np.zeros(self.n))
         return float(a.bw_cache[1][self._qidx(quota)])
 
     def _batch_preds(self, b: BatchApp) -> None:
@@ -533,9 +616,51 @@ class CLaius(Policy):
         except (KeyError, ValueError) as e:
             log.warning("claius: no prediction for batch app %s (%s)", b.info.name, e)
             b.ipc = b.bw = None
+            self._bm = None
             return
-        b.ipc = np.concatenate(([0.0], np.asarray(ipc, dtype=np.float64)))
-        b.bw = np.concatenate(([0.0], np.asarray(bw, dtype=np.float64)))
+        self.set_batch_curves(b.info.slot, np.concatenate(([0.0], np.asarray(ipc, dtype=np.float64))),
+                              np.concatenate(([0.0], np.asarray(bw, dtype=np.float64))))
+
+    def set_batch_curves(self, slot: int, ipc: np.ndarray, bw: np.ndarray) -> None:
+        """A batch app's next task: its predicted IPC and bandwidth per unit
+        count 0..N (index 0: not running, 0).  On the fast path the stacked
+        knapsack input is updated here, on the task path, not at the next
+        query's arrival."""
+        b = self.batch[slot]
+        b.ipc = np.asarray(ipc, dtype=np.float64)
+        b.bw = np.asarray(bw, dtype=np.float64)
+        bm = self._bm
+        if bm is None or slot not in bm.slots or len(b.ipc) != self.n + 1 or len(b.bw) != self.n + 1:
+            self._bm = None
+            return
+        j = bm.slots.index(slot)
+        bm.V[j] = b.ipc
+        bm.B[j] = b.bw
+        bm.refs[j] = (b.ipc, b.bw)
+        bm.cut.clear()
+
+    def _stacked(self, known: list[BatchApp], free: int) -> tuple[np.ndarray, np.ndarray]:
+        """The knapsack input over free units: the reference stacks the
+        curves each time; the fast path keeps the stack and its slices."""
+        if not self.fast:
+            return (np.stack([b.ipc[:free + 1] for b in known]),
+                    np.stack([b.bw[:free + 1] for b in known]))
+        bm = self._bm
+        if bm is None or len(bm.refs) != len(known) or any(
+                r[0] is not b.ipc or r[1] is not b.bw for r, b in zip(bm.refs, known)):
+            if any(len(b.ipc) != self.n + 1 or len(b.bw) != self.n + 1 for b in known):
+                self._bm = None
+                return (np.stack([b.ipc[:free + 1] for b in known]),
+                        np.stack([b.bw[:free + 1] for b in known]))
+            bm = self._bm = BatchMats(tuple(b.info.slot for b in known),
+                                      [(b.ipc, b.bw) for b in known],
+                                      np.stack([b.ipc for b in known]),
+                                      np.stack([b.bw for b in known]))
+        c = bm.cut.get(free)
+        if c is None:
+            c = bm.cut[free] = (np.ascontiguousarray(bm.V[:, :free + 1]),
+                                np.ascontiguousarray(bm.B[:, :free + 1]))
+        return c
 
     # --- QoS sharing (Eq. 7/8, slope) ---------------------------------------------
     def _remaining(self, a: QosApp) -> np.ndarray:
@@ -543,7 +668,7 @@ class CLaius(Policy):
         its plan when it has one, else the whole query's curve."""
         q = a.query
         if q.plan:
-            return self._plan_pred(a)[len(q.measured):].sum(axis=0)
+            return self._rem_sum(a, len(q.measured))
         return q.curve
 
     def _qos_grants(self) -> dict[int, int]:
@@ -562,7 +687,7 @@ class CLaius(Policy):
                 fn = (lambda r: lambda u: float(r[max(1, min(self.n, u)) - 1]))(rem)
             claims.append(Claim(a.info.slot, need, cls, slope, fn))
         grants = share_units(claims, self.n, self.th)
-        if sum(c.need for c in claims) > self.n:
+        if sum(c.need for c in claims) > self.n and log.isEnabledFor(logging.INFO):
             log.info("claius: QoS asks %d%% in all; shared by priority: %s",
                      sum(c.need for c in claims) * self.g,
                      ", ".join(f"slot {c.key} class {c.cls} slope {c.slope:.3g} ms "
@@ -570,25 +695,25 @@ class CLaius(Policy):
         return grants
 
     # --- batch packing -----------------------------------------------------------
-    def _pack(self, free_units: int, qos_bw: float) -> dict[int, int]:
-        """Quota per batch app: the knapsack over the free units; apps without
-        predictions get one unit each first, to run and be seen."""
-        out: dict[int, int] = {}
+    def _pack(self, free_units: int, qos_bw: float) -> dict[int, tuple[int, bool]]:
+        """(quota, hold) per batch app: the knapsack over the free units; apps
+        without predictions get one unit each first, to run and be seen; an
+        app the knapsack gives nothing waits, held at the quota it had."""
+        out: dict[int, tuple[int, bool]] = {}
         apps = sorted(self.batch.values(), key=lambda b: b.info.slot)
         if not apps:
             return out
         if self.pred is None:
             share = max(self.g, (free_units // len(apps)) * self.g)
-            return {b.info.slot: share for b in apps}
+            return {b.info.slot: (share, False) for b in apps}
         known = [b for b in apps if b.ipc is not None]
         for b in apps:
             if b.ipc is None:
-                out[b.info.slot] = self.g
+                out[b.info.slot] = (self.g, False)
                 free_units -= 1
         free_units = max(0, free_units)
         if known:
-            val = np.stack([b.ipc[:free_units + 1] for b in known])
-            bw = np.stack([b.bw[:free_units + 1] for b in known])
+            val, bw = self._stacked(known, free_units)
             cap = self.device_bw - qos_bw
             if self.use_c:
                 p = knapsack(val, bw, cap, self.bandwidth_cap, self.max_nodes)
@@ -601,29 +726,35 @@ class CLaius(Policy):
             elif p.status == 1:
                 log.warning("claius: knapsack stopped at %d nodes: best packing so far", p.nodes)
             for b, k in zip(known, p.choice):
-                # k = 0: the app waits in the ready pool; the smallest quota is
-                # the nearest a Decision can say (see the report: a "hold" route)
-                out[b.info.slot] = k * self.g if k > 0 else self.g
+                # k = 0: the app's next task waits in the ready pool
+                out[b.info.slot] = (k * self.g, False) if k > 0 else \
+                    (self.sent.get(b.info.slot, self.g), True)
         return out
 
     def _decide(self) -> list[Decision]:
         """The whole allocation: QoS grants, then the knapsack over what is left."""
         grants = self._qos_grants()
-        want: dict[int, int] = {}
+        want: dict[int, tuple[int, bool]] = {}
         qos_bw = 0.0
         for slot, u in grants.items():
             a = self.qos[slot]
-            want[slot] = u * self.g
+            want[slot] = (u * self.g, False)
             qos_bw += self._qos_bw(a, u * self.g)
         free = self.n - sum(grants.values())
         want.update(self._pack(free, qos_bw if self.bandwidth_cap else 0.0))
         return self._emit(want)
 
     # --- hooks ---------------------------------------------------------------------
+    def wants_tasks(self, app: AppInfo) -> bool:
+        """QoS tasks drive lag compensation and the next query's plan; a
+        batch app's task gives the knapsack its next predictions.  Without a
+        predictor none of it changes a decision."""
+        return self.pred is not None
+
     def on_register(self, app: AppInfo) -> list[Decision]:
         if app.cls == "qos":
             self.qos[app.slot] = QosApp(app)
-            return self._emit({app.slot: 100})
+            return self._emit({app.slot: (100, False)})
         self.batch[app.slot] = BatchApp(app)
         return self._decide()
 
@@ -631,6 +762,8 @@ class CLaius(Policy):
         self.qos.pop(app.slot, None)
         self.batch.pop(app.slot, None)
         self.sent.pop(app.slot, None)
+        self.held.pop(app.slot, None)
+        self._bm = None
         return self._decide()
 
     def on_query_begin(self, app: AppInfo, info: dict) -> list[Decision]:
@@ -640,6 +773,12 @@ class CLaius(Policy):
         target = info.get("qos_ms") or app.qos_ms
         size = float(info.get("size") or 0)
         plan = list(info.get("tasks") or a.last_plan)
+        cache = None
+        if self.fast:
+            if a.pcache is None or a.pcache.plan != plan:
+                a.pcache = PlanCache(plan)
+            cache = a.pcache
+            plan = cache.plan
         a.seen = []
         q0, pcie, curve = 100, 0.0, np.zeros(self.n)
         if target is None:
@@ -660,7 +799,7 @@ class CLaius(Policy):
                     q = 100
                 q0, pcie, curve = q, float(pc[self._qidx(q)]), np.asarray(t, dtype=np.float64)
         a.query = QueryState(int(info.get("id", 0)), float(info.get("t_us") or 0.0), float(target),
-                             pcie, q0, curve, q0, plan)
+                             pcie, q0, curve, q0, plan, cache=cache)
         return self._decide()
 
     def on_task_done(self, app: AppInfo, task: dict) -> list[Decision]:
@@ -693,9 +832,8 @@ class CLaius(Policy):
         """Lag compensation after a task: Eq. 6 when behind, rollback to Eq. 3's
         quota once that quota is enough again."""
         q = a.query
-        pred = self._plan_pred(a)
         done = len(q.measured)
-        rem = pred[done:].sum(axis=0)
+        rem = self._rem_sum(a, done)
         spent = sum(q.measured)
         lag = lag_ms(q.measured, q.predicted)
         name = a.info.name
