@@ -53,8 +53,9 @@ DEVICE_HELP = "auto: cuda when an NVIDIA driver answers, else sim (the CPU test 
 def serve(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
           policy: str = typer.Option("static", metavar="NAME[,KEY=VALUE...]",
                                      help="Scheduling policy and its options: static, mps-even, "
-                                          "mps-priority, claius (claius-nb, claius-nc: its ablations), "
-                                          "e.g. claius,models=DIR,granularity=10."),
+                                          "mps-priority, baymax, static-optimal, claius (claius-nb, "
+                                          "claius-nc: its ablations), e.g. claius,models=DIR,"
+                                          "granularity=10 or static-optimal,profiles=DIR."),
           detach: bool = typer.Option(False, help="Run in the background; print its pid once it answers."),
           runtime_dir: Optional[Path] = RunDirOpt,
           log_level: Level = typer.Option(Level.info, help="Log level of serve.log."),
@@ -62,6 +63,9 @@ def serve(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
           metrics_port: Optional[int] = typer.Option(None, min=1, max=65535, metavar="PORT",
                                                      help="Serve Prometheus metrics on "
                                                           "http://127.0.0.1:PORT/metrics."),
+          solo: Optional[Path] = typer.Option(None, metavar="FILE",
+                                              help="JSON {app name: launches per second alone at 100 %}: "
+                                                   "batch throughput is shown normalised to it."),
           log_stderr: bool = typer.Option(True, hidden=True)) -> None:
     """Run the controller: applications register with it, the policy sets their GPU quotas.
 
@@ -74,17 +78,18 @@ def serve(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
     Logs to DIR/serve.log (and stderr in the foreground); SIGTERM, SIGINT or
     `colocate stop` shut it down cleanly."""
     parse_spec(pool)                                    # a bad spec: exit 2 before anything
+    daemon.load_solo(solo)                              # and a bad --solo file
     rd = rundir.ensure(runtime_dir)
     dev = launcher.detect_device(device.value)
     if not detach:
-        daemon.serve(rd, policy, dev, log_level.value, log_stderr, pool, metrics_port)
+        daemon.serve(rd, policy, dev, log_level.value, log_stderr, pool, metrics_port, solo)
         return
     daemon.policy(policy)                               # unknown name: say so here, not in the log
     pong = daemon.ping(rd, timeout=0.5)
     if pong:
         raise ColocateError(f"a controller (pid {pong['controller_pid']}) already answers on {rd.sock}")
     proc, pong = daemon.start_background(rd, policy, dev, log_level.value, pool=pool,
-                                         metrics_port=metrics_port)
+                                         metrics_port=metrics_port, solo=solo)
     print(proc.pid)
     print(f"colocate: controller {proc.pid} serving {rd.sock} (policy {pong['policy']}, "
           f"device {pong['device']})", file=sys.stderr)
@@ -276,7 +281,8 @@ def trace(name: str = typer.Argument(..., help="App name (as `colocate quotas` s
 # --- quotas -----------------------------------------------------------------
 
 QUOTA_KEYS = ("name", "pid", "class", "quota_pct", "route", "launches", "forwarded",
-              "h2d_bytes", "d2h_bytes", "qos_ms", "state", "kernels", "queries")
+              "h2d_bytes", "d2h_bytes", "qos_ms", "state", "kernels", "queries", "held", "held_ms",
+              "throughput", "feed")
 
 
 def human_bytes(n: int) -> str:
@@ -287,8 +293,11 @@ def human_bytes(n: int) -> str:
     return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
 
 
-def route_name(route: int, worker: dict | None = None, quota_pct: int | None = None) -> str:
-    """"local", or "worker N (q%)" with the worker's quota when known."""
+def route_name(route: int, worker: dict | None = None, quota_pct: int | None = None,
+               held: bool = False) -> str:
+    """"local", "held", or "worker N (q%)" with the worker's quota when known."""
+    if held:
+        return "held"
     if route == 0:
         return "local"
     q = (worker or {}).get("quota_pct", quota_pct)
@@ -306,21 +315,32 @@ def query_cells(q: dict | None) -> list[str]:
     return [done, lat, q["rule"]]
 
 
+def throughput_cell(a: dict) -> str:
+    """A batch app's throughput: normalised to solo ("0.62x") when known, else launches/s."""
+    t = a.get("throughput")
+    if not t or t.get("launches_per_s") is None:
+        return "-"
+    if t.get("normalised") is not None:
+        return f"{t['normalised']:.2f}x"
+    return f"{t['launches_per_s']:.0f}/s"
+
+
 def quota_table(apps: list[dict], show_state: bool = False) -> Table:
     live = sum(a["state"] == "live" for a in apps)
     t = Table(title=f"colocate: {live} live app(s)", box=box.SIMPLE_HEAD,
               pad_edge=False, collapse_padding=True)
     cols = ["name", "pid", "class", "quota%", "route", "launches", "fwd", "H2D", "D2H", "QoS",
-            "queries", "p50/p99", "rule"]
+            "queries", "p50/p99", "rule", "thru", "held"]
     for c in cols + (["state"] if show_state else []):
         t.add_column(c, justify="left" if c in ("name", "class", "route", "state", "rule") else "right",
                      no_wrap=c != "name", overflow="fold")
     for a in apps:
         row = [a["name"], str(a["pid"]), a["class"], str(a["quota_pct"]),
-               route_name(a["route"], a.get("worker"), a["quota_pct"]),
+               route_name(a["route"], a.get("worker"), a["quota_pct"], bool(a.get("held"))),
                str(a["launches"]), str(a["forwarded"]), human_bytes(a["h2d_bytes"]),
                human_bytes(a["d2h_bytes"]), "-" if a["qos_ms"] is None else f"{a['qos_ms']:g} ms",
-               *query_cells(a.get("queries"))]
+               *query_cells(a.get("queries")), throughput_cell(a),
+               f"{a['held_ms'] / 1000:.1f} s" if a.get("held_ms") else "-"]
         t.add_row(*(Text(c) for c in row), *([a["state"]] if show_state else []))
     return t
 
@@ -336,7 +356,10 @@ def quotas(as_json: bool = typer.Option(False, "--json", help="Print a JSON list
     queries: completed (+ in flight) (and how many ended after the app's QoS
     target); p50/p99: latency over the last 1000;
     rule: api (marked with colocate.h / shim.query) or inferred (from copies:
-    host-to-device input ... device-to-host result and a sync)."""
+    host-to-device input ... device-to-host result and a sync);
+    thru: a batch app's throughput over the last 5 s, normalised to its solo
+    rate (serve --solo) as "0.62x", else launches/s; held: time its launches
+    waited on a hold (route "held": the policy parked it)."""
     if watch and as_json:
         raise ColocateError("--watch and --json do not go together", 2)
     if interval <= 0:
@@ -477,18 +500,21 @@ def schema_cmd(as_json: bool = typer.Option(False, "--json", help="Print it as J
     if as_json:
         print(json.dumps(schema.as_json(), indent=2))
         return
-    out.print(f'protocol v{schema.PROTOCOL}: DEALER -> ROUTER at ipc://DIR/ctl.sock, frames [b"", JSON object] '
+    out.print(f'protocol v{schema.PROTOCOL} (revision {schema.REVISION}): DEALER -> ROUTER at ipc://DIR/ctl.sock, frames [b"", JSON object] '
               f'of at most {schema.MAX_BYTES} bytes; every message has "v": {schema.PROTOCOL} and "type".',
               markup=False)
     for title, table in (("requests (-> reply)", schema.REQUESTS), ("replies", schema.REPLIES),
                          ("objects", {"kernel": schema.KERNEL, "record": schema.RECORD,
-                                      "worker": schema.WORKER, "queries": schema.QUERIES})):
+                                      "worker": schema.WORKER, "queries": schema.QUERIES,
+                                      "task": schema.TASK, "feed": schema.FEED,
+                                      "throughput": schema.THROUGHPUT})):
         t = Table(title=title)
         for c in ("message", "field", "type", "required", "notes"):
             t.add_column(c)
         for name, fields in table.items():
-            label = (f"{name} -> {schema.REPLY_TO[name]}" if table is schema.REQUESTS and name in schema.REPLY_TO
-                     else name)
+            label = name
+            if table is schema.REQUESTS and name in schema.REPLY_TO:
+                label += f" -> {schema.REPLY_TO[name]}" if schema.REPLY_TO[name] else " (one-way)"
             rows = [(f, spec.describe(), "yes" if spec.required else "no", _notes(spec))
                     for f, spec in fields.items()] or [("-", "", "", "")]
             for i, row in enumerate(rows):

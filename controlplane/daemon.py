@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -47,6 +48,8 @@ QUERY_WINDOW = 1000                # latencies behind each app's p50/p99
 QUERY_IN_FLIGHT_MAX = 4096         # begun, not ended: the oldest is given up beyond this
 RECENT_EXITS = 64                  # exited apps whose late query boundaries still count
 OCC_QUERIES = 64                   # recent queries whose task occurrences are kept per app
+THROUGHPUT_WINDOW_S = 5.0         # a live batch app's throughput: launches over the last this long
+BATCH_TASK_EVERY_S = 0.005         # a batch app's same-named tasks reach the policy at most this often
 
 
 class Reject(Exception):
@@ -164,6 +167,9 @@ class App:
     # occurrence of each task name: per query (QoS apps; recent queries only) or per run
     occ: collections.OrderedDict = field(default_factory=collections.OrderedDict)
     query_size: collections.OrderedDict = field(default_factory=collections.OrderedDict)
+    last_task: tuple[str, float] = ("", 0.0)           # batch: last task given to the policy, when
+    launch_log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
+                                                        # (monotonic s, launches) at ticks
 
 
 class BadTask(ValueError):
@@ -197,9 +203,12 @@ def task_features(t: dict, input_bytes: float, occurrence: int) -> dict:
 
 class Controller:
     def __init__(self, rd: RunDir, policy: Policy, device: str, pool: Pool | None = None,
-                 pool_note: str = ""):
+                 pool_note: str = "", solo: dict[str, float] | None = None):
         """pool: started by the caller (after the socket is bound, see serve());
-        None: no pool, and explicit routes in decisions are taken as they are."""
+        None: no pool, and explicit routes in decisions are taken as they are.
+        solo: launches per second of each batch app (by name) alone at 100 %,
+        which its throughput is normalised to (serve --solo FILE)."""
+        self.solo = dict(solo or {})
         self.metrics: metrics.Snapshot | None = None    # --metrics-port
         self.rd, self.policy, self.device = rd, policy, device
         self.pool, self.pool_note = pool, pool_note
@@ -280,6 +289,11 @@ class Controller:
             return schema.error(f"internal error: {e}", t if t in schema.REQUESTS else None)
 
     def tick(self, now: float) -> None:
+        for app in self.apps.values():
+            if app.info.cls == "batch":
+                app.launch_log.append((now, self.cb.counters(app.info.slot)["launches"]))
+                while now - app.launch_log[0][0] > THROUGHPUT_WINDOW_S:
+                    app.launch_log.popleft()
         if self.metrics is not None:                    # what the HTTP thread serves
             self.metrics.publish([self.record(a) for a in self.apps.values()])
         for app in list(self.apps.values()):
@@ -404,7 +418,25 @@ class Controller:
                 "registered_at": app.registered_at, "exited_at": exited_at, "worker": self.worker_of(app),
                 "queries": app.queries.summary(), "held": app.held,
                 "held_ms": self.cb.control(app.info.slot)["held_ns"] / 1e6,
-                "feed": dict(app.feed) if app.feed is not None else None}
+                "feed": dict(app.feed) if app.feed is not None else None,
+                "throughput": self.throughput(app, c["launches"], exited_at)}
+
+    def throughput(self, app: App, launches: int, exited_at: float | None) -> dict | None:
+        """A batch app's launches per second (over the last THROUGHPUT_WINDOW_S
+        while live; over its whole run once exited), and normalised to its
+        solo rate when serve --solo gave one; None for QoS apps."""
+        if app.info.cls != "batch":
+            return None
+        rate = None
+        if exited_at is not None:
+            span = exited_at - app.registered_at
+            rate = launches / span if span > 0 else None
+        elif len(app.launch_log) >= 2:
+            (t0, n0), (t1, n1) = app.launch_log[0], app.launch_log[-1]
+            rate = (n1 - n0) / (t1 - t0) if t1 > t0 else None
+        solo = self.solo.get(app.info.name)
+        return {"launches_per_s": rate, "solo_launches_per_s": solo,
+                "normalised": rate / solo if rate is not None and solo else None}
 
     def finish(self, app: App, kernels: list[dict]) -> dict:
         """Final record (counters read before the slot is freed), history, policy, release."""
@@ -577,13 +609,27 @@ class Controller:
             if t["dur_us"] is None:
                 feed["untimed"] += 1
                 continue
-            if app.final is None:
+            if app.final is None and self.batch_task_due(app, t["name"]):
                 self.decide("on_task_done", app.info,
                             {"features": row, "duration_us": float(t["dur_us"]),
                              "quota_pct": t["quota"], "query": t["query"]})
         if app.final is not None:
             app.final["feed"] = dict(feed)
         return None
+
+    @staticmethod
+    def batch_task_due(app: "App", name: str) -> bool:
+        """Whether a batch app's completed task goes to the policy.  A batch
+        app completes thousands of tasks a second and a policy only needs its
+        current one (what it will run next), so one per BATCH_TASK_EVERY_S,
+        and at once when the kernel changes.  QoS apps' tasks all go."""
+        if app.info.cls != "batch":
+            return True
+        now = time.monotonic()
+        if name == app.last_task[0] and now - app.last_task[1] < BATCH_TASK_EVERY_S:
+            return False
+        app.last_task = (name, now)
+        return True
 
     def on_stop(self, m: dict) -> dict:
         log.info("stop requested")
@@ -697,15 +743,30 @@ def start_pool(rd: RunDir, device: str, spec: str | None) -> tuple[Pool | None, 
         return None, f"not started: {e}"
 
 
+def load_solo(path: Path | str | None) -> dict[str, float]:
+    """serve --solo FILE: {"app name": launches per second alone at 100 %, ...}."""
+    if path is None:
+        return {}
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ColocateError(f"--solo {path}: {e}", 2) from None
+    if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
+                                          and not isinstance(v, bool) and v > 0 for k, v in d.items()):
+        raise ColocateError(f"--solo {path}: want a JSON object of app name -> launches per second > 0", 2)
+    return {k: float(v) for k, v in d.items()}
+
+
 def serve(rd: RunDir, policy_name: str = "static", device: str = "sim", log_level: str = "info",
           log_stderr: bool = True, pool_spec: str | None = None,
-          metrics_port: int | None = None) -> None:
+          metrics_port: int | None = None, solo: Path | str | None = None) -> None:
     """Run a controller in the foreground until `stop`, SIGTERM or SIGINT.
     pool_spec: processpool spec ("10:2,50:2", "none"); None: the default pool,
     skipped with a warning when it cannot start.  metrics_port: serve
     Prometheus metrics over HTTP on 127.0.0.1:PORT."""
     pol = policy(policy_name)
     parse_spec(pool_spec)                               # a bad spec: say so before anything
+    solo_rates = load_solo(solo)
     fd = lock_pidfile(rd)
     try:
         live = ping(rd, timeout=0.5)
@@ -715,7 +776,7 @@ def serve(rd: RunDir, policy_name: str = "static", device: str = "sim", log_leve
         rd.sock.unlink(missing_ok=True)                 # stale socket of a dead controller
         setup_logging(rd, log_level, log_stderr)
         try:
-            ctl = Controller(rd, pol, device)
+            ctl = Controller(rd, pol, device, solo=solo_rates)
         except (OSError, zmq.ZMQError) as e:
             raise ColocateError(f"cannot start the controller in {rd.path}: {e}") from None
         if metrics_port is not None:
@@ -782,13 +843,15 @@ def log_tail(rd: RunDir, n: int = 20) -> str:
 def start_background(rd: RunDir, policy: str, device: str, log_level: str = "info",
                      timeout: float = 10.0, new_session: bool = True,
                      pool: str | None = None,
-                     metrics_port: int | None = None) -> tuple[subprocess.Popen, dict]:
+                     metrics_port: int | None = None,
+                     solo: Path | str | None = None) -> tuple[subprocess.Popen, dict]:
     """Start `colocate serve` as a background process and wait until it answers
     ping.  Returns (process, pong); ColocateError with the log tail otherwise."""
     cmd = [sys.executable, "-m", "controlplane.cli", "serve", "--runtime-dir", str(rd.path),
            "--policy", policy, "--device", device, "--log-level", log_level, "--no-log-stderr",
            *(["--pool", pool] if pool is not None else []),
-           *(["--metrics-port", str(metrics_port)] if metrics_port is not None else [])]
+           *(["--metrics-port", str(metrics_port)] if metrics_port is not None else []),
+           *(["--solo", str(solo)] if solo is not None else [])]
     with open(rd.log, "ab") as out:                     # early errors land in the log too
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=new_session, close_fds=True)

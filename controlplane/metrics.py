@@ -17,6 +17,10 @@ Per live app (labels app, pid, class):
   colocate_app_queries_in_flight        queries begun, not ended
   colocate_app_qos_violations_total     queries that ended after the target
   colocate_app_query_latency_ms         recent latency, label quantile=0.5|0.99
+  colocate_app_held                     1 while the policy holds its launches
+  colocate_app_held_seconds_total       time its launches waited on holds
+  colocate_app_launches_per_second      batch apps: launch rate over the last 5 s
+  colocate_app_throughput_normalised    batch apps: that rate / its solo rate (serve --solo)
 and colocate_apps (live apps).
 """
 from __future__ import annotations
@@ -36,12 +40,16 @@ def families(apps: Iterable[dict]) -> list[Metric]:
         ("quota_percent", "SM quota the app runs at, percent"),
         ("routed_to_worker", "1 when the app's launches run in a process-pool worker"),
         ("qos_target_ms", "the app's latency target, ms (QoS apps)"),
-        ("queries_in_flight", "queries begun and not ended"))}
+        ("queries_in_flight", "queries begun and not ended"),
+        ("held", "1 while the policy holds the app's kernel launches"),
+        ("launches_per_second", "batch apps: kernel launches per second over the last 5 s"),
+        ("throughput_normalised", "batch apps: launch rate divided by its solo rate at 100 %"))}
     c = {name: CounterMetricFamily(f"colocate_app_{name}", doc, labels=LABELS) for name, doc in (
         ("launches", "kernel launches"),
         ("forwarded", "kernel launches run by a process-pool worker"),
         ("queries", "queries ended"),
-        ("qos_violations", "queries that ended after the app's latency target"))}
+        ("qos_violations", "queries that ended after the app's latency target"),
+        ("held_seconds", "seconds the app's launches waited on holds"))}
         # CounterMetricFamily appends _total to these names
     copies = CounterMetricFamily("colocate_app_copy_bytes", "bytes copied between host and device",
                                  labels=LABELS + ["direction"])
@@ -59,6 +67,13 @@ def families(apps: Iterable[dict]) -> list[Metric]:
         c["forwarded"].add_metric(lab, a["forwarded"])
         c["queries"].add_metric(lab, q.get("done", 0))
         c["qos_violations"].add_metric(lab, q.get("violations", 0))
+        g["held"].add_metric(lab, 1 if a.get("held") else 0)
+        c["held_seconds"].add_metric(lab, (a.get("held_ms") or 0.0) / 1000)
+        t = a.get("throughput") or {}
+        if t.get("launches_per_s") is not None:
+            g["launches_per_second"].add_metric(lab, t["launches_per_s"])
+        if t.get("normalised") is not None:
+            g["throughput_normalised"].add_metric(lab, t["normalised"])
         copies.add_metric(lab + ["h2d"], a["h2d_bytes"])
         copies.add_metric(lab + ["d2h"], a["d2h_bytes"])
         for quantile, key in (("0.5", "p50_ms"), ("0.99", "p99_ms")):

@@ -102,6 +102,12 @@ FEED = {
     "bad": F("int", doc="task records refused as malformed"),
 }
 
+THROUGHPUT = {
+    "launches_per_s": F("number", null=True, doc="over the last 5 s while live; over the run once exited"),
+    "solo_launches_per_s": F("number", null=True, doc="alone at 100 % (serve --solo); null: unknown"),
+    "normalised": F("number", null=True, doc="launches_per_s / solo_launches_per_s"),
+}
+
 RECORD = {
     "name": F("str"), "pid": F("int"), "class": F("str", choices=("qos", "batch")),
     "quota_pct": F("int"), "route": F("int", doc="0 = local, N = worker N"),
@@ -116,6 +122,8 @@ RECORD = {
     "held_ms": F("number", required=False, default=0.0, doc="time its launches waited on holds"),
     "feed": F("object", required=False, null=True,
               doc="task feedback (object feed); null when the policy does not want it"),
+    "throughput": F("object", required=False, null=True,
+                    doc="batch apps: object throughput; null for QoS apps"),
 }
 
 WORKER = {

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import socket
+import time
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -380,3 +381,55 @@ def test_control_block_wrapper(tmp_path):
     (tmp_path / "bad").write_bytes(b"\0" * 100)
     with pytest.raises(OSError, match="not a control block"):
         ControlBlock(tmp_path / "bad")
+
+
+def test_batch_throughput_normalised_to_solo(tmp_path, sleeper):
+    """serve --solo: a batch app's launch rate over the recent window while
+    live and over its run once exited, divided by its solo rate; QoS apps none."""
+    solo = tmp_path / "solo.json"
+    solo.write_text(json.dumps({"grinder": 1000.0}))
+    d = new_rundir()
+    ctl = Controller(d, "--solo", str(solo))
+    try:
+        with ControlBlock(d / "ctlblock") as block:
+            p, q = sleeper(), sleeper()
+            slot = register(ctl, p.pid, "grinder")["slot"]
+            register(ctl, q.pid, "svc", "qos", qos_ms=5)
+            t0 = time.monotonic()
+            n = 0
+            while time.monotonic() - t0 < 0.6:    # ~500 launches/s for a few ticks
+                n += 25
+                block.write_counters(slot, launches=n)
+                time.sleep(0.05)
+            rec = records(ctl, all=False)
+            t = rec[p.pid]["throughput"]
+            assert rec[q.pid]["throughput"] is None
+            assert t["solo_launches_per_s"] == 1000.0
+            assert 250 < t["launches_per_s"] < 1000, t
+            assert t["normalised"] == pytest.approx(t["launches_per_s"] / 1000.0)
+            ctl.call("exit", pid=p.pid, slot=slot)
+            fin = records(ctl)[p.pid]
+            span = fin["exited_at"] - fin["registered_at"]
+            assert fin["throughput"]["launches_per_s"] == pytest.approx(n / span)
+    finally:
+        ctl.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_bad_solo_file_is_refused(tmp_path):
+    bad = tmp_path / "solo.json"
+    bad.write_text('{"x": "fast"}')
+    r = colocate("serve", "--runtime-dir", str(tmp_path / "rd"), "--solo", str(bad))
+    assert r.returncode == 2 and "launches per second" in r.stderr
+
+
+def test_batch_tasks_reach_the_policy_at_a_bounded_rate():
+    from controlplane.daemon import BATCH_TASK_EVERY_S, App, Controller as Ctl
+    batch = App(AppInfo(1, 1, "b", "batch"), 0, "/bin/true", 0.0)
+    qos = App(AppInfo(2, 2, "q", "qos", 5.0), 0, "/bin/true", 0.0)
+    assert Ctl.batch_task_due(batch, "k1")
+    assert not Ctl.batch_task_due(batch, "k1")           # same kernel, too soon
+    assert Ctl.batch_task_due(batch, "k2")               # another kernel: at once
+    time.sleep(BATCH_TASK_EVERY_S * 1.5)
+    assert Ctl.batch_task_due(batch, "k2")
+    assert all(Ctl.batch_task_due(qos, "k1") for _ in range(3))

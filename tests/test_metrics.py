@@ -37,6 +37,19 @@ def test_exposition_of_an_app_record():
     assert got[("colocate_app_copy_bytes_total", tuple(sorted(lab + (("direction", "h2d"),))))] == 100
 
 
+def test_exposition_of_a_held_batch_app():
+    rec = {**APP, "name": "b", "class": "batch", "qos_ms": None, "queries": None, "held": True,
+           "held_ms": 2500.0, "throughput": {"launches_per_s": 300.0, "solo_launches_per_s": 1000.0,
+                                             "normalised": 0.3}}
+    got = samples(exposition([rec]))
+    lab = (("app", "b"), ("class", "batch"), ("pid", "42"))
+    assert got[("colocate_app_held", lab)] == 1
+    assert got[("colocate_app_held_seconds_total", lab)] == 2.5
+    assert got[("colocate_app_launches_per_second", lab)] == 300.0
+    assert got[("colocate_app_throughput_normalised", lab)] == 0.3
+    assert ("colocate_app_qos_target_ms", lab) not in got
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
