@@ -197,7 +197,16 @@ def profile(targets: Optional[list[str]] = typer.Argument(
                                                "(default: its basename)."),
             out: Optional[Path] = typer.Option(None, "--out", help=STORE_HELP, metavar="DIR"),
             timeout: float = typer.Option(300.0, help="Seconds one run (one service process) may take."),
-            progress: bool = typer.Option(True, help="Show a progress bar.")) -> None:
+            progress: bool = typer.Option(True, help="Show a progress bar."),
+            groups: int = typer.Option(0, "--groups", metavar="N",
+                                       help="Abacus operator groups instead: co-run the tonic:NET "
+                                       "services on one simulated device and store N group "
+                                       "samples (resumable; --inputs are the sizes to draw)."),
+            group_size: str = typer.Option("2-4", metavar="K|LO-HI",
+                                           help="With --groups: services per group."),
+            timescale: float = typer.Option(1000.0, help="With --groups: SIMGPU_TIMESCALE (wall "
+                                            "s per device s; contention is modelled only > 0)."),
+            seed: int = typer.Option(0, help="With --groups: seed of the random groups.")) -> None:
     """Profile apps and services solo on simgpu at each SM quota into the sample store.
 
     Every input x quota x repetition runs alone under the shim
@@ -206,7 +215,12 @@ def profile(targets: Optional[list[str]] = typer.Argument(
     features; duration, bandwidth and IPC from simgpu's model), each
     service query a query sample (device time, PCIe time).  Resumable:
     configurations already in the store are skipped.  The device is
-    "simgpu" ($SIMGPU_NAME).  Exit 1 when a run failed, 2 on bad usage."""
+    "simgpu" ($SIMGPU_NAME).  Exit 1 when a run failed, 2 on bad usage.
+
+    --groups N samples Abacus operator groups instead (predictors/groups.py):
+    the services run at once on one simulated device (at 100 %, or the one
+    quota --quotas names), random groups of them issue random operator
+    ranges together, and each group's latency becomes a group sample."""
     from predictors import profile as P
     from predictors.store import Store, StoreError
     try:
@@ -223,11 +237,15 @@ def profile(targets: Optional[list[str]] = typer.Argument(
               "(a machine without a driver)")
     try:
         tgts = P.resolve(targets or [], inputs or [], service_args, name)
-        P.check_built()
+        P.check_built(shim=not groups)
     except P.ProfileError as e:
         _fail(str(e))
     dev = P.device_name()
     st = Store(_store_root(out), dev)
+    if groups:
+        _profile_groups(tgts, qs, quotas, st, groups, group_size, timescale, seed, timeout,
+                        progress)
+        return
     t0 = time.monotonic()
     try:
         summ = P.profile(tgts, qs, reps, st, timeout=timeout, progress=progress)
@@ -239,6 +257,40 @@ def profile(targets: Optional[list[str]] = typer.Argument(
     print(f"  added {summ.added['task']} task and {summ.added['query']} query samples "
           f"-> {st.dir}" + (f" ({summ.dropped} task(s) without a device time dropped)"
                             if summ.dropped else ""))
+    if summ.failed:
+        raise typer.Exit(1)
+
+
+def _profile_groups(tgts: list, qs: list[int], quotas: str, st, n: int, group_size: str,
+                    timescale: float, seed: int, timeout: float, progress: bool) -> None:
+    """`profile --groups N`: the quota is 100 unless --quotas names one."""
+    from predictors import groups as G
+    from predictors import profile as P
+    from predictors.store import StoreError
+    default = "10,20,30,40,50,60,70,80,90,100"
+    if quotas != default and len(qs) != 1:
+        _fail("--groups runs every service at one quota: give --quotas Q (default 100)")
+    quota = qs[0] if quotas != default else 100
+    if n < 0:
+        _fail("--groups must be >= 0")
+    try:
+        summ = G.sample_groups(tgts, n, st, quota=quota, timescale=timescale,
+                               group_size=group_size, seed=seed, timeout=timeout,
+                               progress=progress,
+                               log=lambda m: print(m, file=sys.stderr))
+    except P.ProfileError as e:
+        _fail(str(e))
+    except (P.RunFailed, StoreError) as e:
+        print(f"colocate: {e}", file=sys.stderr)
+        raise typer.Exit(1)
+    per = (f", {summ.elapsed_s / max(summ.added, 1) * 100:.1f} s per 100"
+           if summ.added else "")
+    sizes = ", ".join(f"{k}: {v}" for k, v in sorted(summ.members.items()))
+    print(f"groups of {', '.join(t.label for t in tgts)} on {st.device} (quota {quota} %, "
+          f"timescale {timescale:g}): {summ.added} sample(s) added, {summ.skipped} already "
+          f"stored, {summ.failed} failed, in {summ.elapsed_s:.1f} s{per}")
+    if sizes:
+        print(f"  members per group: {sizes} -> {st.path('group')}")
     if summ.failed:
         raise typer.Exit(1)
 

@@ -1,5 +1,8 @@
 """Solo-run profiling into the predictors' sample store (`colocate profile`).
 
+(`colocate profile --groups N tonic:NET ...` co-runs services instead and
+samples Abacus operator groups: predictors/groups.py.)
+
 Each target runs alone on simgpu under the shim, once per input x SM quota x
 repetition, with
 
@@ -98,20 +101,6 @@ TONIC: dict[str, tuple[list[str], str]] = {
     "chk": (["8", "32", "128"], "--width 0.5"),
     "ner": (["8", "32", "128"], "--width 0.5"),
 }
-# A task row has S.NPARAMS parameter slots; for entry points whose hook
-# records more, these are kept (in the hook's order): what sets the work.
-# The others are implied by them (out_h by h, r, pad, stride; lda by m, k).
-LIB_PARAMS: dict[str, tuple[str, ...]] = {
-    "cudnnConvolutionForward": ("n", "c", "h", "w", "dtype", "k", "r", "s", "out_h", "flops"),
-    "cudnnPoolingForward": ("n", "c", "h", "w", "dtype", "mode", "win_h", "stride_h",
-                            "out_h", "out_w"),
-    "cublasSgemm_v2": ("transa", "transb", "m", "n", "k", "batch", "flops", "math", "dtype"),
-    "cublasGemmEx": ("transa", "transb", "m", "n", "k", "batch", "flops", "math", "dtype"),
-    "cublasSgemmStridedBatched": ("transa", "transb", "m", "n", "k", "batch", "flops",
-                                  "math", "dtype"),
-}
-
-
 class ProfileError(Exception):
     """A usage problem: unknown target, missing build, no simgpu."""
 
@@ -229,9 +218,11 @@ def pcie_rate(env: dict[str, str] | None = None) -> float:
         return 25e9
 
 
-def check_built() -> None:
+def check_built(shim: bool = True) -> None:
+    """The shim (unless not needed: group sampling runs without it) and simgpu."""
     from shim import paths
-    missing = [str(p) for p in (paths.LIBCOLOCATE, paths.SIMGPU_CUDART) if not p.exists()]
+    need = (paths.LIBCOLOCATE, paths.SIMGPU_CUDART) if shim else (paths.SIMGPU_CUDART,)
+    missing = [str(p) for p in need if not p.exists()]
     if missing:
         raise ProfileError(f"{', '.join(missing)} missing: run `make build`")
 
@@ -313,12 +304,16 @@ def join(trace: Iterable[dict[str, Any]], launches: Iterable[dict[str, Any]]) ->
 
 
 def lib_params(name: str, params: dict[str, Any] | None) -> list[tuple[str, float]]:
-    """A library task's parameters for the row's slots, in the hook's order."""
+    """A library task's parameters for the row's slots, in the hook's order:
+    all of them (S.NPARAMS covers the most a hook records); a value that is
+    not a number is skipped."""
     if not params:
         return []
-    keep = LIB_PARAMS.get(name)
-    items = [(k, v) for k, v in params.items() if keep is None or k in keep]
-    return [(k, float(v)) for k, v in items[:S.NPARAMS] if isinstance(v, (int, float))]
+    items = [(k, float(v)) for k, v in params.items() if isinstance(v, (int, float))]
+    if len(items) > S.NPARAMS:
+        raise RunFailed(f"{name} recorded {len(items)} parameters, the schema has "
+                        f"{S.NPARAMS} slots")
+    return items
 
 
 def targets_of(t: Task) -> dict[str, float] | None:

@@ -3,12 +3,14 @@
 task   one kernel launch or one library call (C-Laius, Table 1): what it is,
        its input size, launch geometry, shared memory and SM quota; a library
        task (cudnnConvolutionForward, cublasSgemm, ...) adds the parameters its
-       hook recorded, in the hook's order, in the slots p0..p9.
+       hook recorded, in the hook's order, in the slots p0..p23.
 query  one request of a QoS service: its input size and batch at an SM quota
        -> end-to-end duration and time spent copying over PCIe.
 group  an Abacus operator group: which services run together (the bitmap,
        one bit per service slot) and, for each, the operators [start, end) it
        issues, its batch size and sequence length -> the group's latency.
+       Not in Abacus: each member's solo time, the device time of its range
+       alone (schema 3; see GROUP).
 
 A schema is versioned: a model trained on version v refuses rows of another
 version, and a store refuses to mix versions.  Categorical features (a task's
@@ -24,8 +26,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-SCHEMA_VERSION = 2      # 2: task feature `occurrence`
-NPARAMS = 10            # library-task parameter slots p0..p9
+SCHEMA_VERSION = 3      # 2: task feature `occurrence`; 3: 24 parameter slots,
+                        # group feature solo_S
+# Library-task parameter slots p0..p23: as many as a hook can record
+# (SHIM_TASK_MAX_PARAMS in shim/shim_task.h; cudnnConvolutionForward records
+# 20, cublasGemmEx 16), so no recorded parameter is dropped.
+NPARAMS = 24
 GROUP_SLOTS = 8         # services one group sample can describe
 
 
@@ -169,7 +175,16 @@ GROUP = Kind(
             # end - start, given on its own: latency grows with the operators issued
             _f(f"ops_{s}", f"slot {s}: operators issued (end - start)"),
             _f(f"batch_{s}", f"slot {s}: batch size"),
-            _f(f"seq_{s}", f"slot {s}: sequence length (0 when the model has none)"))]),
+            _f(f"seq_{s}", f"slot {s}: sequence length (0 when the model has none)"),
+            # not an Abacus feature: our operators differ in cost by 20x (a
+            # 3 us bias next to a 50 us convolution), so latency is a step
+            # function of start and end that an MLP learns from positions
+            # only with far more samples than we can take; the solo time
+            # carries the step, the MLP learns the overlap and contention.
+            # A runtime has it from the service's per-operator solo table
+            # (what the sampler measures) or from the task predictors.
+            _f(f"solo_{s}", f"slot {s}: device time of its range alone at the same quota, us "
+                            f"(sum of the service's per-operator solo times)"))]),
     targets=(Target("latency_us", "us", "time from the group's issue to its last operator's end"),),
 )
 
@@ -198,19 +213,25 @@ def task_row(task: str, input_bytes: float, grid: Sequence[int] = (0, 0, 0),
     return row
 
 
-def group_row(members: Mapping[int, tuple[int, int, int, int]]) -> dict[str, Any]:
-    """A group's feature dict from {slot: (start, end, batch, seq)}; absent
-    slots are all zero and their bitmap bit is clear."""
+def group_row(members: Mapping[int, Sequence[float]]) -> dict[str, Any]:
+    """A group's feature dict from {slot: (start, end, batch, seq[, solo_us])};
+    absent slots are all zero and their bitmap bit is clear."""
     row: dict[str, Any] = {}
     for s in range(GROUP_SLOTS):
+        solo = 0.0
         if s in members:
-            start, end, batch, seq = members[s]
+            m = members[s]
+            if len(m) not in (4, 5):
+                raise ValueError(f"slot {s}: (start, end, batch, seq[, solo_us]), got {m!r}")
+            start, end, batch, seq = (int(x) for x in m[:4])
+            solo = float(m[4]) if len(m) == 5 else 0.0
             if not 0 <= start < end:
                 raise ValueError(f"slot {s}: operator range [{start}, {end}) is empty")
         else:
             start = end = batch = seq = 0
         row.update({f"in_{s}": int(s in members), f"start_{s}": start, f"end_{s}": end,
-                    f"ops_{s}": end - start, f"batch_{s}": batch, f"seq_{s}": seq})
+                    f"ops_{s}": end - start, f"batch_{s}": batch, f"seq_{s}": seq,
+                    f"solo_{s}": solo})
     return row
 
 

@@ -421,7 +421,10 @@ def groups(n: int, seed: int = 0, noise: float = 0.02, dev: Device | None = None
             seq = int(SEQS[rng.integers(len(SEQS))]) if net.seq else 0
             members[slot] = (lo, hi, int(BATCHES[rng.integers(len(BATCHES))]), seq)
         lat = group_latency_us(dev, members)
-        out.append({"key": f"group{seed}-{i}#r0", "src": SOURCE, "f": S.group_row(members),
+        # each member's solo time, as the sampler's per-operator table gives it
+        solo = {s: (*m, layers_us(dev, GROUP_NETS[s], m[0], m[1], m[2], m[3], 100)[0])
+                for s, m in members.items()}
+        out.append({"key": f"group{seed}-{i}#r0", "src": SOURCE, "f": S.group_row(solo),
                     "t": {"latency_us": _noisy(rng, lat, noise)}})
     return out
 

@@ -38,9 +38,11 @@ SIMGPU_LIBS = ROOT / "shim" / "lib" / "simgpu"
 REQ = struct.Struct("<IIQII")           # magic, kind, id, size, nbytes
 REP = struct.Struct("<IiQQQQIIII")      # magic, status, id, checksum, server_ns,
                                         # device_ns, out_floats, unit_bytes, max_size, input_kind
+RANGE = struct.Struct("<II")            # TONIC_INFER_RANGE: start, end (after REQ)
 REQ_MAGIC, REP_MAGIC = 0x31514E54, 0x31524E54
-INFER, INFO = 0, 1
-STATUS = {0: "ok", 1: "bad request", 2: "device error"}
+INFER, INFO, INFER_RANGE = 0, 1, 2
+OK, EBADREQ, EDEVICE = 0, 1, 2
+STATUS = {OK: "ok", EBADREQ: "bad request", EDEVICE: "device error"}
 
 
 @dataclass
@@ -48,6 +50,18 @@ class Info:
     unit_bytes: int
     max_size: int
     input_kind: int          # 0 images (float32), 1 words (int32 ids)
+    n_ops: int = 0           # operators of a forward pass (0: no range requests)
+
+
+@dataclass
+class RangeReply:
+    """The answer to a TONIC_INFER_RANGE request (proto.h)."""
+    status: int
+    id: int
+    start_ns: int            # service's CLOCK_MONOTONIC at the range's first event
+    server_ns: int
+    device_ns: int           # device time of the range (CUDA events)
+    n_ops: int               # operators run: end - start
 
 
 @dataclass
@@ -145,10 +159,23 @@ def connect(path: str, timeout: float = 10.0) -> socket.socket:
 
 def info(sock: socket.socket) -> Info:
     sock.sendall(REQ.pack(REQ_MAGIC, INFO, 0, 0, 0))
-    status, _id, _ck, _sn, _dn, _of, unit, max_size, kind = read_reply(sock)
+    status, _id, _ck, _sn, _dn, n_ops, unit, max_size, kind = read_reply(sock)
     if status != 0:
         raise ConnectionError(f"INFO refused: {STATUS.get(status, status)}")
-    return Info(unit, max_size, kind)
+    return Info(unit, max_size, kind, n_ops)
+
+
+def range_request(qid: int, size: int, start: int, end: int) -> bytes:
+    """The bytes of a TONIC_INFER_RANGE request: operators [start, end)."""
+    return REQ.pack(REQ_MAGIC, INFER_RANGE, qid, size, 0) + RANGE.pack(start, end)
+
+
+def infer_range(sock: socket.socket, qid: int, size: int, start: int, end: int) -> RangeReply:
+    """Run operators [start, end) of the network for an input of `size`
+    and wait for the reply (a refusal comes back as its status)."""
+    sock.sendall(range_request(qid, size, start, end))
+    status, rid, start_ns, sns, dns, n_ops, *_ = read_reply(sock)
+    return RangeReply(status, rid, start_ns, sns, dns, n_ops)
 
 
 def make_input(inf: Info, size: int, rng: random.Random) -> bytes:

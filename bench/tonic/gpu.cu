@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "colocate_dnn.h"
 #include "gpu.h"
@@ -315,8 +316,22 @@ static int fc(struct gpu_net *g, const struct layer_plan *lp, int n, const float
 	return 0;
 }
 
+// Which operators of the forward pass to issue: every call site takes the
+// next operator number (net.h: net_layer_ops) and runs when it is in
+// [start, end).  A full query is the range [0, nops).
+struct oprange {
+	int next, start, end;
+};
+
+static int want(struct oprange *r)
+{
+	int k = r->next++;
+
+	return k >= r->start && k < r->end;
+}
+
 static int embed(struct gpu_net *g, const struct layer_plan *lp, int n, const int *ids,
-		 float *e, char *err, size_t errlen)
+		 float *e, struct oprange *r, char *err, size_t errlen)
 {
 	const struct net_def *d = g->p->def;
 	const float *tab = g->params + lp->w_off;
@@ -326,9 +341,12 @@ static int embed(struct gpu_net *g, const struct layer_plan *lp, int n, const in
 	for (int f = 0; f < d->nfeat; f++) {
 		int dim = d->feat[f].dim;
 
-		tonic_embed<<<blocks_for(rows * dim), THREADS, 0, g->stream>>>(
-			ids, d->nfeat, f, n, g->p->halo, tab, d->feat[f].rows, dim, col, lp->out_c, e);
-		CUDA_OK(cudaGetLastError());
+		if (want(r)) {
+			tonic_embed<<<blocks_for(rows * dim), THREADS, 0, g->stream>>>(
+				ids, d->nfeat, f, n, g->p->halo, tab, d->feat[f].rows, dim, col,
+				lp->out_c, e);
+			CUDA_OK(cudaGetLastError());
+		}
 		tab += (size_t)d->feat[f].rows * dim;
 		col += dim;
 	}
@@ -338,22 +356,30 @@ static int embed(struct gpu_net *g, const struct layer_plan *lp, int n, const in
 // One GEMM per window position j over all padded rows (a strided batch:
 // same E, W_j and product j strided), then the shifted sum.
 static int window(struct gpu_net *g, const struct layer_plan *lp, int n, const float *e,
-		  float *y, char *err, size_t errlen)
+		  float *y, struct oprange *r, char *err, size_t errlen)
 {
 	int D = lp->in_c, O = lp->out_c, win = lp->def->win;
 	int rows = net_rows_of(g->p, n, 1);
 	int act = lp->def->act == ACT_RELU ? 1 : lp->def->act == ACT_HARDTANH ? 2 : 0;
 
-	BLAS_OK(cublasSgemmStridedBatched(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, O, rows, D, &one,
-					  g->params + lp->w_off, D, (long long)O * D, e, D, 0,
-					  &zero, g->scratch, O, (long long)O * rows, win));
-	tonic_window_sum<<<blocks_for((long)n * O), THREADS, 0, g->stream>>>(
-		g->scratch, g->params + lp->b_off, n, win, O, rows, act, y);
-	CUDA_OK(cudaGetLastError());
+	if (want(r))
+		BLAS_OK(cublasSgemmStridedBatched(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, O, rows, D,
+						  &one, g->params + lp->w_off, D, (long long)O * D,
+						  e, D, 0, &zero, g->scratch, O,
+						  (long long)O * rows, win));
+	if (want(r)) {
+		tonic_window_sum<<<blocks_for((long)n * O), THREADS, 0, g->stream>>>(
+			g->scratch, g->params + lp->b_off, n, win, O, rows, act, y);
+		CUDA_OK(cudaGetLastError());
+	}
 	return 0;
 }
 
-static int forward(struct gpu_net *g, int n, const float **out, char *err, size_t errlen)
+// Issue the operators of r on the stream.  Every layer reads and writes
+// the same buffers whatever the range, so a range that starts inside the
+// network reads whatever activations those buffers hold (proto.h).
+static int forward(struct gpu_net *g, int n, struct oprange *r, const float **out, char *err,
+		   size_t errlen)
 {
 	const struct net_plan *p = g->p;
 	const float *x = (const float *)g->din;
@@ -366,39 +392,46 @@ static int forward(struct gpu_net *g, int n, const float **out, char *err, size_
 
 		switch (lp->def->kind) {
 		case L_CONV:
-			DNN_OK(cudnnConvolutionForward(g->dnn, &one, lg->x, x, lg->filt,
+			if (want(r))
+				DNN_OK(cudnnConvolutionForward(g->dnn, &one, lg->x, x, lg->filt,
 						       g->params + lp->w_off, lg->conv, lg->algo,
 						       g->work, g->work_bytes, &zero, lg->y, y));
 			break;
 		case L_POOL:
-			DNN_OK(cudnnPoolingForward(g->dnn, lg->pool, &one, lg->x, x, &zero, lg->y, y));
+			if (want(r))
+				DNN_OK(cudnnPoolingForward(g->dnn, lg->pool, &one, lg->x, x, &zero,
+							   lg->y, y));
 			break;
 		case L_FC:
-			if (fc(g, lp, n, x, y, err, errlen))
+			if (want(r) && fc(g, lp, n, x, y, err, errlen))
 				return -1;
 			break;
 		case L_SOFTMAX:
-			DNN_OK(cudnnSoftmaxForward(g->dnn, CUDNN_SOFTMAX_ACCURATE,
+			if (want(r))
+				DNN_OK(cudnnSoftmaxForward(g->dnn, CUDNN_SOFTMAX_ACCURATE,
 						   CUDNN_SOFTMAX_MODE_INSTANCE, &one, lg->x, x,
 						   &zero, lg->y, y));
 			break;
 		case L_EMBED:
-			if (embed(g, lp, n, (const int *)g->din, y, err, errlen))
+			if (embed(g, lp, n, (const int *)g->din, y, r, err, errlen))
 				return -1;
 			break;
 		case L_WINDOW:
-			if (window(g, lp, n, x, y, err, errlen))
+			if (window(g, lp, n, x, y, r, err, errlen))
 				return -1;
 			break;
 		}
-		if (lp->b_len && lp->def->kind != L_WINDOW)
+		if (lp->b_len && lp->def->kind != L_WINDOW && want(r))
 			DNN_OK(cudnnAddTensor(g->dnn, &one, lg->bias, bias, &one, lg->y, y));
-		if (lp->def->act == ACT_RELU && lp->def->kind != L_WINDOW)
+		if (lp->def->act == ACT_RELU && lp->def->kind != L_WINDOW && want(r))
 			DNN_OK(cudnnActivationForward(g->dnn, g->relu, &one, lg->y, y, &zero, lg->y,
 						      y));
 		x = y;
 	}
 	*out = x;
+	if (r->next != p->nops)   // net_layer_ops and this function disagree
+		return failf(err, errlen, "forward pass issued %d operators, the plan counts %d",
+			     r->next, p->nops);
 	return 0;
 }
 
@@ -406,6 +439,7 @@ extern "C" int gpu_net_run(struct gpu_net *g, int n, double *device_s, char *err
 			   size_t errlen)
 {
 	const struct net_plan *p = g->p;
+	struct oprange r = { 0, 0, p->nops };
 	const float *out = NULL;
 	float ms = 0;
 
@@ -416,7 +450,7 @@ extern "C" int gpu_net_run(struct gpu_net *g, int n, double *device_s, char *err
 	CUDA_OK(cudaEventRecord(g->ev[0], g->stream));
 	CUDA_OK(cudaMemcpyAsync(g->din, g->hin, (size_t)n * p->unit_bytes,
 				cudaMemcpyHostToDevice, g->stream));
-	if (forward(g, n, &out, err, errlen))
+	if (forward(g, n, &r, &out, err, errlen))
 		return -1;
 	CUDA_OK(cudaMemcpyAsync(g->hout, out, (size_t)n * p->out_per * sizeof(float),
 				cudaMemcpyDeviceToHost, g->stream));
@@ -424,6 +458,36 @@ extern "C" int gpu_net_run(struct gpu_net *g, int n, double *device_s, char *err
 	CUDA_OK(cudaStreamSynchronize(g->stream));
 	CUDA_OK(cudaEventElapsedTime(&ms, g->ev[0], g->ev[1]));
 	*device_s = ms * 1e-3;
+	return 0;
+}
+
+extern "C" int gpu_net_run_range(struct gpu_net *g, int size, int start, int end,
+				 double *device_s, uint64_t *start_ns, char *err, size_t errlen)
+{
+	const struct net_plan *p = g->p;
+	struct oprange r = { 0, start, end };
+	const float *out = NULL;
+	struct timespec ts;
+	float ms = 0;
+
+	if (size < 1 || size > p->max_size)
+		return failf(err, errlen, "size %d is not in 1..%d", size, p->max_size);
+	if (start < 0 || start >= end || end > p->nops)
+		return failf(err, errlen, "operator range [%d, %d) is not within [0, %d)", start,
+			     end, p->nops);
+	if (set_batch(g, size, 0, err, errlen))
+		return -1;
+	// the host clock at the first event's record: the stream is idle (one
+	// request at a time), so the range starts on the device about then
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	CUDA_OK(cudaEventRecord(g->ev[0], g->stream));
+	if (forward(g, size, &r, &out, err, errlen))
+		return -1;
+	CUDA_OK(cudaEventRecord(g->ev[1], g->stream));
+	CUDA_OK(cudaStreamSynchronize(g->stream));
+	CUDA_OK(cudaEventElapsedTime(&ms, g->ev[0], g->ev[1]));
+	*device_s = ms * 1e-3;
+	*start_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 	return 0;
 }
 

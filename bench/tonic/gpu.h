@@ -6,6 +6,7 @@
 #define TONIC_GPU_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "net.h"
 
@@ -33,6 +34,17 @@ float *gpu_net_output(struct gpu_net *g);
  * -1 with the failing call in err.
  */
 int gpu_net_run(struct gpu_net *g, int size, double *device_s, char *err, size_t errlen);
+
+/*
+ * Operators [start, end) of the forward pass for `size` images / words
+ * (net.h: net_layer_ops numbers them), without the copies: they read
+ * whatever the device buffers hold.  *device_s is their device time between
+ * two CUDA events around them; *start_ns the host's CLOCK_MONOTONIC when
+ * the first event was recorded.  Returns 0, or -1 with the reason in err
+ * (a range outside [0, nops) included).
+ */
+int gpu_net_run_range(struct gpu_net *g, int size, int start, int end, double *device_s,
+		      uint64_t *start_ns, char *err, size_t errlen);
 
 void gpu_net_close(struct gpu_net *g);
 

@@ -98,6 +98,7 @@ struct net_plan {
 	int               out_per;    /* output floats per image / word         */
 	size_t            max_act;    /* floats of the largest activation       */
 	size_t            scratch;    /* floats of WINDOW's per-position GEMMs  */
+	int               nops;       /* operators of one forward pass          */
 };
 
 /* The six services. */
@@ -116,6 +117,16 @@ const char *net_names(void);
  */
 int net_plan_make(struct net_plan *p, const struct net_def *d, double width, int res,
 		  int max_size, uint64_t seed, char *err, size_t errlen);
+
+/*
+ * Operators (Abacus): one per library call or kernel launch of the forward
+ * pass, numbered in issue order.  A layer issues its main call(s) - CONV,
+ * POOL, FC and SOFTMAX one library call, EMBED one lookup kernel per input
+ * feature, WINDOW the strided-batched GEMM and the sum kernel - then, for
+ * CONV and FC, cudnnAddTensor (bias) and, with ReLU, cudnnActivationForward.
+ * gpu.cu numbers its calls the same way and checks the total.
+ */
+int net_layer_ops(const struct net_plan *p, int layer);
 
 /* Samples a layer's output holds for an input of `size` (word nets: the
  * EMBED output and the WINDOW GEMMs carry the halo). */

@@ -42,6 +42,24 @@ int net_rows_of(const struct net_plan *p, int size, int with_halo)
 	return size + (with_halo ? 2 * p->halo : 0);
 }
 
+int net_layer_ops(const struct net_plan *p, int layer)
+{
+	const struct layer_plan *lp = &p->l[layer];
+	enum layer_kind k = lp->def->kind;
+	int n;
+
+	if (k == L_EMBED)
+		return p->def->nfeat;
+	if (k == L_WINDOW)
+		return 2;            /* GEMM, then the sum (bias and act inside) */
+	n = 1;
+	if (lp->b_len)
+		n++;                 /* cudnnAddTensor */
+	if (lp->def->act == ACT_RELU)
+		n++;                 /* cudnnActivationForward */
+	return n;
+}
+
 /* Output side of a window sliding over `in` with padding and stride. */
 static int slide(int in, int win, int pad, int stride)
 {
@@ -152,6 +170,8 @@ int net_plan_make(struct net_plan *p, const struct net_def *d, double width, int
 	}
 	p->nparams = off;
 	p->out_per = c * h * w;
+	for (i = 0; i < p->nlayers; i++)
+		p->nops += net_layer_ops(p, i);
 	return 0;
 }
 

@@ -9,7 +9,9 @@
  * Unix stream socket and answers requests (wire format: proto.h) until
  * killed (SIGINT/SIGTERM) or N queries are done, then prints a SUMMARY
  * line.  Each query: colocate_query_begin(id, size), H2D copy, the network,
- * D2H copy, stream sync, colocate_query_end(id), reply.
+ * D2H copy, stream sync, colocate_query_end(id), reply.  A range request
+ * (TONIC_INFER_RANGE) issues only some operators of the network, between
+ * the same query marks, for Abacus's operator-group sampling.
  *
  * --check runs one query of the synthetic input of --size on the GPU and
  * on the CPU reference (ref.c), prints `CHECK ... checksum=<fnv1a64>` and
@@ -56,6 +58,7 @@ struct stats {
 	double *server_s, *device_s;
 	size_t  n, cap;
 	long    errors;
+	long    ranges;    /* of the n: TONIC_INFER_RANGE requests */
 };
 
 static volatile sig_atomic_t stop;
@@ -265,12 +268,45 @@ static void summary(const char *net, struct stats *s)
 	qsort(s->server_s, s->n, sizeof(double), cmp_double);
 	qsort(s->device_s, s->n, sizeof(double), cmp_double);
 	printf("SUMMARY net=%s queries=%zu errors=%ld server_ms_p50=%.3f server_ms_p99=%.3f "
-	       "server_ms_mean=%.3f device_ms_p50=%.3f device_ms_p99=%.3f device_ms_mean=%.3f\n",
+	       "server_ms_mean=%.3f device_ms_p50=%.3f device_ms_p99=%.3f device_ms_mean=%.3f "
+	       "ranges=%ld\n",
 	       net, s->n, s->errors, pct(s->server_s, s->n, 50) * 1e3,
 	       pct(s->server_s, s->n, 99) * 1e3, s->n ? ms / s->n * 1e3 : 0,
 	       pct(s->device_s, s->n, 50) * 1e3, pct(s->device_s, s->n, 99) * 1e3,
-	       s->n ? md / s->n * 1e3 : 0);
+	       s->n ? md / s->n * 1e3 : 0, s->ranges);
 	fflush(stdout);
+}
+
+/*
+ * Operators [start, end) of a TONIC_INFER_RANGE request (proto.h): no
+ * copies, no output.  Returns 0, or -1 when the device failed.  A range the
+ * network does not have was refused before this.
+ */
+static int serve_range(int fd, const struct tonic_req *q, const struct tonic_range *rg,
+		       struct tonic_rep *r, struct gpu_net *g, struct stats *s)
+{
+	char err[512];
+	double t0 = now_s(), dev_s = 0;
+	uint64_t start_ns = 0;
+
+	colocate_query_begin(q->id, q->size);
+	if (gpu_net_run_range(g, (int)q->size, (int)rg->start, (int)rg->end, &dev_s, &start_ns,
+			      err, sizeof(err))) {
+		colocate_query_end(q->id);
+		fprintf(stderr, "%s: range %llu: %s\n", NAME, (unsigned long long)q->id, err);
+		r->status = TONIC_EDEVICE;
+		s->errors++;
+		full_io(fd, r, sizeof(*r), 1);
+		return -1;
+	}
+	colocate_query_end(q->id);
+	r->server_ns = (uint64_t)llround((now_s() - t0) * 1e9);
+	r->device_ns = (uint64_t)llround(dev_s * 1e9);
+	r->start_ns = start_ns;
+	r->n_ops = rg->end - rg->start;
+	record(s, r->server_ns * 1e-9, dev_s);
+	s->ranges++;
+	return 0;
 }
 
 /*
@@ -281,9 +317,11 @@ static int serve_one(int fd, const struct net_plan *p, struct gpu_net *g, const 
 		     struct stats *s)
 {
 	struct tonic_req q;
+	struct tonic_range rg = { 0, 0 };
 	struct tonic_rep r = { .magic = TONIC_REP_MAGIC };
 	char err[512];
 	double t0, dev_s = 0;
+	int known;
 
 	if (full_io(fd, &q, sizeof(q), 0))
 		return 1;
@@ -291,17 +329,36 @@ static int serve_one(int fd, const struct net_plan *p, struct gpu_net *g, const 
 	r.unit_bytes = (uint32_t)p->unit_bytes;
 	r.max_size = (uint32_t)p->max_size;
 	r.input_kind = p->def->input;
-	if (q.magic != TONIC_REQ_MAGIC || (q.kind != TONIC_INFER && q.kind != TONIC_INFO) ||
-	    (q.kind == TONIC_INFER && (q.size < 1 || q.size > (uint32_t)p->max_size ||
-				       (q.nbytes && q.nbytes != q.size * p->unit_bytes))) ||
-	    (q.kind == TONIC_INFO && q.nbytes)) {
+	known = q.kind == TONIC_INFER || q.kind == TONIC_INFO || q.kind == TONIC_INFER_RANGE;
+	if (q.magic != TONIC_REQ_MAGIC || !known ||
+	    (q.kind != TONIC_INFO && (q.size < 1 || q.size > (uint32_t)p->max_size)) ||
+	    (q.kind == TONIC_INFER && q.nbytes && q.nbytes != q.size * p->unit_bytes) ||
+	    (q.kind != TONIC_INFER && q.nbytes)) {
 		r.status = TONIC_EBADREQ;
 		s->errors++;
 		full_io(fd, &r, sizeof(r), 1);
 		return 1;
 	}
-	if (q.kind == TONIC_INFO)
+	if (q.kind == TONIC_INFO) {
+		r.n_ops = (uint32_t)p->nops;
 		return full_io(fd, &r, sizeof(r), 1) ? 1 : 0;
+	}
+	if (q.kind == TONIC_INFER_RANGE) {
+		int rc;
+
+		if (full_io(fd, &rg, sizeof(rg), 0))
+			return 1;
+		if (rg.start >= rg.end || rg.end > (uint32_t)p->nops) {
+			/* the whole request was read: the stream is in step */
+			r.status = TONIC_EBADREQ;
+			s->errors++;
+			return full_io(fd, &r, sizeof(r), 1) ? 1 : 0;
+		}
+		rc = serve_range(fd, &q, &rg, &r, g, s);
+		if (rc)
+			return rc;
+		return full_io(fd, &r, sizeof(r), 1) ? 1 : 0;
+	}
 
 	t0 = now_s();
 	if (q.nbytes) {
@@ -347,8 +404,9 @@ static int run_server(const struct net_plan *p, const float *params, const struc
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	pf[0] = (struct pollfd){ .fd = listen_on(o->socket), .events = POLLIN };
-	printf("READY net=%s socket=%s max_size=%d unit_bytes=%zu out_per=%d params=%zu\n",
-	       p->def->name, o->socket, p->max_size, p->unit_bytes, p->out_per, p->nparams);
+	printf("READY net=%s socket=%s max_size=%d unit_bytes=%zu out_per=%d params=%zu "
+	       "n_ops=%d\n", p->def->name, o->socket, p->max_size, p->unit_bytes, p->out_per,
+	       p->nparams, p->nops);
 	fflush(stdout);
 
 	while (!stop && (!o->queries || s.n + (size_t)s.errors < (size_t)o->queries)) {
