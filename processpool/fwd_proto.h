@@ -58,7 +58,10 @@
  *     u32 grid[3], block[3], shmem
  *     u32 argbytes   must equal the DEFINE's
  *     argument bytes, laid out at the DEFINE's offsets
- *     flags: FWD_LF_COOP = cooperative launch
+ *     flags: FWD_LF_COOP = cooperative launch; FWD_LF_TIMED = the app
+ *     wants the launch's device time (its trace or task feed is on): the
+ *     worker brackets it with two events and writes the time into the
+ *     page's time slots (below).  Untimed launches cost no event.
  *   BYE          shim -> worker: the app leaves; it has drained first
  *   ERROR        worker -> shim (and answer to any malformed frame); to a
  *                shim it means the connection lost work: it replays
@@ -71,7 +74,8 @@
  *     u16 msg_len; u16 pad2; u32 pad3; msg
  *
  * The data path does not go through ZeroMQ.  The shim creates a file per
- * connection (struct fwd_page, then a ring of ring_size bytes), the worker
+ * connection (struct fwd_page, FWD_TIMES_N time slots, then a ring of
+ * ring_size bytes at FWD_RING_OFF), the worker
  * maps it at HELLO, and then:
  *
  *   launches   DEFINE and LAUNCH frames, encoded exactly as above, are
@@ -89,6 +93,24 @@
  *              stream order, so every launch past done[sidx] has not
  *              started, or is the one that was running; submitted[sidx]
  *              (stored before the launch call) tells which of the two.
+ *   times      a TIMED launch's device start and duration go into
+ *              times[seq % FWD_TIMES_N] (struct fwd_time, right after the
+ *              page, before the ring), written by the app's launcher thread
+ *              once the launch's end event has completed (a host function
+ *              may make no CUDA call on a GPU, so the mark cannot), then
+ *              timed[sidx] = seq.  So done[] may run ahead of timed[]; a
+ *              slot that does not hold seq once timed[sidx] >= seq means
+ *              "no time" (an event failed, or the slot was reused
+ *              FWD_TIMES_N launches later).  A slot is a seqlock: seq is
+ *              zeroed, the values written, then seq stored (release).
+ *              start_ns is CLOCK_MONOTONIC-anchored: the host time at which
+ *              the worker recorded its time-zero event for this app on an
+ *              idle stream, plus the device time since that event.  Start
+ *              times therefore compare across processes only as well as
+ *              that anchor holds (simgpu at a timescale > 0: one device
+ *              clock, exact up to the record's latency; a GPU: per-process
+ *              event bases tied to the host clock within microseconds);
+ *              durations are exact device times either way.
  *
  * A HELLO without FWD_HF_RING (ring_size 0) sends DEFINE and LAUNCH as zmq
  * frames instead (COLOCATE_FWD_RING_KB=0): two I/O threads and the worker's
@@ -111,7 +133,7 @@
 #endif
 
 #define FWD_MAGIC         0xC0u
-#define FWD_VERSION       1u
+#define FWD_VERSION       2u      /* 2: FWD_LF_TIMED, page times */
 
 #define FWD_MAX_STREAMS   64u      /* stream indexes per application       */
 #define FWD_MAX_KERNELS   4096u    /* kernel ids per application           */
@@ -131,6 +153,7 @@ enum fwd_type {
 
 /* LAUNCH flags */
 #define FWD_LF_COOP 0x01u
+#define FWD_LF_TIMED 0x02u       /* time it on the device (see "times")    */
 /* HELLO flags */
 #define FWD_HF_RING 0x01u        /* DEFINE/LAUNCH come through the page's ring:
                                     frames back to back from any byte offset,
@@ -250,8 +273,9 @@ _Static_assert(sizeof(struct fwd_errmsg) == 32, "error");
  * consumer indexes live on lines of their own.
  */
 #define FWD_PAGE_MAGIC   0x45474150445746ULL    /* "FWDPAGE" */
-#define FWD_PAGE_VERSION 3u
-#define FWD_PAGE_SIZE    4096u                  /* the ring starts here */
+#define FWD_PAGE_VERSION 4u                     /* 4: timed[], time slots */
+#define FWD_PAGE_SIZE    4096u                  /* the time slots start here */
+#define FWD_TIMES_N      8192u                  /* time slots (2 x the shim's window) */
 #define FWD_RING_MIN     (64u << 10)
 #define FWD_RING_MAX     (64u << 20)
 
@@ -289,8 +313,30 @@ struct fwd_page {
 	 * this has certainly not run; the first unfinished one at or below it
 	 * may have run in part (see the shim's lose_worker). */
 	_Alignas(64) uint64_t submitted[FWD_MAX_STREAMS];
+	/* per stream index: seq of the last TIMED launch whose time slot has
+	 * been written, or found unwritable (worker; see "times") */
+	_Alignas(64) uint64_t timed[FWD_MAX_STREAMS];
 };
 
+/* One timed launch (see "times" above).  All fields atomic. */
+struct fwd_time {
+	uint64_t seq;            /* 0 while being written                     */
+	int64_t  start_ns;       /* CLOCK_MONOTONIC-anchored device start     */
+	uint64_t dur_ns;         /* device duration                           */
+	uint64_t pad;
+};
+
+#define FWD_TIMES_BYTES  ((size_t)FWD_TIMES_N * sizeof(struct fwd_time))
+/* The ring follows the time slots; a page file is FWD_RING_OFF + ring_size
+ * bytes (the slots are never touched unless launches are timed). */
+#define FWD_RING_OFF     (FWD_PAGE_SIZE + FWD_TIMES_BYTES)
+
+static inline struct fwd_time *fwd_times(struct fwd_page *pg)
+{
+	return (struct fwd_time *)((unsigned char *)pg + FWD_PAGE_SIZE);
+}
+
+_Static_assert(sizeof(struct fwd_time) == 32, "time slot");
 _Static_assert(sizeof(struct fwd_page) <= FWD_PAGE_SIZE, "page fits");
 /* fixed offsets: tests (and any other language) map the page too */
 _Static_assert(offsetof(struct fwd_page, wake) == 64, "line 1");
@@ -300,6 +346,7 @@ _Static_assert(offsetof(struct fwd_page, refused_seq) == 96, "refused_seq");
 _Static_assert(offsetof(struct fwd_page, ring_head) == 128, "line 2");
 _Static_assert(offsetof(struct fwd_page, ring_tail) == 192, "line 3");
 _Static_assert(offsetof(struct fwd_page, done) == 256, "done");
+_Static_assert(offsetof(struct fwd_page, timed) == 1280, "timed");
 
 /* ---------------------------------------------------------------- decoding */
 

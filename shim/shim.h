@@ -199,6 +199,8 @@ int shim_fwd_launch(const struct shim_launch *l);
  * Returns 1 when launches go through shim_fwd_launch (routed to a worker
  * or an error pending), else 0. */
 int shim_fwd_follow(void);
+/* At most n (1..4096) routed launches in flight (the controller's "fwd_window"). */
+void shim_fwd_set_window(uint32_t n);
 
 /* Scopes of a fence before a local operation. */
 #define SHIM_FENCE_STREAM 0     /* the stream, with default-stream rules  */

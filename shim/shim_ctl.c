@@ -256,6 +256,9 @@ int shim_ctl_register(char *why, size_t whylen)
 	 * controller that predates it says nothing: no feed) */
 	if (json_bool(reply, "feed") == 1)
 		shim_trace_feed_on();
+	/* "fwd_window": N - at most N routed launches in flight (default 4096) */
+	if (json_int(reply, "fwd_window", &slot) == 0 && slot >= 1 && slot <= 4096)
+		shim_fwd_set_window((uint32_t)slot);
 	return slot_index;
 }
 

@@ -38,6 +38,7 @@
  */
 #define _GNU_SOURCE
 #include "shim_fwd.h"
+#include "shim_trace.h"
 
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
@@ -46,6 +47,20 @@
 #include <unistd.h>
 
 #define FWD_WINDOW   4096u      /* launches in flight, like a GPU's queue  */
+
+/* The most launches this app may have in flight while routed: FWD_WINDOW
+ * unless the controller says less at registration ("fwd_window").  A batch
+ * app whose quota the policy changes, or holds, every few milliseconds is
+ * given a small one: its launches then wait in the app (the ready pool)
+ * instead of in a worker's queue, where a new quota or a hold would reach
+ * them only after thousands of already-queued kernels. */
+static uint32_t fwd_window = FWD_WINDOW;
+
+void shim_fwd_set_window(uint32_t n)
+{
+	__atomic_store_n(&fwd_window, n < 1 ? 1 : n > FWD_WINDOW ? FWD_WINDOW : n,
+			 __ATOMIC_RELAXED);
+}
 #define FWD_KEEP     3u         /* drained connections kept for a return   */
 #define POLL_EVERY   64u        /* launches between looks at the socket    */
 #define CHECK_EVERY  50000000ull /* ns between liveness checks when busy   */
@@ -110,6 +125,10 @@ static struct {
 
 static struct fkernel not_forwardable = { .ok = 0 };
 static __thread uint64_t thread_key;
+/* The routed task open on this thread (shim_fwd_span_open), if span_on:
+ * its launches go out timed and are gathered here. */
+static __thread struct shim_fwd_span span;
+static __thread int span_on;
 /* This thread holds F.mu: a hook reached from inside the real runtime
  * (a runtime calling its own exported entry points) must not take it again. */
 static __thread int holding;
@@ -819,7 +838,7 @@ static int window_room(void)
 	char why[256];
 
 	reap();
-	while (F.head - F.tail >= FWD_WINDOW) {
+	while (F.head - F.tail >= __atomic_load_n(&fwd_window, __ATOMIC_RELAXED)) {
 		struct rentry *e = &F.ring[F.tail % FWD_WINDOW];
 		struct fwait w = { e->sidx, e->seq };
 
@@ -831,6 +850,8 @@ static int window_room(void)
 	}
 	return 0;
 }
+
+static void span_add(uint64_t seq, uint32_t sidx);
 
 static int forward(const struct shim_launch *l)
 {
@@ -883,7 +904,8 @@ static int forward(const struct shim_launch *l)
 	if (!e->frame)
 		return ordered_local(l);
 	memset(&m, 0, sizeof(m));
-	fwd_hdr_init(&m.h, FWD_T_LAUNCH, coop ? FWD_LF_COOP : 0, e->len);
+	fwd_hdr_init(&m.h, FWD_T_LAUNCH, (coop ? FWD_LF_COOP : 0) | (span_on ? FWD_LF_TIMED : 0),
+		     e->len);
 	m.seq = ++F.seq;
 	m.kid = k->kid;
 	m.sidx = (uint16_t)(st - F.streams);
@@ -919,6 +941,8 @@ static int forward(const struct shim_launch *l)
 	e->counted = 1;
 	shim_count_launch(l->key);
 	shim_add(&shim_ctr->forwarded, 1);
+	if (span_on)
+		span_add(m.seq, m.sidx);
 
 	if (++F.nsent % POLL_EVERY == 0) {
 		note_failed(F.conn);
@@ -934,7 +958,7 @@ static int forward(const struct shim_launch *l)
 	return cudaSuccess;
 }
 
-int shim_fwd_launch(const struct shim_launch *l)
+static int fwd_launch(const struct shim_launch *l)
 {
 	int r;
 
@@ -951,6 +975,85 @@ int shim_fwd_launch(const struct shim_launch *l)
 	}
 	unlock();
 	return r;
+}
+
+int shim_fwd_launch(const struct shim_launch *l)
+{
+	uint32_t n = span.n;
+	int r = fwd_launch(l);
+
+	/* inside a timed task, a launch that was not forwarded and timed
+	 * (it ran here, or was replayed here) leaves the task untimed */
+	if (span_on && span.n == n)
+		span.untimed++;
+	return r;
+}
+
+/* ---------------------------------------------------------------- task times */
+
+static void span_add(uint64_t seq, uint32_t sidx)
+{
+	if (!span.conn) {
+		fconn_get(F.conn);
+		span.conn = F.conn;
+		span.first = seq;
+		span.sfirst = (uint16_t)sidx;
+	} else if (span.conn != F.conn) {
+		span.untimed++;    /* two workers: two time bases */
+	}
+	span.last = seq;
+	span.slast = (uint16_t)sidx;
+	span.n++;
+}
+
+void shim_fwd_span_open(void)
+{
+	if (span.conn)
+		fconn_put(span.conn);   /* a task left open (cannot happen) */
+	memset(&span, 0, sizeof(span));
+	span_on = 1;
+}
+
+void shim_fwd_span_close(struct shim_fwd_span *s)
+{
+	if (span_on)
+		*s = span;
+	else
+		memset(s, 0, sizeof(*s));
+	memset(&span, 0, sizeof(span));
+	span_on = 0;
+}
+
+void shim_fwd_span_drop(struct shim_fwd_span *s)
+{
+	if (s->conn)
+		fconn_put(s->conn);
+	s->conn = NULL;
+}
+
+/* Library tasks: first start to last end (what events of ours around the
+ * call would measure, gaps and all), not the sum of the kernels. */
+int shim_fwd_span_time(const struct shim_fwd_span *s, int64_t *start_ns, int64_t *dur_ns)
+{
+	int64_t s1, d1, s2, d2;
+	int r;
+
+	if (!s->conn || !s->n || s->untimed)
+		return -1;
+	r = fconn_time(s->conn, s->first, s->sfirst, &s1, &d1);
+	if (r <= 0)
+		return r;
+	if (s->last != s->first) {
+		r = fconn_time(s->conn, s->last, s->slast, &s2, &d2);
+		if (r <= 0)
+			return r;
+		d1 = s2 + d2 - s1;
+		if (d1 < 0)
+			d1 = 0;   /* the last launch, on another stream, ended first */
+	}
+	*start_ns = s1;
+	*dur_ns = d1;
+	return 1;
 }
 
 /* ---------------------------------------------------------------- local operations */
@@ -1065,6 +1168,8 @@ void shim_fwd_forget(void)
 	F.hold = F.hold_waiting = 0;
 	thread_key = 0;
 	holding = 0;
+	memset(&span, 0, sizeof(span));   /* its reference is the parent's */
+	span_on = 0;
 	pthread_mutex_init(&F.mu, NULL);
 	fconn_forget();
 	__atomic_store_n(&shim_fwd_busy, 0, __ATOMIC_RELAXED);

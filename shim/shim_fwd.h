@@ -35,6 +35,8 @@ struct fconn {
 	size_t map_len;
 	int lost;                      /* the worker said this connection lost
 	                                  work (any ERROR frame); atomic       */
+	int gone;                      /* closed without BYE: what it did not
+	                                  finish will never be timed; atomic   */
 	char lost_why[200];
 	int failed_reported;           /* page->failed_seq turned into an error */
 	uint64_t defined[FWD_MAX_KERNELS / 64];  /* DEFINE sent, by kernel id */
@@ -64,8 +66,12 @@ static inline int fconn_done(const struct fconn *c, uint32_t idx, uint64_t seq)
 {
 	return __atomic_load_n(&c->page->done[idx], __ATOMIC_ACQUIRE) >= seq;
 }
+/* Device time of timed launch seq on stream idx from the page: 1 and the
+ * times, 0 not yet, -1 never (no time was taken, or the worker is gone). */
+int fconn_time(struct fconn *c, uint64_t seq, uint32_t idx, int64_t *start_ns, int64_t *dur_ns);
 /* Leave: BYE when the worker should expect nothing more from us (it has
- * finished our work), then drop the route's reference. */
+ * finished our work), then drop the route's reference.  A reference held
+ * elsewhere (a trace record) keeps the page mapped. */
 void fconn_close(struct fconn *c, int bye);
 /* Forget the process's ZeroMQ context in a fork child. */
 void fconn_forget(void);

@@ -156,7 +156,7 @@ static struct fwd_page *page_create(struct fconn *c, char *path, size_t pathlen,
 	int fd, tries;
 
 	c->ring_size = ring_bytes();
-	c->map_len = FWD_PAGE_SIZE + c->ring_size;
+	c->map_len = FWD_RING_OFF + c->ring_size;     /* page, time slots, ring */
 	snprintf(path, pathlen, "%s/fwd-%d-%u.page", shim_runtime_dir(), (int)getpid(),
 		 __atomic_add_fetch(&nconn, 1, __ATOMIC_RELAXED));
 	for (tries = 0; tries < 2; tries++) {
@@ -184,7 +184,7 @@ static struct fwd_page *page_create(struct fconn *c, char *path, size_t pathlen,
 	}
 	pg->version = FWD_PAGE_VERSION;
 	pg->ring_size = c->ring_size;
-	c->ring = c->ring_size ? (unsigned char *)pg + FWD_PAGE_SIZE : NULL;
+	c->ring = c->ring_size ? (unsigned char *)pg + FWD_RING_OFF : NULL;
 	__atomic_store_n(&pg->magic, FWD_PAGE_MAGIC, __ATOMIC_RELEASE);
 	return pg;
 }
@@ -632,8 +632,53 @@ int fconn_wait(struct fconn *c, const struct fwait *w, int n, char *why, size_t 
 	}
 }
 
+/* One slot, read as the seqlock it is (fwd_proto.h): 1 when it holds seq. */
+static int read_time(struct fconn *c, uint64_t seq, int64_t *start_ns, int64_t *dur_ns)
+{
+	struct fwd_time *t = &fwd_times(c->page)[seq % FWD_TIMES_N];
+	int64_t start, dur;
+
+	if (__atomic_load_n(&t->seq, __ATOMIC_ACQUIRE) != seq)
+		return 0;
+	start = __atomic_load_n(&t->start_ns, __ATOMIC_RELAXED);
+	dur = (int64_t)__atomic_load_n(&t->dur_ns, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	if (__atomic_load_n(&t->seq, __ATOMIC_RELAXED) != seq)
+		return 0;
+	*start_ns = start;
+	*dur_ns = dur;
+	return 1;
+}
+
+/*
+ * The worker writes a slot, then timed[idx] (release): once timed[idx] >=
+ * seq, a slot without seq never gets it.  Until then: not yet, unless the
+ * connection lost work or was dropped without waiting for it (lost, gone)
+ * or the worker
+ * died or hangs after completing the launch (done[] but no time: the quick
+ * liveness test, a kill(0) and two loads, only in that case).  Lock-free:
+ * the caller's reference keeps the page mapped.
+ */
+int fconn_time(struct fconn *c, uint64_t seq, uint32_t idx, int64_t *start_ns, int64_t *dur_ns)
+{
+	char why[256];
+
+	if (idx >= FWD_MAX_STREAMS)
+		return -1;
+	if (read_time(c, seq, start_ns, dur_ns))
+		return 1;
+	if (__atomic_load_n(&c->page->timed[idx], __ATOMIC_ACQUIRE) >= seq ||
+	    __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE) || __atomic_load_n(&c->lost, __ATOMIC_ACQUIRE))
+		return read_time(c, seq, start_ns, dur_ns) ? 1 : -1;
+	if (fconn_done(c, idx, seq) && fconn_lost_quick(c, why, sizeof(why)))
+		return -1;
+	return 0;
+}
+
 void fconn_close(struct fconn *c, int bye)
 {
+	if (!bye)
+		__atomic_store_n(&c->gone, 1, __ATOMIC_RELEASE);
 	pthread_mutex_lock(&c->sock_mu);
 	if (c->sock) {
 		if (bye && !__atomic_load_n(&c->lost, __ATOMIC_ACQUIRE)) {

@@ -5,7 +5,10 @@
  * A task is bracketed by two events recorded on its stream through the
  * real event API (cudart's for runtime launches and library calls, the
  * driver's for driver launches), so its start and duration are device
- * time: modelled on simgpu, measured on a GPU.  Nothing waits for them on
+ * time: modelled on simgpu, measured on a GPU.  A task routed to a pool
+ * worker gets no event here: its launches go out timed and the worker
+ * writes their device times into the connection's page (fwd_proto.h,
+ * "times"; shim_fwd_span_*), which the record keeps mapped until resolved.  Nothing waits for them on
  * the launch path: records queue in issue order and are resolved when
  * they have completed, at the app's own synchronisations and at exit
  * (where the wait is bounded by COLOCATE_TRACE_WAIT_MS, default 2000).
@@ -81,6 +84,7 @@ struct evapi {
 	int (*peek)(void);
 	int (*getlast)(void);
 	void *ref;                   /* the first start event: time zero      */
+	int64_t ref_ns;              /* CLOCK_MONOTONIC when ref was recorded */
 	void *pool[POOL_MAX];
 	int npool;
 	int create_failed;           /* said so (once)                         */
@@ -115,6 +119,23 @@ static struct {
 /* Bumped by a device reset: events of an older generation died with the
  * context and are never recorded, queried, pooled or destroyed again. */
 static uint32_t ev_gen;
+/* Time zero of the process's start times (host clock, under mu): when its
+ * first time-zero event was recorded, or the first forwarded task's
+ * anchored start (fwd_proto.h) if that came first.  Each backend's event
+ * times are moved onto it by the host time of their own ref, so local and
+ * forwarded tasks share one axis (simgpu: exactly, its device clock is
+ * shared; a GPU: up to the latency of recording each ref). */
+static int64_t zero_ns;
+static int zero_set;
+
+static int64_t on_axis(int64_t anchored_ns)
+{
+	if (!zero_set) {
+		zero_ns = anchored_ns;
+		zero_set = 1;
+	}
+	return anchored_ns - zero_ns;
+}
 
 struct shim_flag_line shim_trace_flag;
 
@@ -176,6 +197,7 @@ static void after_fork_child(void)
 	outlen = 0;
 	feed_forget();
 	seq = records = untimed = dropped = 0;
+	zero_set = 0;
 	pid = getpid();
 	for (b = SHIM_EV_RT; b <= SHIM_EV_DRV; b++) {
 		api[b].ref = NULL;
@@ -624,6 +646,9 @@ void shim_trace_begin(struct shim_trace_rec *r, int backend, void *stream, int p
 
 	r->backend = SHIM_EV_NONE;
 	r->ev[0] = r->ev[1] = NULL;
+	/* routed: the worker times its launches; no event here at all */
+	if (backend == SHIM_EV_NONE && r->route)
+		shim_fwd_span_open();
 	pthread_mutex_lock(&mu);
 	if (start_locked() < 0 || backend == SHIM_EV_NONE) {
 		pthread_mutex_unlock(&mu);
@@ -650,9 +675,11 @@ void shim_trace_begin(struct shim_trace_rec *r, int backend, void *stream, int p
 		goto untimed;
 	if (!__atomic_load_n(&a->ref, __ATOMIC_ACQUIRE)) {
 		void *ref = get_event(backend);
+		int64_t t;
 
 		if (!ref)
 			goto untimed;
+		t = (int64_t)shim_now_ns();
 		if (record(backend, ref, stream, ptsz) != 0) {
 			pthread_mutex_lock(&mu);
 			put_event_locked(backend, ref, gen);
@@ -660,9 +687,11 @@ void shim_trace_begin(struct shim_trace_rec *r, int backend, void *stream, int p
 			goto untimed;
 		}
 		pthread_mutex_lock(&mu);
-		if (!a->ref && gen == ev_gen)
+		if (!a->ref && gen == ev_gen) {
+			a->ref_ns = t;
+			on_axis(t);    /* the first ref: time zero */
 			__atomic_store_n(&a->ref, ref, __ATOMIC_RELEASE);
-		else
+		} else
 			put_event_locked(backend, ref, gen);
 		pthread_mutex_unlock(&mu);
 	}
@@ -694,11 +723,19 @@ static int resolve_head_locked(int force)
 		if (q == 0 && EV_CALL(a, a->elapsed(&ms, r->ev[0], r->ev[1])) == 0) {
 			dur = ms_to_ns(ms);
 			q = EV_CALL(a, a->elapsed(&ms, a->ref, r->ev[0]));
-			start = ms_to_ns(ms);
+			start = ms_to_ns(ms) + on_axis(a->ref_ns);
 			timed = q == 0;
 		}
 		if (q == NOT_READY && !force)
 			return 0;
+	} else if (r->fwd.conn) {
+		/* forwarded: the worker's times, from its page (never waits) */
+		q = shim_fwd_span_time(&r->fwd, &start, &dur);
+		if (q == 0 && !force)
+			return 0;
+		timed = q > 0;
+		if (timed)
+			start = on_axis(start);
 	}
 	/* the feed first: when its batch is full the record stays queued,
 	 * events and all, for the next batch (queries are the file's only) */
@@ -709,6 +746,7 @@ static int resolve_head_locked(int force)
 		put_event_locked(r->backend, r->ev[0], r->gen);
 		put_event_locked(r->backend, r->ev[1], r->gen);
 	}
+	shim_fwd_span_drop(&r->fwd);
 	emit_locked(r, timed, start, dur);
 	head = (head + 1) % PENDING_MAX;
 	count--;
@@ -723,8 +761,11 @@ static void drain_locked(void)
 
 void shim_trace_end(struct shim_trace_rec *r, int ok, void *stream, int ptsz)
 {
+	if (r->route)
+		shim_fwd_span_close(&r->fwd);   /* its forwarded launches */
 	if (!ok) {
 		put_events(r);
+		shim_fwd_span_drop(&r->fwd);
 		return;
 	}
 	if (r->backend != SHIM_EV_NONE &&
@@ -735,6 +776,7 @@ void shim_trace_end(struct shim_trace_rec *r, int ok, void *stream, int ptsz)
 	if (start_locked() < 0 || !shim_tracing()) {
 		pthread_mutex_unlock(&mu);
 		put_events(r);
+		shim_fwd_span_drop(&r->fwd);
 		return;
 	}
 	if (count == PENDING_MAX)
@@ -865,6 +907,7 @@ void shim_trace_device_reset(void)
 		__atomic_store_n(&api[b].ref, NULL, __ATOMIC_RELEASE);
 	}
 	__atomic_store_n(&ev_gen, ev_gen + 1, __ATOMIC_RELEASE);
+	zero_set = 0;           /* the next ref (or forwarded task) is time zero */
 	events_seen = 0;        /* CUDA registers its exit handlers again */
 	if (started && !failed)
 		flush_locked();

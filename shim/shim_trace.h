@@ -65,6 +65,18 @@ void shim_task_counts(uint64_t *kernels, uint64_t *libraries);
 /* --- trace (shim_trace.c) ----------------------------------------------- */
 
 enum { SHIM_TASK_KERNEL = 1, SHIM_TASK_LIBRARY = 2 };
+
+/* A task's launches forwarded to a pool worker, timed there (shim_fwd.c
+ * fills it while the task is open on its thread): the task's device times
+ * come from the worker's page, not from events of ours. */
+struct shim_fwd_span {
+	void *conn;             /* the connection (a reference held), or NULL */
+	uint64_t first, last;   /* seq of its first and last forwarded launch */
+	uint16_t sfirst, slast; /* and their stream indexes                  */
+	uint32_t n;             /* launches forwarded, timed                 */
+	uint32_t untimed;       /* launches of it that cannot be timed there:
+	                           ran locally, or on another connection     */
+};
 /* which API the bracketing events go through */
 enum { SHIM_EV_NONE = 0, SHIM_EV_RT = 1, SHIM_EV_DRV = 2 };
 
@@ -87,6 +99,7 @@ struct shim_trace_rec {
 	int rc;                 /* library: its status                      */
 	int64_t latency_ns;     /* query boundaries (shim_trace.c's own)    */
 	uint32_t gen;           /* event generation at begin (device resets) */
+	struct shim_fwd_span fwd;   /* routed: times from the worker        */
 	/* last: filling a record clears everything before params */
 	int nparams;
 	struct shim_task_param params[SHIM_TASK_MAX_PARAMS];
@@ -134,6 +147,21 @@ void shim_trace_device_reset(void);
 void shim_trace_feed_on(void);
 /* Tasks sent and dropped, messages sent; returns whether the thread runs. */
 int shim_trace_feed_count(uint64_t *sent, uint64_t *dropped, uint64_t *msgs);
+
+/* --- forwarded tasks' times (shim_fwd.c) ---------------------------------- */
+
+/* A routed task begins on this thread: its forwarded launches are sent
+ * timed (FWD_LF_TIMED) and gathered in this thread's span. */
+void shim_fwd_span_open(void);
+/* It ends: the span (with its reference) moves to *s; empty when none was
+ * open. */
+void shim_fwd_span_close(struct shim_fwd_span *s);
+/* Its device times: start = the first launch's start, duration = the last
+ * launch's end - that start (one launch: its own).  Start is CLOCK_MONOTONIC-
+ * anchored (fwd_proto.h).  1 timed, 0 not yet, -1 never.  Never blocks. */
+int shim_fwd_span_time(const struct shim_fwd_span *s, int64_t *start_ns, int64_t *dur_ns);
+/* The record is done with it: its reference goes. */
+void shim_fwd_span_drop(struct shim_fwd_span *s);
 
 /* --- queries (shim_query.c) ----------------------------------------------- */
 

@@ -121,7 +121,16 @@ def test_every_task_reaches_the_policy_with_the_traces_times(rundir, tmp_path):
     assert {g["features"]["input_bytes"] for _, g in Feed.calls} == {4096.0}
 
 
-def test_a_policy_without_feed_gets_nothing_and_the_app_makes_no_events(rundir, tmp_path):
+@pytest.fixture
+def every_batch_task(monkeypatch):
+    """The controller passes a batch app's same-named tasks to the policy
+    at most every BATCH_TASK_EVERY_S; these tests count every task."""
+    import controlplane.daemon as daemon
+    monkeypatch.setattr(daemon, "BATCH_TASK_EVERY_S", 0.0)
+
+
+def test_a_policy_without_feed_gets_nothing_and_the_app_makes_no_events(rundir, tmp_path,
+                                                                        every_batch_task):
     """wants_tasks False: no "tasks" message, no on_task_done, and the app
     takes no task records: it creates no event (counted by a preloaded
     wrapper of cudaEventCreate*).  The same controller switched to a policy
@@ -148,7 +157,7 @@ def test_a_policy_without_feed_gets_nothing_and_the_app_makes_no_events(rundir, 
         c.stop()
 
 
-def test_batch_occurrences_count_over_the_run(rundir, tmp_path):
+def test_batch_occurrences_count_over_the_run(rundir, tmp_path, every_batch_task):
     """A batch app: occurrences 0..n-1 per name over the whole run."""
     Feed.calls = []
     c = Running(rundir, "test-feed")
@@ -198,3 +207,54 @@ def test_malformed_tasks_are_rejected_and_the_controller_keeps_serving(rundir, s
         assert send(b'{"v":1,"type":"ping"}')["type"] == "pong"
     finally:
         ctl.close()
+
+
+@register_policy("test-feed-routed")
+class FeedRouted(Feed):
+    """Wants every app's tasks and routes each app to a pool worker at 100 %."""
+
+    def on_register(self, app: AppInfo) -> list[Decision]:
+        return [Decision(app.slot, 100, None)]
+
+
+def test_forwarded_tasks_carry_the_workers_device_times(rundir, tmp_path):
+    """Routed to a pool worker, the app records no events of its own: the
+    worker times each launch (FWD_LF_TIMED) and the task reaches the policy
+    with that duration, equal to the same task's duration run locally (the
+    model is deterministic at SIMGPU_TIMESCALE=0: same kernel, same 100 %
+    quota, nothing else on the device), and the exit record counts no
+    untimed task."""
+    from processpool import Pool, parse_spec
+    sim = {"SIMGPU_DIR": str(tmp_path / "sim"), "SIMGPU_TIMESCALE": "0"}
+    cmd = [BIN / "querydemo", "--queries", "4", "--kernels", "3"]
+    local = tmp_path / "local.jsonl"
+    run(cmd, app_env(tmp_path / "no-controller", tmp_path, COLOCATE_TRACE=str(local)))
+    Feed.calls = []
+    pool = Pool(rundir, "sim", parse_spec("100:1"), env=clean_env(**sim))
+    c = Running(rundir, "test-feed-routed")
+    c.ctl.pool = pool
+    try:
+        pool.start()
+        assert pool.wait_ready(15)
+        trace = tmp_path / "fwd.jsonl"
+        r = run(cmd, app_env(rundir, tmp_path, COLOCATE_TRACE=str(trace), COLOCATE_APP_NAME="qd",
+                             COLOCATE_APP_CLASS="qos", COLOCATE_QOS_MS="50"))
+        n = launches(r.stdout)
+        assert wait_for(lambda: len(Feed.calls) >= n, timeout=5), (len(Feed.calls), n)
+        rec = wait_for(lambda: next((h for h in c.ctl.history if h["name"] == "qd"), None))
+    finally:
+        c.stop()
+        pool.stop()
+    got, want = trace_tasks(trace), trace_tasks(local)
+    assert n == len(got) == len(want) == len(Feed.calls) == 12
+    assert rec["forwarded"] == 12
+    assert rec["feed"] == {"tasks": 12, "untimed": 0, "dropped": 0, "bad": 0}
+    assert all(t["route"] == "worker" and t["worker"] is not None for t in got)
+    assert all(t["route"] == "local" for t in want)
+    starts = [t["start_us"] for t in got]
+    assert starts[0] == 0 and starts == sorted(starts)       # one stream: in order
+    for (_, fed), g, w in zip(Feed.calls, got, want):
+        assert g["name"] == w["name"] == fed["features"]["task"]
+        assert fed["duration_us"] == pytest.approx(g["dur_us"], abs=1e-3)
+        # the worker's and the app's event times of the same modelled kernel
+        assert g["dur_us"] > 0 and g["dur_us"] == pytest.approx(w["dur_us"], rel=1e-3)

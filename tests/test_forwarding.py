@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(
     reason="bench programs, simgpu or colocate-worker not built (make build)")
 
 # wire constants of processpool/fwd_proto.h
-MAGIC, VERSION = 0xC0, 1
+MAGIC, VERSION = 0xC0, 2
 T_HELLO, T_HELLO_REPLY, T_DEFINE, T_LAUNCH, T_BYE, T_ERROR = 1, 2, 3, 4, 5, 6
 
 # hotspot: launches spread over time (a copy, i.e. a fence, every 6 launches),
@@ -390,6 +390,10 @@ def test_worker_survives_the_fuzzing(fuzz_worker):
 
 
 PAGE, RING = 4096, 1 << 16
+PAGE_VERSION, TIMES_N = 4, 8192
+RING_OFF = PAGE + TIMES_N * 32        # the page, its time slots, then the ring
+OFF_TIMED = 1280
+LF_TIMED = 0x02
 OFF_REFUSED_CODE, OFF_EXECUTED, OFF_HEAD, OFF_WAKE, OFF_TAIL, OFF_DONE = 92, 104, 128, 136, 192, 256
 LIBC = ctypes.CDLL(None, use_errno=True)
 SYS_FUTEX = 202 if os.uname().machine == "x86_64" else 98
@@ -401,10 +405,10 @@ class RingApp:
     def __init__(self, r: Rig, wid: int, name: str = "ringtest", twins: str = ""):
         self.r, self.path = r, r.dir / f"page-{os.urandom(4).hex()}"
         with open(self.path, "wb") as f:
-            f.write(struct.pack("<QII", 0x45474150445746, 3, RING))
-            f.truncate(PAGE + RING)
+            f.write(struct.pack("<QII", 0x45474150445746, PAGE_VERSION, RING))
+            f.truncate(RING_OFF + RING)
         fd = os.open(self.path, os.O_RDWR)
-        self.mm = mmap.mmap(fd, PAGE + RING)
+        self.mm = mmap.mmap(fd, RING_OFF + RING)
         os.close(fd)
         self.head = 0
         self.sock = r.ctx.socket(zmq.DEALER)
@@ -430,8 +434,8 @@ class RingApp:
     def write(self, frame: bytes) -> None:
         off = self.head % RING
         first = min(len(frame), RING - off)
-        self.mm[PAGE + off:PAGE + off + first] = frame[:first]
-        self.mm[PAGE:PAGE + len(frame) - first] = frame[first:]
+        self.mm[RING_OFF + off:RING_OFF + off + first] = frame[:first]
+        self.mm[RING_OFF:RING_OFF + len(frame) - first] = frame[first:]
         self.head += len(frame)
         struct.pack_into("<Q", self.mm, OFF_HEAD, self.head)
         # wake the launcher as the shim does: bump ring_wake, FUTEX_WAKE it
@@ -463,9 +467,44 @@ def define(kid: int, name: bytes, params: list[tuple[int, int]], argbytes: int) 
     return hdr(T_DEFINE, 8 + len(body)) + body
 
 
-def launch(seq: int, kid: int, args: bytes, sidx: int = 0) -> bytes:
+def launch(seq: int, kid: int, args: bytes, sidx: int = 0, flags: int = 0) -> bytes:
     body = struct.pack("<QIHBB3I3III", seq, kid, sidx, 0, 0, 1, 1, 1, 32, 1, 1, 0, len(args)) + args
-    return hdr(T_LAUNCH, 8 + len(body)) + body
+    return hdr(T_LAUNCH, 8 + len(body), flags=flags) + body
+
+
+def test_timed_launches_get_their_device_times_in_the_page(fuzz_worker):
+    """FWD_LF_TIMED: the worker writes the launch's device start and
+    duration into time slot seq % TIMES_N, then timed[sidx] = seq; an untimed
+    launch gets no slot (and costs no event)."""
+    r = fuzz_worker
+    app = RingApp(r, 5, name="timed", twins=str(BIN / "vecadd.twins.so"))
+    try:
+        app.write(define(0, b"_Z6vecaddPKfS0_Pfi", [(0, 8), (8, 8), (16, 8), (24, 4)], 32))
+        args = struct.pack("<QQQi4x", 0, 0, 0, 0)
+        app.write(launch(1, 0, args))
+        app.write(launch(2, 0, args, flags=LF_TIMED))
+        app.write(launch(3, 0, args, flags=LF_TIMED))
+        app.write(launch(4, 0, args, sidx=1, flags=LF_TIMED))
+        app.settle()
+        end = time.monotonic() + 3
+        while app.u64(OFF_TIMED) != 3 or app.u64(OFF_TIMED + 8) != 4:
+            assert time.monotonic() < end, "times did not reach the page"
+            time.sleep(0.002)
+        assert not app.refused()
+
+        def slot(seq: int) -> tuple[int, int, int]:
+            return struct.unpack_from("<QqQ", app.mm, PAGE + (seq % TIMES_N) * 32)
+        assert slot(1) == (0, 0, 0)                     # untimed: never written
+        (s2, t2, d2), (s3, t3, d3), (s4, t4, _) = slot(2), slot(3), slot(4)
+        assert (s2, s3, s4) == (2, 3, 4)
+        assert d2 > 0 and d3 > 0                        # simgpu models a launch's cost
+        assert t3 >= t2 + d2                            # stream order, one time axis
+        # anchored to the host clock (CLOCK_MONOTONIC, ns); at timescale 0 the
+        # device clock does not advance with it, so only a loose bound holds
+        assert abs(t2 - time.monotonic_ns()) < 3600 * 10**9
+    finally:
+        app.close()
+    assert r.stats(5)["state"] == "ready"
 
 
 def test_ring_runs_launches_and_refuses_garbage(fuzz_worker):

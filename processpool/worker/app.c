@@ -118,20 +118,26 @@ static int map_page(struct wapp *a, const char *path, int want_ring, char *msg, 
 		goto fail;
 	}
 	ring = want_ring ? pg->ring_size : 0;
-	if (want_ring && (ring < FWD_RING_MIN || ring > FWD_RING_MAX || (ring & (ring - 1)) ||
-			  (uint64_t)st.st_size < (uint64_t)FWD_PAGE_SIZE + ring)) {
+	if (want_ring && (ring < FWD_RING_MIN || ring > FWD_RING_MAX || (ring & (ring - 1)))) {
 		snprintf(msg, msglen, "page %s: bad ring size %u", path, ring);
 		goto fail;
 	}
-	len = FWD_PAGE_SIZE + ring;
+	/* the time slots always, the ring when asked for */
+	if ((uint64_t)st.st_size < (uint64_t)FWD_RING_OFF + ring) {
+		snprintf(msg, msglen, "page %s: %lld bytes, too short for its time slots and ring",
+			 path, (long long)st.st_size);
+		goto fail;
+	}
+	len = FWD_RING_OFF + ring;
+	munmap(pg, FWD_PAGE_SIZE);
+	pg = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (pg == MAP_FAILED) {
+		snprintf(msg, msglen, "cannot map the time slots and ring of %s: %s", path,
+			 strerror(errno));
+		close(fd);
+		return -1;
+	}
 	if (ring) {
-		munmap(pg, FWD_PAGE_SIZE);
-		pg = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		if (pg == MAP_FAILED) {
-			snprintf(msg, msglen, "cannot map the ring of %s: %s", path, strerror(errno));
-			close(fd);
-			return -1;
-		}
 		a->frame = malloc(FWD_MAX_FRAME);
 		if (!a->frame) {
 			snprintf(msg, msglen, "out of memory");
@@ -139,7 +145,7 @@ static int map_page(struct wapp *a, const char *path, int want_ring, char *msg, 
 			close(fd);
 			return -1;
 		}
-		a->ring = (unsigned char *)pg + FWD_PAGE_SIZE;
+		a->ring = (unsigned char *)pg + FWD_RING_OFF;
 		a->ring_size = ring;
 	}
 	close(fd);

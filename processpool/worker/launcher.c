@@ -12,6 +12,8 @@
  *
  * Completions: after every launch a host function ("mark") in the same
  * stream stores the launch's seq in the app's page and wakes its waiters.
+ * A timed launch (FWD_LF_TIMED) is also bracketed by two events, and its
+ * mark wakes this thread to put its device time in the page (times.c).
  * A host function per launch costs little on simgpu; on a GPU,
  * cuStreamWriteValue64 into a host-registered page would do the same
  * without a host callback (not done here: a real GPU gets no forwarded
@@ -40,6 +42,24 @@
 #include <unistd.h>
 
 
+/* A timed launch completed: its events can be read, which only the
+ * launcher may do (a host function may not call CUDA).  Wake it if it
+ * sleeps; seq_cst pairs with its store of `sleeping` before it checks
+ * w_times_due (ring), or the check is under its mutex (queue). */
+static void wake_for_times(struct wapp *a)
+{
+	atomic_fetch_add_explicit(&a->tmarks, 1, memory_order_seq_cst);
+	if (a->ring) {
+		if (__atomic_load_n(&a->page->ring_sleeping, __ATOMIC_SEQ_CST))
+			w_ring_kick(a);
+		return;
+	}
+	pthread_mutex_lock(&a->mu);
+	if (a->sleeping)
+		pthread_cond_signal(&a->cv);
+	pthread_mutex_unlock(&a->mu);
+}
+
 static void CUDART_CB on_mark(void *arg)
 {
 	struct wstream *ws = arg;
@@ -59,7 +79,7 @@ static void CUDART_CB on_mark(void *arg)
 
 	atomic_store_explicit(&ws->mtail, t + 1, memory_order_release);
 	/* seq_cst pairs with the waiter's increment of `waiters` */
-	__atomic_store_n(&pg->done[ws->idx], v & ~W_MARK_FAILED, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&pg->done[ws->idx], v & W_MARK_SEQ, __ATOMIC_SEQ_CST);
 	if (!(v & W_MARK_FAILED)) {
 		__atomic_fetch_add(&pg->executed, 1, __ATOMIC_RELAXED);
 		atomic_fetch_add_explicit(&W.executed, 1, memory_order_relaxed);
@@ -67,6 +87,8 @@ static void CUDART_CB on_mark(void *arg)
 	__atomic_fetch_add(&pg->wake, 1, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&pg->waiters, __ATOMIC_SEQ_CST))
 		syscall(SYS_futex, &pg->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+	if (v & W_MARK_TIMED)
+		wake_for_times(ws->app);
 }
 
 static void record_failure(struct wapp *a, uint64_t seq, cudaError_t e)
@@ -183,13 +205,18 @@ void w_launch(struct wapp *a, const struct fwd_launch *m, struct wkernel *k,
 {
 	void *argv[FWD_MAX_PARAMS];
 	struct wstream *ws = get_stream(a, m->sidx, m->skind);
+	int timed = (m->h.flags & FWD_LF_TIMED) != 0;
+	cudaEvent_t ev[2];
 	dim3 g, b;
 	cudaError_t e;
 	unsigned i;
 
 	if (!ws) {
-		/* nothing of this index is in flight: complete it as failed now */
+		/* nothing of this index is in flight: complete it as failed now
+		 * (untimed: timed[] moves on without a slot) */
 		record_failure(a, m->seq, cudaErrorMemoryAllocation);
+		if (timed)
+			__atomic_store_n(&a->page->timed[m->sidx], m->seq, __ATOMIC_RELEASE);
 		__atomic_store_n(&a->page->done[m->sidx], m->seq, __ATOMIC_SEQ_CST);
 		__atomic_fetch_add(&a->page->wake, 1, __ATOMIC_SEQ_CST);
 		syscall(SYS_futex, &a->page->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
@@ -204,6 +231,8 @@ void w_launch(struct wapp *a, const struct fwd_launch *m, struct wkernel *k,
 	__atomic_store_n(&a->page->submitted[m->sidx], m->seq, __ATOMIC_RELEASE);
 	g.x = m->grid[0], g.y = m->grid[1], g.z = m->grid[2];
 	b.x = m->block[0], b.y = m->block[1], b.z = m->block[2];
+	if (timed)
+		w_time_begin(a, ws, ev);   /* after order(): the waits are not its time */
 	if (!k->handle)
 		e = cudaErrorInvalidDeviceFunction;
 	else if (m->h.flags & FWD_LF_COOP)
@@ -216,7 +245,9 @@ void w_launch(struct wapp *a, const struct fwd_launch *m, struct wkernel *k,
 		cudaGetLastError();
 		record_failure(a, m->seq, e);
 	}
-	mark(ws, m->seq | (e != cudaSuccess ? W_MARK_FAILED : 0));
+	if (timed)
+		w_time_end(a, ws, m->seq, ev, e == cudaSuccess);
+	mark(ws, m->seq | (e != cudaSuccess ? W_MARK_FAILED : 0) | (timed ? W_MARK_TIMED : 0));
 	if (ws->kind == FWD_SK_LEGACY)
 		a->legacy_launches++;
 	else if (blocking(ws->kind))
@@ -244,10 +275,10 @@ static struct witem *take(struct wapp *a, int *stop)
 	uint64_t t0 = mono_ns();
 
 	while (!__atomic_load_n(&a->qhead, __ATOMIC_RELAXED) && !stopping(a) &&
-	       mono_ns() - t0 < W.spin_ns)
+	       !w_times_due(a) && mono_ns() - t0 < W.spin_ns)
 		;
 	pthread_mutex_lock(&a->mu);
-	while (!a->qhead && !a->stop) {
+	while (!a->qhead && !a->stop && !w_times_due(a)) {
 		a->sleeping = 1;
 		pthread_cond_wait(&a->cv, &a->mu);
 		a->sleeping = 0;
@@ -272,6 +303,7 @@ static void queue_loop(struct wapp *a)
 				w_launch(a, &list->m, list->k, list->args);
 			free(list);
 		}
+		w_times_poll(a);
 		if (stop && !__atomic_load_n(&a->qhead, __ATOMIC_ACQUIRE))
 			break;
 	}
@@ -279,7 +311,7 @@ static void queue_loop(struct wapp *a)
 
 static int ring_wake_up(struct wapp *a)
 {
-	return !w_ring_empty(a) || stopping(a);
+	return !w_ring_empty(a) || stopping(a) || w_times_due(a);
 }
 
 /* After a stop, what the ring holds then still runs (shutdown finishes
@@ -289,6 +321,7 @@ static void ring_loop(struct wapp *a)
 	for (;;) {
 		uint64_t t0;
 
+		w_times_poll(a);
 		if (w_ring_run(a) > 0)
 			continue;
 		if (stopping(a)) {
@@ -318,13 +351,19 @@ void *w_launcher(void *arg)
 		ring_loop(a);
 	else
 		queue_loop(a);
+	/* in-flight kernels and their marks finish before we go, and the
+	 * times of the timed ones go to the page (unless the app is gone) */
+	for (i = 0; i < FWD_MAX_STREAMS; i++)
+		if (a->streams[i])
+			cudaStreamSynchronize(a->streams[i]->s);
+	if (!__atomic_load_n(&a->abandon, __ATOMIC_RELAXED))
+		w_times_poll(a);
+	w_times_free(a);
 	for (i = 0; i < FWD_MAX_STREAMS; i++) {
 		struct wstream *ws = a->streams[i];
 
 		if (!ws)
 			continue;
-		/* in-flight kernels and their marks finish before we go */
-		cudaStreamSynchronize(ws->s);
 		cudaEventDestroy(ws->ev);
 		cudaStreamDestroy(ws->s);
 		cudaGetLastError();

@@ -15,6 +15,7 @@
  *   frames.c    receiving, checking and dispatching frames; replies; stats
  *   app.c       one connected application: HELLO, its page, kernels, twins
  *   launcher.c  an application's launcher thread: streams, ordering, marks
+ *   times.c     device times of timed launches, into the app's page
  *
  *   ring.c      an app's launch ring: taking frames out of shared memory
  *
@@ -42,6 +43,15 @@
 #define W_MAX_RID     256          /* zmq routing ids are at most 255 bytes */
 #define W_MARKS       8192u        /* outstanding marks per stream (2^k)    */
 #define W_MARK_FAILED (1ull << 63) /* the marked launch failed              */
+#define W_MARK_TIMED  (1ull << 62) /* it is timed: its host function wakes
+                                      the launcher to read its events      */
+#define W_MARK_SEQ    (W_MARK_TIMED - 1)
+
+/* A timed launch whose device time is not in the page yet. */
+struct wtimed {
+	uint64_t seq;
+	cudaEvent_t ev[2];             /* start, end; NULL: it gets no time     */
+};
 
 struct wkernel {
 	void *handle;                  /* cudaKernel_t, NULL if none            */
@@ -64,6 +74,8 @@ struct wstream {
 	uint64_t marks[W_MARKS];       /* seq of each pending host-function mark */
 	uint64_t mhead;                /* launcher thread                       */
 	_Atomic uint64_t mtail;        /* host functions                        */
+	struct wtimed *timed;          /* W_MARKS of them once one is timed;   */
+	uint64_t thead, ttail;         /* launcher thread only                  */
 };
 
 /* A launch handed to an app's launcher thread, in arrival order. */
@@ -91,6 +103,17 @@ struct wapp {
 	struct wkernel *kernels[FWD_MAX_KERNELS];
 	struct wstream *streams[FWD_MAX_STREAMS];   /* launcher thread only    */
 	uint64_t legacy_launches;                   /* launcher thread only    */
+
+	/* device times of timed launches (times.c); launcher thread only,
+	 * but tmarks, counted by host functions */
+	cudaEvent_t tzero;             /* this app's time zero, NULL: none yet  */
+	int64_t tzero_ns;              /* CLOCK_MONOTONIC when it was recorded  */
+	int tzero_failed;              /* could not make one: nothing is timed  */
+	cudaEvent_t *evpool;           /* free timing events                    */
+	unsigned nevpool, evcap;
+	uint64_t tpending;             /* timed launches not yet in the page    */
+	_Atomic uint64_t tmarks;       /* timed launches completed so far       */
+	uint64_t tmarks_seen;          /* tmarks when the page was last updated */
 
 	pthread_t thread;
 	int thread_ok;
@@ -161,6 +184,20 @@ int  w_apps_shutdown(uint64_t deadline_ns);     /* 1: every app finished */
 void *w_launcher(void *arg);
 void w_launch(struct wapp *a, const struct fwd_launch *m, struct wkernel *k,
 	      const unsigned char *args);
+
+/* ---- times.c */
+/* Before a timed launch on ws: its start event, recorded (ev[0] NULL when
+ * it cannot be timed). */
+void w_time_begin(struct wapp *a, struct wstream *ws, cudaEvent_t ev[2]);
+/* After it (ok: the launch call succeeded): its end event, and the launch
+ * queued for w_times_poll, which writes its time into the page. */
+void w_time_end(struct wapp *a, struct wstream *ws, uint64_t seq, cudaEvent_t ev[2], int ok);
+/* Write the times of the timed launches that completed, in stream order. */
+void w_times_poll(struct wapp *a);
+/* Some timed launch completed since the last poll (host functions say). */
+int  w_times_due(struct wapp *a);
+/* The launcher leaves: every event of the app goes (streams synchronised). */
+void w_times_free(struct wapp *a);
 
 /* ---- ring.c */
 /* Run what the ring holds: >0 frames taken, 0 empty, -1 refused (poisoned). */
