@@ -168,6 +168,7 @@ class App:
     occ: collections.OrderedDict = field(default_factory=collections.OrderedDict)
     query_size: collections.OrderedDict = field(default_factory=collections.OrderedDict)
     last_task: tuple[str, float] = ("", 0.0)           # batch: last task given to the policy, when
+    fwd_window: int | None = None                       # routed launches in flight it may have
     launch_log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
                                                         # (monotonic s, launches) at ticks
 
@@ -481,12 +482,22 @@ class Controller:
             self.apps[slot] = app
             if self.wants_tasks(info):
                 app.feed = {"tasks": 0, "untimed": 0, "dropped": 0, "bad": 0}
+            app.fwd_window = self.fwd_window(info)
             self.decide("on_register", info)
             log.info("registered %s (pid %d, %s, %s) in slot %d: quota %d%% route %d", info.name, pid,
                      info.cls, app.exe or "?", slot, app.quota_pct, app.route)
+        extra = {} if app.fwd_window is None else {"fwd_window": app.fwd_window}
         return schema.message("registered", slot=app.info.slot, quota_pct=app.quota_pct,
                               route=app.route, controller_pid=os.getpid(), feed=app.feed is not None,
-                              revision=schema.REVISION)
+                              revision=schema.REVISION, **extra)
+
+    def fwd_window(self, info: AppInfo) -> int | None:
+        try:
+            n = self.policy.fwd_window(info)
+        except Exception:
+            log.exception("policy %s failed in fwd_window", self.policy.name)
+            return None
+        return None if n is None else max(1, min(4096, int(n)))
 
     def wants_tasks(self, info: AppInfo) -> bool:
         try:

@@ -18,7 +18,7 @@ PROTOCOL = 1
 # Additive changes (new message types, new optional fields) keep "v": 1 so
 # that older shims keep working, and bump REVISION: 2 = "tasks" (task
 # feedback), "feed" in "registered", held apps (route CB_ROUTE_HOLD).
-REVISION = 2
+REVISION = 3
 MAX_BYTES = 64 * 1024
 
 
@@ -85,7 +85,7 @@ TASK = {
     "stream": F("str", required=False, default="0x0"),
     "host_us": F("number", required=False, null=True, doc="CLOCK_MONOTONIC at issue"),
     "start_us": F("number", null=True, doc="device start (us from the app's first task)"),
-    "dur_us": F("number", null=True, min=0, doc="device duration; null: not timed (e.g. forwarded)"),
+    "dur_us": F("number", null=True, min=0, doc="device duration (the worker's, for a forwarded task); null: not timed"),
     "quota": F("int", min=1, max=100, doc="the SM quota it ran at"),
     "route": F("str", required=False, choices=("local", "worker"), default="local"),
     "worker": F("int", required=False, null=True),
@@ -194,7 +194,9 @@ REPLIES: dict[str, dict[str, F]] = {
     "registered": {"slot": F("int"), "quota_pct": F("int"), "route": F("int"), "controller_pid": F("int"),
                    "feed": F("bool", required=False, default=False,
                              doc="send completed tasks (message tasks); absent: no"),
-                   "revision": F("int", required=False, doc="the controller's schema REVISION")},
+                   "revision": F("int", required=False, doc="the controller's schema REVISION"),
+                   "fwd_window": F("int", required=False, min=1, max=4096,
+                                   doc="at most this many routed launches in flight; absent: 4096")},
     "ok": {"slot": F("int", required=False, doc="set_quota: the (first) app's slot"),
            "route": F("int", required=False, doc="set_quota: its new route"),
            "slots": F("list", required=False, doc="set_quota: every app's slot"),

@@ -202,7 +202,8 @@ def test_share_units_class_1_first_and_eq8():
 # --- the policy on a scripted run ---------------------------------------------------
 
 def scripted_predictor(qos_bw: float = 0.0) -> C.TablePredictor:
-    task = {"svc": lambda f, q: 100.0 / q}                 # each of 4 tasks: 2 ms at 50 %
+    task = {"svc": lambda f, q: 100.0 / q,                 # each of 4 tasks: 2 ms at 50 %
+            "b1": lambda f, q: 1.0, "b2": lambda f, q: 1.0}   # batch: equal weights
     return C.TablePredictor(
         query={"svc": lambda s, q: 400.0 / q}, pcie={"svc": lambda s, q: 1.0},
         task=task,
@@ -217,7 +218,8 @@ TASKS = [{"task": f"k{i}", "input_bytes": 1.0} for i in range(4)]
 
 
 def start(**opts) -> C.CLaius:
-    pol = make_policy("claius", predictor=scripted_predictor(), **opts)
+    # the hand values below are IPC sums: the objective as printed
+    pol = make_policy("claius", predictor=scripted_predictor(), **{"objective": "ipc", **opts})
     assert pol.on_register(B1) == [Decision(1, 10, None)]           # unseen: one unit to run
     assert pol.on_task_done(B1, {"features": {"task": "b1k"}}) == [Decision(1, 100, None)]
     # b2 unseen: one unit, b1 the other 9
@@ -267,7 +269,7 @@ def test_policy_bandwidth_cap_and_nb_ablation():
     # breaks it; next best b1 3 + b2 2 (IPC 5.83, 400 GB/s)
     for cap, want in ((True, {1: 30, 2: 20}), (False, {1: 40, 2: 10})):
         pol = make_policy("claius", predictor=scripted_predictor(qos_bw=200.0),
-                          device_bw_gbs=600.0, bandwidth_cap=cap)
+                          device_bw_gbs=600.0, bandwidth_cap=cap, objective="ipc")
         for a in (B1, B2):
             pol.on_register(a)
             pol.on_task_done(a, {"features": {"task": a.name}})
@@ -324,6 +326,49 @@ def test_batch_app_given_no_units_is_held_then_released():
     d = pol.on_query_end(SVC, {"id": 1})
     assert d == [Decision(1, 90, None), Decision(2, 10, None)]          # released
     assert not any(x.hold for x in d)
+
+
+def test_normalised_objective_does_not_starve_a_memory_bound_app():
+    """b1's IPC (compute-bound, grows with q) outweighs b2's at any split, so
+    the printed objective gives b2 nothing; normalised to each app's own
+    speed at 100 %, b2's first units are worth more than b1's last ones."""
+    p = C.TablePredictor(task={"b1": lambda f, q: 1000.0 / q,               # scales linearly
+                               "b2": lambda f, q: 10.0 / min(q, 30.0)},    # saturates at 30 %
+                         bw={"b1": lambda f, q: 0.0, "b2": lambda f, q: 0.0},
+                         ipc={"b1": lambda f, q: q / 10.0, "b2": lambda f, q: 0.05 * min(q, 30.0)})
+    got = {}
+    for obj in ("ipc", "normalised"):
+        pol = make_policy("claius", predictor=p, objective=obj)
+        for a in (B1, B2):
+            pol.on_register(a)
+            pol.on_task_done(a, {"features": {"task": a.name}})
+        got[obj] = (pol.last_packing.choice, pol.held)
+    assert got["ipc"][0] == [10, 0] and got["ipc"][1][2] is True
+    assert got["normalised"][0] == [7, 3]          # b2 at its 30 % knee, b1 the rest
+    assert not any(got["normalised"][1].values())
+    with pytest.raises(ValueError):
+        make_policy("claius", objective="fastest")
+
+
+def test_batch_curves_are_time_weighted_over_recent_tasks():
+    """lud-like: a one-block step (0.1 ms at any quota) between grid-wide
+    updates (1 ms at 100 %, scaling).  Judged by its last task alone the app
+    would flip between "1 unit is enough" and "all units"; over its recent
+    tasks it is the update's speed, diluted by the step."""
+    p = C.TablePredictor(task={"lud": lambda f, q: 0.1 if f["task"] == "diag" else 100.0 / q},
+                         bw={"lud": lambda f, q: 0.0}, ipc={})
+    pol = make_policy("claius", predictor=p)
+    app = AppInfo(1, 101, "lud", "batch")
+    pol.on_register(app)
+    pol.on_task_done(app, {"features": {"task": "diag"}})
+    assert pol.batch[1].ipc[1:] == pytest.approx(np.ones(10))     # alone: flat
+    pol.on_task_done(app, {"features": {"task": "internal"}})
+    t = np.array([0.1 + 100.0 / q for q in range(10, 101, 10)])
+    assert pol.batch[1].ipc[1:] == pytest.approx(t[-1] / t)
+    d = pol.on_task_done(app, {"features": {"task": "diag", "n": 2}})
+    t2 = t + 0.1
+    assert pol.batch[1].ipc[1:] == pytest.approx(t2[-1] / t2)
+    assert d == []                                  # moved < 2 %: nothing decided again
 
 
 def test_emit_sends_a_hold_change_even_at_the_same_quota():

@@ -66,6 +66,13 @@ class Policy:
         query it belongs to or None}."""
         return []
 
+    def fwd_window(self, app: AppInfo) -> int | None:
+        """At most this many of the app's routed launches in flight (1..4096);
+        None: the shim's default, 4096.  A policy that changes or holds a
+        batch app's quota often keeps its launches in the app (small window),
+        so that a decision reaches its next launch, not the 4097th."""
+        return None
+
     def wants_tasks(self, app: AppInfo) -> bool:
         """Whether the app's shim should report completed tasks (on_task_done).
         It costs two events per task in the app, so only policies that use it say yes."""

@@ -54,6 +54,7 @@ from controlplane.policies.claius import ModelPredictor, Predictor, Row
 log = logging.getLogger("colocate.baymax")
 
 Q100 = np.array([100.0])
+BATCH_WINDOW = 4           # a batch app's routed launches in flight
 
 
 @dataclass
@@ -102,6 +103,11 @@ class Baymax(Policy):
 
     def wants_tasks(self, app: AppInfo) -> bool:
         return True                        # QoS progress and batch task lengths
+
+    def fwd_window(self, app: AppInfo) -> int | None:
+        """Baymax issues a batch task only when it fits: the app's launches
+        wait in the app, not by the thousand in a worker's queue."""
+        return BATCH_WINDOW if app.cls == "batch" else None
 
     # --- predictions ---------------------------------------------------------
     def _task_ms(self, app: AppInfo, feats: Row | None) -> float | None:

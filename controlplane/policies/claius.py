@@ -35,6 +35,7 @@ tests check that both decide alike.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import math
 from dataclasses import dataclass, field
@@ -57,6 +58,10 @@ except ImportError as e:              # not built: the Python search below
 KS_MAX_APPS = 64                      # knapsack.c's limits
 KS_MAX_UNITS = 100
 DEFAULT_MAX_NODES = 1_000_000
+RECENT_TASKS = 16          # a batch app's recent tasks its knapsack curves average over
+CURVE_RTOL = 0.02          # curves that moved less than this do not trigger a new decision
+BATCH_WINDOW = 4           # a batch app's routed launches in flight (base.Policy.fwd_window)
+HOST_EWMA = 0.2            # weight of the newest query in the learnt host time
 
 Row = Mapping[str, Any]
 
@@ -468,14 +473,18 @@ class QosApp:
     seen: list[Row] = field(default_factory=list)          # tasks of the current query
     bw_cache: tuple[list[Row], np.ndarray] | None = None   # (plan, peak GB/s per quota)
     pcache: PlanCache | None = None                        # fast path
+    host_ms: float = 0.0                   # learnt: a query's time beyond its predicted device time
 
 
 @dataclass
 class BatchApp:
     info: AppInfo
-    task: Row | None = None                # its next (last seen) task
-    ipc: np.ndarray | None = None          # per unit count 0..N
+    task: Row | None = None                # its last seen task
+    ipc: np.ndarray | None = None          # knapsack value per unit count 0..N
     bw: np.ndarray | None = None
+    # predicted (ms, GB/s, IPC or None) per quota of its recent tasks: what it
+    # will run next is taken to be like what it ran lately, time-weighted
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT_TASKS))
 
 
 @dataclass
@@ -499,7 +508,18 @@ class CLaius(Policy):
     predictor (a Predictor) or models (a directory of saved models),
     use_c (True), max_nodes (knapsack search limit), fast (True: cached
     predictions and stacked curves on the decision path; False: the
-    reference path, recomputing everything; both decide alike).
+    reference path, recomputing everything; both decide alike),
+    objective (what Eq. 5 maximises over the batch apps: "normalised",
+    the default, sums each app's predicted throughput relative to running
+    alone at 100 % - IPC x SMs, i.e. T(100)/T(q) of its next task; "ipc"
+    sums the predicted IPC as printed, which lets a compute-bound app's
+    larger IPC starve a memory-bound one for good, and, with IPC per SM
+    as our profiles measure it, does not even grow with the quota),
+    learn_host (True: Eq. 3's T_pcie also counts the part of a query that
+    is not its predicted device time - host work between kernels, launch
+    and forwarding latency, interference - learnt from the latencies of the
+    app's past queries (EWMA of latency - T_p(q) - T_pcie(q) at the quota it
+    got); the profiles' query times are device time only).
 
     A batch app the knapsack gives 0 units is held: Decision(hold=True) at
     the quota it last had (so that holding moves nothing), released with
@@ -509,8 +529,13 @@ class CLaius(Policy):
                  compensation: bool = True, device_bw_gbs: float = 3350.0, th: float = 0.9,
                  slack_frac: float = 0.1, predictor: Predictor | None = None,
                  models: str | Path | None = None, use_c: bool = True,
-                 max_nodes: int = DEFAULT_MAX_NODES, fast: bool = True, **opts: Any):
+                 max_nodes: int = DEFAULT_MAX_NODES, fast: bool = True,
+                 objective: str = "normalised", learn_host: bool = True, **opts: Any):
         super().__init__(**opts)
+        self.learn_host = bool(learn_host)
+        if objective not in ("normalised", "ipc"):
+            raise ValueError(f"objective must be normalised or ipc, got {objective!r}")
+        self.objective = objective
         if not 1 <= granularity <= 100 or 100 % granularity:
             raise ValueError(f"granularity must divide 100, got {granularity}")
         self.g = int(granularity)
@@ -609,17 +634,39 @@ class CLaius(Policy):
                 a.bw_cache = (plan, np.zeros(self.n))
         return float(a.bw_cache[1][self._qidx(quota)])
 
-    def _batch_preds(self, b: BatchApp) -> None:
+    def _batch_preds(self, b: BatchApp) -> bool:
+        """Add b's last task to its recent ones and derive its knapsack curves
+        from them; False when they moved by less than CURVE_RTOL (nothing to
+        decide again).  A batch app issues tasks of several shapes in turn
+        (lud: a one-block diagonal step, then a grid-wide update), so its
+        next task is not its last one: the curves are time-weighted over
+        the recent tasks, i.e. the app's speed (and bandwidth) at each quota."""
+        name = b.info.name
         try:
-            ipc = self.pred.task_ipc(b.info.name, b.task, self.quotas)
-            bw = self.pred.task_bw(b.info.name, b.task, self.quotas)
+            t = np.asarray(self.pred.task_ms(name, b.task, self.quotas), dtype=np.float64)
+            bw = np.asarray(self.pred.task_bw(name, b.task, self.quotas), dtype=np.float64)
+            ipc = (np.asarray(self.pred.task_ipc(name, b.task, self.quotas), dtype=np.float64)
+                   if self.objective == "ipc" else None)
         except (KeyError, ValueError) as e:
-            log.warning("claius: no prediction for batch app %s (%s)", b.info.name, e)
+            log.warning("claius: no prediction for batch app %s (%s)", name, e)
             b.ipc = b.bw = None
+            b.recent.clear()
             self._bm = None
-            return
-        self.set_batch_curves(b.info.slot, np.concatenate(([0.0], np.asarray(ipc, dtype=np.float64))),
-                              np.concatenate(([0.0], np.asarray(bw, dtype=np.float64))))
+            return True
+        b.recent.append((np.maximum(t, 1e-12), bw, ipc))
+        ts = np.array([r[0] for r in b.recent])
+        total = ts.sum(axis=0)
+        if self.objective == "ipc":     # time-weighted IPC
+            val = (np.array([r[2] for r in b.recent]) * ts).sum(axis=0) / total
+        else:                           # T(100)/T(q): the app's speed relative to 100 %
+            val = total[-1] / total
+        bwv = (np.array([r[1] for r in b.recent]) * ts).sum(axis=0) / total
+        val, bwv = np.concatenate(([0.0], val)), np.concatenate(([0.0], bwv))
+        if (b.ipc is not None and len(b.ipc) == len(val) and np.allclose(val, b.ipc, rtol=CURVE_RTOL)
+                and np.allclose(bwv, b.bw, rtol=CURVE_RTOL)):
+            return False
+        self.set_batch_curves(b.info.slot, val, bwv)
+        return True
 
     def set_batch_curves(self, slot: int, ipc: np.ndarray, bw: np.ndarray) -> None:
         """A batch app's next task: its predicted IPC and bandwidth per unit
@@ -751,6 +798,11 @@ class CLaius(Policy):
         predictor none of it changes a decision."""
         return self.pred is not None
 
+    def fwd_window(self, app: AppInfo) -> int | None:
+        """Batch tasks wait in the ready pool (the app), not in a worker's
+        queue: a new packing or a hold reaches the next task at once."""
+        return BATCH_WINDOW if app.cls == "batch" else None
+
     def on_register(self, app: AppInfo) -> list[Decision]:
         if app.cls == "qos":
             self.qos[app.slot] = QosApp(app)
@@ -791,10 +843,11 @@ class CLaius(Policy):
             except (KeyError, ValueError) as e:
                 log.warning("claius: no query prediction for %s (%s): 100 %%", app.name, e)
             else:
+                pc = np.asarray(pc, dtype=np.float64) + a.host_ms
                 q = eq3_quota(t, self.quotas, target, pc)
                 if q is None:
                     log.warning("claius: %s query %s (size %g): no quota meets %.3g ms "
-                                "(%.3g ms + %.3g ms PCIe at 100 %%): 100 %%", app.name,
+                                "(%.3g ms + %.3g ms PCIe and host at 100 %%): 100 %%", app.name,
                                 info.get("id"), size, target, t[-1], pc[-1])
                     q = 100
                 q0, pcie, curve = q, float(pc[self._qidx(q)]), np.asarray(t, dtype=np.float64)
@@ -809,7 +862,8 @@ class CLaius(Policy):
             if feats is None or self.pred is None or feats == b.task:
                 return []
             b.task = feats
-            self._batch_preds(b)
+            if not self._batch_preds(b):
+                return []
             return self._decide()
         a = self.qos.get(app.slot)
         if a is None or a.query is None:
@@ -870,7 +924,13 @@ class CLaius(Policy):
         if a.seen:
             a.last_plan = a.seen            # the next query's plan: this query's tasks
         a.seen = []
-        a.query = None
+        q, a.query = a.query, None
+        end_us = info.get("t_us")
+        if self.learn_host and end_us is not None and q.arrival_us and not math.isinf(q.target_ms) \
+                and q.curve.any():
+            lat = (float(end_us) - q.arrival_us) / 1000.0
+            extra = max(0.0, lat - float(q.curve[self._qidx(q.quota)]) - (q.pcie_ms - a.host_ms))
+            a.host_ms = extra if a.host_ms == 0.0 else (1 - HOST_EWMA) * a.host_ms + HOST_EWMA * extra
         return self._decide()
 
 
