@@ -7,7 +7,7 @@ import pytest
 
 from conftest import PY, ROOT, clean_env, colocate
 from controlplane.daemon import Controller as Ctl
-from controlplane.policies import (AppInfo, Decision, Policy, make_policy_spec, parse_policy_spec,
+from controlplane.policies import (AppInfo, Decision, Policy, make_policy, make_policy_spec, parse_policy_spec,
                                    register_policy)
 from controlplane.rundir import ensure
 from processpool import Pool, parse_spec
@@ -156,7 +156,7 @@ def test_baymax_holds_a_batch_task_that_does_not_fit_and_releases_when_it_does()
 
 
 def test_baymax_releases_at_query_end_and_packs_the_headroom_in_slot_order():
-    p = make_policy_spec("baymax")
+    p = make_policy_spec("baymax,time_slice_ms=0")          # the batch apps at once
     p.pred = baymax_predictor()
     for a in (BSVC, BB1, BB2):
         p.on_register(a)
@@ -183,7 +183,7 @@ def test_baymax_unknown_batch_task_waits_during_a_query():
 
 
 def test_baymax_holds_nothing_without_qos_apps():
-    p = make_policy_spec("baymax")
+    p = make_policy_spec("baymax,time_slice_ms=0")
     p.pred = baymax_predictor()
     got = p.on_register(BB1) + p.on_register(BB2)
     for f in ("long", "short", "long"):
@@ -191,6 +191,24 @@ def test_baymax_holds_nothing_without_qos_apps():
     got += p.on_exit(BB2)
     assert got == [Decision(1, 100, None), Decision(2, 100, None)]
     assert not any(p.held.values())
+
+
+def test_baymax_batch_apps_take_turns_in_time_slices():
+    now = [0.0]
+    p = make_policy("baymax", time_slice_ms=20, clock=lambda: now[0])
+    p.pred = baymax_predictor()
+    assert p.on_register(BB1) == [Decision(1, 100, None)]             # alone: its turn
+    assert p.on_register(BB2) == [Decision(2, 100, None, hold=True)]  # waits for its slice
+    now[0] = 0.019
+    assert p.on_tick(now[0]) == []
+    now[0] = 0.021                                                     # b1's slice is over
+    assert p.on_tick(now[0]) == [Decision(1, 100, None, hold=True), Decision(2, 100, None)]
+    now[0] = 0.042
+    assert p.on_task_done(BB2, {"features": {"task": "short"}, "duration_us": 1}) == \
+        [Decision(1, 100, None), Decision(2, 100, None, hold=True)]      # round robin
+    assert p.on_exit(BB1) == [Decision(2, 100, None)]                  # the one left runs
+    with pytest.raises(ValueError):
+        make_policy("baymax", time_slice_ms=-1)
 
 
 def test_baymax_without_predictor_uses_measured_times():

@@ -280,6 +280,25 @@ def test_policy_bandwidth_cap_and_nb_ablation():
             assert pol.last_packing.bw + 200.0 <= 600.0
 
 
+def test_bandwidth_cap_binds_only_while_a_query_is_in_flight():
+    """Between queries there is nothing to protect: the batch apps are packed
+    without the cap (cap_idle=False, the default), with it when asked."""
+    for cap_idle, want in ((False, {1: 90, 2: 10}), (True, {1: 40, 2: 40})):   # 1000 vs 600 GB/s
+        pol = make_policy("claius", predictor=scripted_predictor(), device_bw_gbs=600.0,
+                          objective="ipc", hysteresis=0, cap_idle=cap_idle)
+        for a in (B1, B2):
+            pol.on_register(a)
+            pol.on_task_done(a, {"features": {"task": a.name}})
+        assert {s: pol.sent[s] for s in (1, 2)} == want, cap_idle
+        if cap_idle:
+            assert pol.last_packing.bw <= 600.0
+
+
+def test_batch_apps_get_a_small_forwarding_window():
+    pol = make_policy("claius", predictor=scripted_predictor())
+    assert pol.fwd_window(B1) == C.BATCH_WINDOW and pol.fwd_window(SVC) is None
+
+
 def test_policy_two_qos_services_share_by_slope():
     p = C.TablePredictor(query={"a": lambda s, q: 600.0 / q, "b": lambda s, q: 12.0 - q / 10.0},
                          task={}, bw={}, ipc={})
@@ -338,7 +357,7 @@ def test_normalised_objective_does_not_starve_a_memory_bound_app():
                          ipc={"b1": lambda f, q: q / 10.0, "b2": lambda f, q: 0.05 * min(q, 30.0)})
     got = {}
     for obj in ("ipc", "normalised"):
-        pol = make_policy("claius", predictor=p, objective=obj)
+        pol = make_policy("claius", predictor=p, objective=obj, hysteresis=0)
         for a in (B1, B2):
             pol.on_register(a)
             pol.on_task_done(a, {"features": {"task": a.name}})
@@ -369,6 +388,28 @@ def test_batch_curves_are_time_weighted_over_recent_tasks():
     t2 = t + 0.1
     assert pol.batch[1].ipc[1:] == pytest.approx(t2[-1] / t2)
     assert d == []                                  # moved < 2 %: nothing decided again
+
+
+def test_hysteresis_keeps_a_packing_that_is_nearly_as_good():
+    """b1 and b2 identical and linear: any split of the units is worth the
+    same, so once placed they stay put as their curves wobble, until the
+    current split is worth 5 % less than the best."""
+    speed = {"b1": 1.0, "b2": 1.0}
+    p = C.TablePredictor(task={"b1": lambda f, q: speed["b1"] * 100.0 / q,
+                               "b2": lambda f, q: speed["b2"] * 100.0 / q},
+                         bw={"b1": lambda f, q: 0.0, "b2": lambda f, q: 0.0}, ipc={})
+    pol = make_policy("claius", predictor=p)
+    for a in (B1, B2):
+        pol.on_register(a)
+        pol.on_task_done(a, {"features": {"task": a.name, "n": 0}})
+    placed = dict(pol.sent)
+    # b2's tasks get 3 % faster at 10 % only: a new best exists, not 5 % better
+    speed["b2"] = 1.0
+    p.task["b2"] = lambda f, q: (97.0 if q == 10 else 100.0) / q
+    for i in range(1, 20):
+        pol.on_task_done(B2, {"features": {"task": "b2", "n": i}})
+    assert pol.sent == placed
+    assert sum(pol.sent.values()) == 100
 
 
 def test_emit_sends_a_hold_change_even_at_the_same_quota():

@@ -433,3 +433,23 @@ def test_batch_tasks_reach_the_policy_at_a_bounded_rate():
     time.sleep(BATCH_TASK_EVERY_S * 1.5)
     assert Ctl.batch_task_due(batch, "k2")
     assert all(Ctl.batch_task_due(qos, "k1") for _ in range(3))
+
+
+@register_policy("test-window")
+class Window(Policy):
+    def fwd_window(self, app: AppInfo) -> int | None:
+        return 3 if app.cls == "batch" else None
+
+
+def test_register_reply_carries_the_policys_forwarding_window(tmp_path, sleeper):
+    from controlplane.daemon import Controller as Ctl
+    from controlplane.rundir import ensure
+    ctl = Ctl(ensure(tmp_path / "rd"), make_policy("test-window"), "sim")
+    try:
+        def reg(cls: str) -> dict:
+            m = {"v": 1, "type": "register", "pid": sleeper().pid, "name": cls, "class": cls}
+            return ctl.handle([b"", json.dumps(m).encode()])
+        assert reg("batch")["fwd_window"] == 3
+        assert "fwd_window" not in reg("qos")
+    finally:
+        ctl.close()

@@ -5,14 +5,18 @@ every application runs on the whole GPU, kernels are time-shared; Baymax
 predicts the duration of each task, reserves time for the QoS queries, and
 issues a batch task only if it fits the QoS query's headroom, else blocks it.
 
-Our rule, with every app at quota 100 (route None: a 100 % worker or local):
+Our rule, with every app at quota 100 (route None: a 100 % worker or local).
+The batch apps time-share the device among themselves too: one at a time,
+for time_slice_ms each in slot order (default 20; 0 lets them all run at
+once, which is MPS at 100 %, not time sharing); the others are held.  The
+one whose slice it is runs under the headroom rule:
 
     while a QoS query Q is in flight, batch app b may issue its next task iff
         spent(Q) + remaining(Q) + sum of next(b') for the batch apps already
         released, b' before b in slot order, + next(b)  <=  T_tgt(Q) - T_pcie(Q)
     for every query in flight; otherwise b is held (Decision(hold=True))
     until the query ends or the inequality holds again.  With no query in
-    flight every batch app runs.
+    flight the batch app whose slice it is runs.
 
   remaining(Q)  predicted time of Q's tasks still to run at 100 %: the sum
                 of task_ms(task, 100) over its plan (the query's "tasks", else
@@ -36,15 +40,17 @@ each completed task), so a released app may issue a few tasks before the
 next event holds it: admission per event, not per launch.
 
 Options: predictor (a Predictor, as claius) or models (a directory of saved
-models); device time units are ms.
+models), time_slice_ms, clock (seconds; tests and the simulator pass
+theirs); device time units are ms.
 """
 from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -54,7 +60,7 @@ from controlplane.policies.claius import ModelPredictor, Predictor, Row
 log = logging.getLogger("colocate.baymax")
 
 Q100 = np.array([100.0])
-BATCH_WINDOW = 4           # a batch app's routed launches in flight
+BATCH_WINDOW = 1           # a batch task is issued when the previous one is done (per-task admission)
 
 
 @dataclass
@@ -92,11 +98,17 @@ class Batch:
 @register_policy("baymax")
 class Baymax(Policy):
     def __init__(self, predictor: Predictor | None = None, models: str | Path | None = None,
+                 time_slice_ms: float = 20.0, clock: Callable[[], float] = time.monotonic,
                  **opts: Any):
         super().__init__(**opts)           # granularity etc.: irrelevant, all run at 100 %
         if predictor is None and models is not None:
             predictor = ModelPredictor.from_dir(models)
         self.pred = predictor
+        if time_slice_ms < 0:
+            raise ValueError(f"time_slice_ms must be >= 0, got {time_slice_ms}")
+        self.slice_s, self.clock = float(time_slice_ms) / 1000.0, clock
+        self.turn: int | None = None       # the batch app whose time slice it is
+        self.turn_t = 0.0
         self.qos: dict[int, Service] = {}
         self.batch: dict[int, Batch] = {}
         self.held: dict[int, bool] = {}    # slot -> hold last sent
@@ -142,12 +154,29 @@ class Baymax(Policy):
         return Query(qid, float(target), pcie, plan_ms, total)
 
     # --- the rule --------------------------------------------------------------
+    def _rotate(self) -> None:
+        """Time sharing between the batch apps: one at a time, each for
+        time_slice_ms, in slot order (0: no slices, all at once)."""
+        if not self.slice_s or not self.batch:
+            self.turn = None
+            return
+        now = self.clock()
+        if self.turn in self.batch and now - self.turn_t < self.slice_s:
+            return
+        order = sorted(self.batch)
+        nxt = [s for s in order if self.turn is None or s > self.turn]
+        self.turn, self.turn_t = (nxt or order)[0], now
+
     def _holds(self) -> dict[int, bool]:
         live = [s.query for s in self.qos.values() if s.query is not None]
         out: dict[int, bool] = {}
         used = 0.0                         # released batch tasks, ms
+        self._rotate()
         for slot in sorted(self.batch):
             b = self.batch[slot]
+            if self.turn is not None and slot != self.turn:
+                out[slot] = True           # not its time slice
+                continue
             if not live:
                 out[slot] = False
                 continue
@@ -233,3 +262,6 @@ class Baymax(Policy):
             if other.query is not None:
                 other.query.spent_ms += dur_ms
         return self._decide()
+
+    def on_tick(self, now_s: float) -> list[Decision]:
+        return self._decide()               # a slice may have ended with no task to say so

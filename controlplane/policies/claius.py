@@ -60,8 +60,9 @@ KS_MAX_UNITS = 100
 DEFAULT_MAX_NODES = 1_000_000
 RECENT_TASKS = 16          # a batch app's recent tasks its knapsack curves average over
 CURVE_RTOL = 0.02          # curves that moved less than this do not trigger a new decision
-BATCH_WINDOW = 4           # a batch app's routed launches in flight (base.Policy.fwd_window)
-HOST_EWMA = 0.2            # weight of the newest query in the learnt host time
+BATCH_WINDOW = 1           # a batch task is issued when the previous one is done: the ready pool
+HOST_WINDOW = 32           # the app's last queries the learnt host time comes from
+HOST_PCT = 90              # ... their 90th percentile: QoS is a tail target
 
 Row = Mapping[str, Any]
 
@@ -474,6 +475,7 @@ class QosApp:
     bw_cache: tuple[list[Row], np.ndarray] | None = None   # (plan, peak GB/s per quota)
     pcache: PlanCache | None = None                        # fast path
     host_ms: float = 0.0                   # learnt: a query's time beyond its predicted device time
+    extras: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HOST_WINDOW))
 
 
 @dataclass
@@ -518,8 +520,16 @@ class CLaius(Policy):
     learn_host (True: Eq. 3's T_pcie also counts the part of a query that
     is not its predicted device time - host work between kernels, launch
     and forwarding latency, interference - learnt from the latencies of the
-    app's past queries (EWMA of latency - T_p(q) - T_pcie(q) at the quota it
-    got); the profiles' query times are device time only).
+    app's past queries (90th percentile over the last 32 of latency - T_p(q)
+    - T_pcie(q) at the quota each got); the profiles' query times are device
+    time only),
+    qos_bw ("mean": a query's bandwidth in Eq. 4 is its tasks' time-weighted
+    mean at its quota; "peak": their maximum), hysteresis (0.05: a new
+    packing replaces the batch apps' current one only when its value is
+    that much higher - each change moves apps between workers), cap_idle
+    (False: the bandwidth cap of Eq. 4 binds only while a QoS query is in
+    flight - it is there to protect queries, and between them a fluid
+    memory system shares bandwidth without losing any; True: always).
 
     A batch app the knapsack gives 0 units is held: Decision(hold=True) at
     the quota it last had (so that holding moves nothing), released with
@@ -530,8 +540,13 @@ class CLaius(Policy):
                  slack_frac: float = 0.1, predictor: Predictor | None = None,
                  models: str | Path | None = None, use_c: bool = True,
                  max_nodes: int = DEFAULT_MAX_NODES, fast: bool = True,
-                 objective: str = "normalised", learn_host: bool = True, **opts: Any):
+                 objective: str = "normalised", learn_host: bool = True, qos_bw: str = "mean",
+                 hysteresis: float = 0.05, cap_idle: bool = False, **opts: Any):
         super().__init__(**opts)
+        self.cap_idle = bool(cap_idle)
+        if qos_bw not in ("mean", "peak"):
+            raise ValueError(f"qos_bw must be mean or peak, got {qos_bw!r}")
+        self.qos_bw_mode, self.hysteresis = qos_bw, float(hysteresis)
         self.learn_host = bool(learn_host)
         if objective not in ("normalised", "ipc"):
             raise ValueError(f"objective must be normalised or ipc, got {objective!r}")
@@ -607,11 +622,18 @@ class CLaius(Policy):
         return r
 
     def _plan_bw(self, a: QosApp) -> np.ndarray:
+        """The query's bandwidth per quota: its tasks' peak (qos_bw="peak"), or
+        their time-weighted mean (the default: the bytes it moves over the
+        time it runs; a peak held for the whole query idles the batch apps
+        through every query of a service with one memory-bound layer)."""
         m = np.array([self.pred.task_bw(a.info.name, t, self.quotas) for t in a.query.plan])
-        return m.max(axis=0)
+        if self.qos_bw_mode == "peak":
+            return m.max(axis=0)
+        t = np.maximum(self._plan_pred(a), 1e-12)
+        return (m * t).sum(axis=0) / t.sum(axis=0)
 
     def _qos_bw(self, a: QosApp, quota: int) -> float:
-        """Peak predicted bandwidth of the query's tasks at its quota (0 without a plan)."""
+        """Predicted bandwidth of the query's tasks at its quota (_plan_bw; 0 without a plan)."""
         if a.query is None or not a.query.plan or self.pred is None:
             return 0.0
         pc = a.query.cache
@@ -742,7 +764,7 @@ class CLaius(Policy):
         return grants
 
     # --- batch packing -----------------------------------------------------------
-    def _pack(self, free_units: int, qos_bw: float) -> dict[int, tuple[int, bool]]:
+    def _pack(self, free_units: int, qos_bw: float, use_cap: bool) -> dict[int, tuple[int, bool]]:
         """(quota, hold) per batch app: the knapsack over the free units; apps
         without predictions get one unit each first, to run and be seen; an
         app the knapsack gives nothing waits, held at the quota it had."""
@@ -763,20 +785,37 @@ class CLaius(Policy):
             val, bw = self._stacked(known, free_units)
             cap = self.device_bw - qos_bw
             if self.use_c:
-                p = knapsack(val, bw, cap, self.bandwidth_cap, self.max_nodes)
+                p = knapsack(val, bw, cap, use_cap, self.max_nodes)
             else:
-                p = knapsack_py(val, bw, cap, self.bandwidth_cap, self.max_nodes)
+                p = knapsack_py(val, bw, cap, use_cap, self.max_nodes)
             self.last_packing = p
+            choice = self._keep_current(known, p, val, bw, cap, free_units, use_cap)
             if p.status == 2:
                 log.warning("claius: QoS bandwidth %.0f GB/s leaves no room under %.0f GB/s: "
                             "batch apps wait", qos_bw, self.device_bw)
             elif p.status == 1:
                 log.warning("claius: knapsack stopped at %d nodes: best packing so far", p.nodes)
-            for b, k in zip(known, p.choice):
+            for b, k in zip(known, choice):
                 # k = 0: the app's next task waits in the ready pool
                 out[b.info.slot] = (k * self.g, False) if k > 0 else \
                     (self.sent.get(b.info.slot, self.g), True)
         return out
+
+    def _keep_current(self, known: list[BatchApp], p: Packing, val: np.ndarray, bw: np.ndarray,
+                      cap: float, free_units: int, use_cap: bool) -> list[int]:
+        """The batch apps' current units when they still fit (units, and the
+        bandwidth cap) and are worth at least (1 - hysteresis) of the new
+        packing's value; else the new packing."""
+        cur = [0 if self.held.get(b.info.slot, False) or b.info.slot not in self.sent
+               else self._units(self.sent[b.info.slot]) for b in known]
+        if cur == list(p.choice) or sum(cur) > free_units or self.hysteresis <= 0:
+            return list(p.choice)
+        rows = range(len(known))
+        if use_cap and sum(bw[i, cur[i]] for i in rows) > cap + 1e-9:
+            return list(p.choice)
+        if sum(val[i, cur[i]] for i in rows) >= (1 - self.hysteresis) * p.value:
+            return cur
+        return list(p.choice)
 
     def _decide(self) -> list[Decision]:
         """The whole allocation: QoS grants, then the knapsack over what is left."""
@@ -788,7 +827,10 @@ class CLaius(Policy):
             want[slot] = (u * self.g, False)
             qos_bw += self._qos_bw(a, u * self.g)
         free = self.n - sum(grants.values())
-        want.update(self._pack(free, qos_bw if self.bandwidth_cap else 0.0))
+        # the cap protects QoS queries from the batch apps' memory traffic:
+        # with none in flight there is nothing to protect (cap_idle=False)
+        use_cap = self.bandwidth_cap and (bool(grants) or self.cap_idle)
+        want.update(self._pack(free, qos_bw if self.bandwidth_cap else 0.0, use_cap))
         return self._emit(want)
 
     # --- hooks ---------------------------------------------------------------------
@@ -929,8 +971,8 @@ class CLaius(Policy):
         if self.learn_host and end_us is not None and q.arrival_us and not math.isinf(q.target_ms) \
                 and q.curve.any():
             lat = (float(end_us) - q.arrival_us) / 1000.0
-            extra = max(0.0, lat - float(q.curve[self._qidx(q.quota)]) - (q.pcie_ms - a.host_ms))
-            a.host_ms = extra if a.host_ms == 0.0 else (1 - HOST_EWMA) * a.host_ms + HOST_EWMA * extra
+            a.extras.append(max(0.0, lat - float(q.curve[self._qidx(q.quota)]) - (q.pcie_ms - a.host_ms)))
+            a.host_ms = float(np.percentile(a.extras, HOST_PCT))
         return self._decide()
 
 
