@@ -340,6 +340,9 @@ def parser() -> argparse.ArgumentParser:
     d = Setup()
     p.add_argument("--policies", default="claius,mps-even,mps-priority,baymax,static-optimal",
                    help="comma-separated policy names, measured in this order (default: %(default)s)")
+    p.add_argument("--policy", action="append", default=[], metavar="SPEC",
+                   help="one more policy with options, e.g. 'claius,objective=ipc' (repeatable; "
+                        "measured after --policies; --policies '' for these alone)")
     p.add_argument("--service", default=d.service, help="Tonic net (default: %(default)s)")
     p.add_argument("--service-args", default=d.service_args, help="tonic-service options")
     p.add_argument("--sizes", default=d.sizes, help="query sizes, comma-separated")
@@ -371,11 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (BIN / b).exists():
             print(f"colocation: {BIN / b} missing (run `make build`)", file=sys.stderr)
             return 2
-    policies = [p for p in a.policies.split(",") if p]
+    policies = [p for p in a.policies.split(",") if p] + a.policy
     log = (lambda m: None) if a.quiet else (lambda m: print(f"[colocation] {m}", file=sys.stderr, flush=True))  # noqa: E731
     a.work.mkdir(parents=True, exist_ok=True)
     try:
-        model_dir = models(s, a.work, log) if any(p in PREDICTING for p in policies) else None
+        model_dir = models(s, a.work, log) if any(p.split(",")[0] in PREDICTING for p in policies) else None
         solo_ips, solo_rates = solo(s, a.work, log)
         results = []
         for pol in policies:
