@@ -41,6 +41,10 @@ struct fconn {
 	int failed_reported;           /* page->failed_seq turned into an error */
 	uint64_t defined[FWD_MAX_KERNELS / 64];  /* DEFINE sent, by kernel id */
 	uint64_t last_check_ns;
+	/* fconn_time: the completed launch whose time has not come yet, since
+	 * when (callers resolve in order, so one is enough); atomic */
+	uint64_t late_key;
+	uint64_t late_since_ns;
 };
 
 struct fwait {

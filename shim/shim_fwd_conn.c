@@ -659,6 +659,9 @@ static int read_time(struct fconn *c, uint64_t seq, int64_t *start_ns, int64_t *
  * liveness test, a kill(0) and two loads, only in that case).  Lock-free:
  * the caller's reference keeps the page mapped.
  */
+/* A completed launch's time later than this is given up (the task untimed). */
+#define LATE_TIME_NS (100ull * 1000 * 1000)
+
 int fconn_time(struct fconn *c, uint64_t seq, uint32_t idx, int64_t *start_ns, int64_t *dur_ns)
 {
 	char why[256];
@@ -670,8 +673,21 @@ int fconn_time(struct fconn *c, uint64_t seq, uint32_t idx, int64_t *start_ns, i
 	if (__atomic_load_n(&c->page->timed[idx], __ATOMIC_ACQUIRE) >= seq ||
 	    __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE) || __atomic_load_n(&c->lost, __ATOMIC_ACQUIRE))
 		return read_time(c, seq, start_ns, dur_ns) ? 1 : -1;
-	if (fconn_done(c, idx, seq) && fconn_lost_quick(c, why, sizeof(why)))
-		return -1;
+	if (fconn_done(c, idx, seq)) {
+		/* done, and its time should follow at once; a worker that never
+		 * writes it (wedged, out of memory) must not hold every record
+		 * behind this one, nor the app's exit */
+		uint64_t key = seq * FWD_MAX_STREAMS + idx, now = shim_now_ns();
+
+		if (fconn_lost_quick(c, why, sizeof(why)))
+			return -1;
+		if (__atomic_load_n(&c->late_key, __ATOMIC_RELAXED) != key) {
+			__atomic_store_n(&c->late_since_ns, now, __ATOMIC_RELAXED);
+			__atomic_store_n(&c->late_key, key, __ATOMIC_RELAXED);
+		} else if (now - __atomic_load_n(&c->late_since_ns, __ATOMIC_RELAXED) > LATE_TIME_NS) {
+			return -1;
+		}
+	}
 	return 0;
 }
 

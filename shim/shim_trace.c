@@ -1,6 +1,8 @@
 /*
- * shim_trace.c - the per-task trace: one JSON line per task, on only when
- * COLOCATE_TRACE=<file> is set (`colocate trace` sets it).
+ * shim_trace.c - the per-task trace: one JSON line per task when
+ * COLOCATE_TRACE=<file> is set (`colocate trace` sets it), and the task
+ * feed to the controller when its policy wants completed tasks (the feed
+ * thread below); the records, events and resolving are shared.
  *
  * A task is bracketed by two events recorded on its stream through the
  * real event API (cudart's for runtime launches and library calls, the
@@ -83,6 +85,10 @@ struct evapi {
 	/* runtime only: the thread's last error (the driver keeps none) */
 	int (*peek)(void);
 	int (*getlast)(void);
+	/* optional, for the feed thread: the app's device (runtime) or context
+	 * (driver) to take on, looked up here so that nothing under mu dlopens */
+	int (*getcur)(void *out);
+	int (*setcur)(void *arg);
 	void *ref;                   /* the first start event: time zero      */
 	int64_t ref_ns;              /* CLOCK_MONOTONIC when ref was recorded */
 	void *pool[POOL_MAX];
@@ -488,6 +494,8 @@ static void lookup_rt(void)
 		RT(a, record_ptsz, "cudaEventRecord_ptsz");
 		RT(a, capturing, "cudaStreamIsCapturing");
 		RT(a, capturing_ptsz, "cudaStreamIsCapturing_ptsz");
+		RT(a, getcur, "cudaGetDevice");
+		RT(a, setcur, "cudaSetDevice");
 	}
 	__atomic_store_n(&a->state, ok ? 1 : -1, __ATOMIC_RELEASE);
 }
@@ -504,6 +512,8 @@ static void lookup_drv(void)
 	DRV(a, record_ptsz, "cuEventRecord_ptsz");
 	DRV(a, capturing, "cuStreamIsCapturing");
 	DRV(a, capturing_ptsz, "cuStreamIsCapturing_ptsz");
+	DRV(a, getcur, "cuCtxGetCurrent");
+	DRV(a, setcur, "cuCtxSetCurrent");
 	__atomic_store_n(&a->state, ok ? 1 : -1, __ATOMIC_RELEASE);
 }
 
@@ -1115,10 +1125,6 @@ static int feed_put_locked(const struct shim_trace_rec *r, int timed, int64_t st
 	return 1;
 }
 
-typedef int (*get_dev_fn)(int *);
-typedef int (*set_dev_fn)(int);
-typedef int (*ctx_fn)(void **);
-
 static void *feed_main(void *arg)
 {
 	struct timespec nap = { 0, FEED_POLL_NS };
@@ -1132,18 +1138,10 @@ static void *feed_main(void *arg)
 		goto out;
 	/* the device (runtime) and context (driver) the app's records live on:
 	 * a thread starts on device 0 with no context */
-	if (feed_dev >= 0) {
-		set_dev_fn set = (set_dev_fn)shim_real_rt("cudaSetDevice");
-
-		if (set)
-			EV_CALL(&api[SHIM_EV_RT], set(feed_dev));
-	}
-	if (feed_ctx) {
-		ctx_fn set = (ctx_fn)shim_real_drv("cuCtxSetCurrent");
-
-		if (set)
-			((int (*)(void *))set)(feed_ctx);
-	}
+	if (feed_dev >= 0 && api[SHIM_EV_RT].setcur)
+		EV_CALL(&api[SHIM_EV_RT], ((int (*)(int))(void *)api[SHIM_EV_RT].setcur)(feed_dev));
+	if (feed_ctx && api[SHIM_EV_DRV].setcur)
+		api[SHIM_EV_DRV].setcur(feed_ctx);
 	while (!__atomic_load_n(&feed_stop, __ATOMIC_ACQUIRE)) {
 		nanosleep(&nap, NULL);
 		pthread_mutex_lock(&mu);
@@ -1184,19 +1182,16 @@ static void feed_start_locked(void)
 	if (feed_live || tried || getpid() != pid)
 		return;
 	tried = 1;
-	if (api[SHIM_EV_RT].state > 0) {
-		get_dev_fn get = (get_dev_fn)shim_real_rt("cudaGetDevice");
+	/* the getters were looked up with the event API (outside mu) */
+	if (api[SHIM_EV_RT].state > 0 && api[SHIM_EV_RT].getcur) {
 		int dev = -1;
 
-		if (get && EV_CALL(&api[SHIM_EV_RT], get(&dev)) == 0)
+		if (EV_CALL(&api[SHIM_EV_RT], api[SHIM_EV_RT].getcur(&dev)) == 0)
 			feed_dev = dev;
 	}
-	if (api[SHIM_EV_DRV].state > 0) {
-		ctx_fn get = (ctx_fn)shim_real_drv("cuCtxGetCurrent");
-
-		if (get && get(&feed_ctx) != 0)
-			feed_ctx = NULL;
-	}
+	if (api[SHIM_EV_DRV].state > 0 && api[SHIM_EV_DRV].getcur &&
+	    api[SHIM_EV_DRV].getcur(&feed_ctx) != 0)
+		feed_ctx = NULL;
 	/* the app's signals are the app's threads' business */
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
