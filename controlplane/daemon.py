@@ -35,7 +35,7 @@ from controlplane import metrics
 from controlplane.policies.base import AppInfo, Decision, Policy, make_policy_spec
 from controlplane.rundir import ColocateError, RunDir, version
 from predictors import schema as pschema
-from predictors.profile import lib_params
+from predictors.profile import RunFailed, lib_params
 from processpool import Pool, parse_spec
 from shim.ctlblock import ROUTE_HOLD, ControlBlock, ControlBlockFull
 
@@ -169,6 +169,8 @@ class App:
     query_size: collections.OrderedDict = field(default_factory=collections.OrderedDict)
     last_task: tuple[str, float] = ("", 0.0)           # batch: last task given to the policy, when
     fwd_window: int | None = None                       # routed launches in flight it may have
+    dead_at: float | None = None                        # tick that first found the process gone
+    skipped: dict = field(default_factory=dict)         # batch: name -> [tasks, us] not passed on
     launch_log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
                                                         # (monotonic s, launches) at ticks
 
@@ -196,8 +198,14 @@ def task_features(t: dict, input_bytes: float, occurrence: int) -> dict:
     params = t.get("params")
     if params is not None and not isinstance(params, dict):
         raise BadTask(f"params must be an object, got {type(params).__name__}")
-    return pschema.task_row(t["name"], input_bytes, quota=t["quota"],
-                            params=lib_params(t["name"], params), occurrence=occurrence)
+    if params and not all(math.isfinite(float(v)) for v in params.values()
+                          if isinstance(v, (int, float)) and not isinstance(v, bool)):
+        raise BadTask("params must be finite numbers")
+    try:
+        lp = lib_params(t["name"], params)
+    except RunFailed as e:                              # more parameters than the schema has
+        raise BadTask(str(e)) from None
+    return pschema.task_row(t["name"], input_bytes, quota=t["quota"], params=lp, occurrence=occurrence)
 
 
 # --- the controller ---------------------------------------------------------
@@ -298,10 +306,17 @@ class Controller:
         if self.metrics is not None:                    # what the HTTP thread serves
             self.metrics.publish([self.record(a) for a in self.apps.values()])
         for app in list(self.apps.values()):
-            if proc_start(app.info.pid) != app.start:
-                log.info("app %s (pid %d, slot %d) died without exit", app.info.name, app.info.pid,
-                         app.info.slot)
-                self.finish(app, [])
+            if proc_start(app.info.pid) == app.start:
+                continue
+            # An app sends "exit" and is a zombie a moment later: its exit
+            # (with its kernel list) may still be queued behind its tasks.
+            # Collected at the next tick if it has not come by then.
+            if app.dead_at is None:
+                app.dead_at = now
+                continue
+            log.info("app %s (pid %d, slot %d) died without exit", app.info.name, app.info.pid,
+                     app.info.slot)
+            self.finish(app, [])
         if self.pool is not None:
             try:
                 self.unroute(self.pool.check())
@@ -612,7 +627,7 @@ class Controller:
                 inp = float(self.cb.counters(app.info.slot)["h2d_bytes"])
             try:
                 row = task_features(t, inp, occ)
-            except (BadTask, ValueError, TypeError) as e:
+            except (BadTask, ValueError, TypeError, OverflowError) as e:
                 feed["bad"] += 1
                 log.warning("app %s (pid %d): bad task record %s: %s", app.info.name, app.info.pid,
                             t.get("n"), e)
@@ -620,10 +635,17 @@ class Controller:
             if t["dur_us"] is None:
                 feed["untimed"] += 1
                 continue
-            if app.final is None and self.batch_task_due(app, t["name"]):
+            if app.final is None:
+                dur = float(t["dur_us"])
+                if not self.batch_task_due(app, t["name"]):
+                    acc = app.skipped.setdefault(t["name"], [0, 0.0])
+                    acc[0] += 1
+                    acc[1] += dur
+                    continue
+                n, us = app.skipped.pop(t["name"], (0, 0.0))
                 self.decide("on_task_done", app.info,
-                            {"features": row, "duration_us": float(t["dur_us"]),
-                             "quota_pct": t["quota"], "query": t["query"]})
+                            {"features": row, "duration_us": dur, "quota_pct": t["quota"],
+                             "query": t["query"], "count": n + 1, "total_us": us + dur})
         if app.final is not None:
             app.final["feed"] = dict(feed)
         return None

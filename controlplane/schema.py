@@ -17,7 +17,8 @@ from typing import Any
 PROTOCOL = 1
 # Additive changes (new message types, new optional fields) keep "v": 1 so
 # that older shims keep working, and bump REVISION: 2 = "tasks" (task
-# feedback), "feed" in "registered", held apps (route CB_ROUTE_HOLD).
+# feedback), "feed" in "registered", held apps (route CB_ROUTE_HOLD);
+# 3 = "revision" and "fwd_window" in "registered", "throughput" in records.
 REVISION = 3
 MAX_BYTES = 64 * 1024
 

@@ -412,6 +412,26 @@ def test_hysteresis_keeps_a_packing_that_is_nearly_as_good():
     assert sum(pol.sent.values()) == 100
 
 
+def test_late_tasks_complete_their_own_querys_plan_only():
+    """The feed lags the query boundaries: a task of query 1 that arrives
+    after it ended joins the next query's plan, and one arriving during
+    query 2 is not counted as query 2's progress."""
+    pol = make_policy("claius", predictor=scripted_predictor())
+    pol.on_register(SVC)
+    pol.on_query_begin(SVC, {"id": 1, "size": 1, "t_us": 0})
+    pol.on_task_done(SVC, {"features": TASKS[0], "duration_us": 1000, "query": 1})
+    pol.on_query_end(SVC, {"id": 1, "t_us": 5000})
+    for t in TASKS[1:3]:                                    # late, query 1's
+        assert pol.on_task_done(SVC, {"features": t, "duration_us": 1000, "query": 1}) == []
+    assert pol.qos[0].last_plan == TASKS[:3]
+    pol.on_query_begin(SVC, {"id": 2, "size": 1, "t_us": 10000})
+    assert pol.qos[0].query.plan == TASKS[:3]
+    pol.on_task_done(SVC, {"features": TASKS[3], "duration_us": 1000, "query": 1})
+    assert pol.qos[0].query.measured == []
+    pol.on_task_done(SVC, {"features": TASKS[0], "duration_us": 1000, "query": 2})
+    assert pol.qos[0].query.measured == [1.0]
+
+
 def test_emit_sends_a_hold_change_even_at_the_same_quota():
     pol = make_policy("claius")
     assert pol._emit({5: (30, False)}) == [Decision(5, 30, None)]

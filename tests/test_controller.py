@@ -453,3 +453,32 @@ def test_register_reply_carries_the_policys_forwarding_window(tmp_path, sleeper)
         assert "fwd_window" not in reg("qos")
     finally:
         ctl.close()
+
+
+def test_exit_queued_behind_a_zombie_is_still_taken(tmp_path, sleeper):
+    """An app says exit and becomes a zombie at once: a tick that finds it
+    gone before its exit was read waits one more tick, so the exit (with its
+    kernel list) is taken instead of being refused as unregistered."""
+    from controlplane.daemon import Controller as Ctl
+    from controlplane.rundir import ensure
+    ctl = Ctl(ensure(tmp_path / "rd"), make_policy("static"), "sim")
+    try:
+        def call(**m) -> dict:
+            return ctl.handle([b"", json.dumps({"v": 1, **m}).encode()])
+        late, dead = sleeper(), sleeper()
+        s1 = call(type="register", pid=late.pid, name="late", **{"class": "batch"})["slot"]
+        call(type="register", pid=dead.pid, name="dead", **{"class": "batch"})
+        for p in (late, dead):
+            p.kill()
+            p.wait()
+        now = time.monotonic()
+        ctl.tick(now)                                  # both found gone: not collected yet
+        assert {a.info.name for a in ctl.apps.values()} == {"late", "dead"}
+        kernels = [{"name": "_Z1kv", "launches": 3, "twin": True}]
+        assert call(type="exit", pid=late.pid, slot=s1, kernels=kernels)["type"] == "ok"
+        ctl.tick(now + 0.1)                            # the silent one is collected now
+        recs = {r["name"]: r for r in call(type="list", all=True)["apps"]}
+        assert recs["late"]["kernels"] == kernels and recs["dead"]["state"] == "exited"
+        assert not ctl.apps
+    finally:
+        ctl.close()

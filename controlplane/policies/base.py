@@ -63,7 +63,11 @@ class Policy:
         shim for task feedback; see wants_tasks).  task: {"features": a
         predictors task row (schema.task_row, with "occurrence"), "duration_us":
         device time, "quota_pct": the quota it ran at, "query": the id of the
-        query it belongs to or None}."""
+        query it belongs to or None, "count": how many tasks of its name it
+        stands for, "total_us": their device time}.  A batch app's tasks come
+        at most every few ms per kernel name (count > 1: the ones in between
+        were not passed on); a QoS app's come one by one (count 1), possibly
+        after the query's end."""
         return []
 
     def fwd_window(self, app: AppInfo) -> int | None:
@@ -75,7 +79,8 @@ class Policy:
 
     def wants_tasks(self, app: AppInfo) -> bool:
         """Whether the app's shim should report completed tasks (on_task_done).
-        It costs two events per task in the app, so only policies that use it say yes."""
+        It costs two events per task (in the app, or in the worker for a
+        forwarded one), so only policies that use it say yes."""
         return False
 
     def on_tick(self, now_s: float) -> list[Decision]:

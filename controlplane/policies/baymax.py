@@ -243,11 +243,15 @@ class Baymax(Policy):
 
     def on_task_done(self, app: AppInfo, task: dict) -> list[Decision]:
         dur_ms = float(task.get("duration_us") or 0.0) / 1000.0
+        # a batch report may stand for several tasks (the controller passes
+        # on one per kernel every few ms): all their time was device time
+        total_ms = float(task.get("total_us") or task.get("duration_us") or 0.0) / 1000.0
         feats = task.get("features")
         s = self.qos.get(app.slot)
         if s is not None:
-            if s.query is None:
-                return []
+            tq = task.get("query")
+            if s.query is None or (tq is not None and tq != s.query.id):
+                return []                  # late: its query has ended
             if feats is not None:
                 s.seen.append(feats)
             s.query.done += 1
@@ -260,7 +264,7 @@ class Baymax(Policy):
             b.next_ms = pred if pred is not None else dur_ms
         for other in self.qos.values():     # the device time it took, on a time-shared GPU
             if other.query is not None:
-                other.query.spent_ms += dur_ms
+                other.query.spent_ms += total_ms if s is None else dur_ms
         return self._decide()
 
     def on_tick(self, now_s: float) -> list[Decision]:

@@ -19,15 +19,18 @@ What the hooks read (the daemon passes these dicts):
                   the app's), tasks (feature dicts of the query's tasks, in
                   order; otherwise the previous query's tasks are the plan)
   on_task_done    task: features (a predictors task row), duration_us
-                  (measured); optional query (id).  QoS tasks advance their
-                  query's progress; batch tasks give the app's next task.
-  on_query_end    info: id
+                  (measured), quota_pct (it ran at); optional query (id),
+                  count (tasks it stands for).  QoS tasks advance their
+                  query's progress (a late one, of an ended query, completes
+                  that query's plan); batch tasks join the app's recent tasks,
+                  which its knapsack curves are time-weighted over.
+  on_query_end    info: id, t_us (its latency teaches Eq. 3 the host time)
 Decisions are Decision(slot, quota_pct, route=None): the controller picks a
 worker of that quota; a batch app the knapsack leaves out gets hold=True (its
 next launch waits) at the quota it had, and hold=False when it gets units.
 
 The decision path (query arrival -> quotas) has a fast mode, on by default:
-a QoS plan's predictions, remaining sums and bandwidth peaks are cached while
+a QoS plan's predictions, remaining sums and bandwidth are cached while
 the next query runs the same tasks, the batch curves are kept stacked for the
 knapsack (updated by set_batch_curves when a batch task's predictions change),
 and Decisions, being frozen, are reused.  fast=False is the reference path;
@@ -476,6 +479,8 @@ class QosApp:
     pcache: PlanCache | None = None                        # fast path
     host_ms: float = 0.0                   # learnt: a query's time beyond its predicted device time
     extras: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HOST_WINDOW))
+    last_qid: int | None = None            # the query that ended last (its late tasks)
+    late_restarts: bool = False            # its first late task starts last_plan afresh
 
 
 @dataclass
@@ -656,13 +661,15 @@ class CLaius(Policy):
                 a.bw_cache = (plan, np.zeros(self.n))
         return float(a.bw_cache[1][self._qidx(quota)])
 
-    def _batch_preds(self, b: BatchApp) -> bool:
+    def _batch_preds(self, b: BatchApp, count: int = 1) -> bool:
         """Add b's last task to its recent ones and derive its knapsack curves
         from them; False when they moved by less than CURVE_RTOL (nothing to
         decide again).  A batch app issues tasks of several shapes in turn
         (lud: a one-block diagonal step, then a grid-wide update), so its
         next task is not its last one: the curves are time-weighted over
-        the recent tasks, i.e. the app's speed (and bandwidth) at each quota."""
+        the recent tasks, i.e. the app's speed (and bandwidth) at each quota.
+        count: how many tasks like this one ran (the controller passes on one
+        per kernel name every few ms and says how many it stands for)."""
         name = b.info.name
         try:
             t = np.asarray(self.pred.task_ms(name, b.task, self.quotas), dtype=np.float64)
@@ -675,8 +682,8 @@ class CLaius(Policy):
             b.recent.clear()
             self._bm = None
             return True
-        b.recent.append((np.maximum(t, 1e-12), bw, ipc))
-        ts = np.array([r[0] for r in b.recent])
+        b.recent.append((np.maximum(t, 1e-12) * max(1, int(count)), bw, ipc))
+        ts = np.array([r[0] for r in b.recent])     # device time of those tasks, per quota
         total = ts.sum(axis=0)
         if self.objective == "ipc":     # time-weighted IPC
             val = (np.array([r[2] for r in b.recent]) * ts).sum(axis=0) / total
@@ -901,14 +908,22 @@ class CLaius(Policy):
         b = self.batch.get(app.slot)
         if b is not None:
             feats = task.get("features")
-            if feats is None or self.pred is None or feats == b.task:
+            if feats is None or self.pred is None:
                 return []
             b.task = feats
-            if not self._batch_preds(b):
+            if not self._batch_preds(b, int(task.get("count") or 1)):
                 return []
             return self._decide()
         a = self.qos.get(app.slot)
-        if a is None or a.query is None:
+        if a is None:
+            return []
+        tq = task.get("query")
+        if a.query is None or (tq is not None and tq != a.query.id):
+            # a task reported after its query ended (the feed lags the query
+            # boundaries): it completes that query's plan, and no other's
+            if tq is not None and tq == a.last_qid and task.get("features") is not None:
+                base = [] if a.late_restarts else a.last_plan
+                a.last_plan, a.late_restarts = base + [task["features"]], False
             return []
         q = a.query
         if task.get("features") is not None:
@@ -918,7 +933,7 @@ class CLaius(Policy):
         if self.pred is None or not q.plan or i >= len(q.plan) or math.isinf(q.target_ms):
             return []
         pred = self._plan_pred(a)
-        ran_at = self.sent.get(app.slot, q.quota)      # the quota it ran at, as granted
+        ran_at = int(task.get("quota_pct") or self.sent.get(app.slot, q.quota))   # the quota it ran at
         q.predicted.append(float(pred[i, self._qidx(ran_at)]))
         if not self.compensation:
             return []
@@ -965,13 +980,18 @@ class CLaius(Policy):
             return []
         if a.seen:
             a.last_plan = a.seen            # the next query's plan: this query's tasks
+        a.late_restarts = not a.seen        # its tasks are all late: they replace the plan
         a.seen = []
         q, a.query = a.query, None
+        a.last_qid = q.id
         end_us = info.get("t_us")
         if self.learn_host and end_us is not None and q.arrival_us and not math.isinf(q.target_ms) \
                 and q.curve.any():
             lat = (float(end_us) - q.arrival_us) / 1000.0
-            a.extras.append(max(0.0, lat - float(q.curve[self._qidx(q.quota)]) - (q.pcie_ms - a.host_ms)))
+            # at Eq. 3's quota: a compensated query ran partly faster, which
+            # can only understate the host time, never feed it back upwards
+            a.extras.append(max(0.0, lat - float(q.curve[self._qidx(q.default_q)])
+                                - (q.pcie_ms - a.host_ms)))
             a.host_ms = float(np.percentile(a.extras, HOST_PCT))
         return self._decide()
 
