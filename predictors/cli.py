@@ -165,6 +165,11 @@ def train(kind: KindArg = typer.Option(KindArg.all, help="Which sample kind."),
         print(f"{k}: {len(ss)} samples ({srcs}) of {ss.device}" +
               (f", {ss.torn} torn lines skipped" if ss.torn else ""))
         for t in targets:
+            y = ss.y(t)
+            if target is None and not ((y == y) & (y > 0)).any():
+                # e.g. bandwidth/IPC of a trace-only GPU profile: nothing to learn
+                print(f"  {k}.{t}: skipped (no sample carries this target)")
+                continue
             for m in mods:
                 try:
                     tm = T.fit(ss, t, m, seed=seed, cv=cv, split_by=split.value, quick=quick)
@@ -217,6 +222,12 @@ def profile(targets: Optional[list[str]] = typer.Argument(
     configurations already in the store are skipped.  The device is
     "simgpu" ($SIMGPU_NAME).  Exit 1 when a run failed, 2 on bad usage.
 
+    With an NVIDIA driver present the runs go to the GPU: durations from
+    the trace's device events; quotas < 100 under MPS (found or started,
+    stopped after; without MPS only --quotas 100 is accepted, anything else
+    exits 1); bandwidth and IPC from a second run under ncu when ncu is on
+    PATH or $COLOCATE_NCU, else absent.  The device is the GPU's name.
+
     --groups N samples Abacus operator groups instead (predictors/groups.py):
     the services run at once on one simulated device (at 100 %, or the one
     quota --quotas names), random groups of them issue random operator
@@ -231,16 +242,16 @@ def profile(targets: Optional[list[str]] = typer.Argument(
         _fail("--quotas must be in 1..100")
     if reps < 1:
         _fail("--reps must be >= 1")
-    if P.gpu_present():
-        _fail("an NVIDIA driver is present: profiling on a real GPU needs MPS (one client per "
-              "quota) and ncu/CUPTI counters, and is not implemented yet; profile on simgpu "
-              "(a machine without a driver)")
+    on_gpu = P.gpu_present()
+    if on_gpu and groups:
+        _fail("--groups co-runs services on one simulated device: run it on simgpu "
+              "(a machine without an NVIDIA driver)")
     try:
         tgts = P.resolve(targets or [], inputs or [], service_args, name)
-        P.check_built(shim=not groups)
+        P.check_built(shim=not groups, sim=not on_gpu)
     except P.ProfileError as e:
         _fail(str(e))
-    dev = P.device_name()
+    dev = P.gpu_device_name() if on_gpu else P.device_name()
     st = Store(_store_root(out), dev)
     if groups:
         _profile_groups(tgts, qs, quotas, st, groups, group_size, timescale, seed, timeout,
@@ -248,7 +259,10 @@ def profile(targets: Optional[list[str]] = typer.Argument(
         return
     t0 = time.monotonic()
     try:
-        summ = P.profile(tgts, qs, reps, st, timeout=timeout, progress=progress)
+        if on_gpu:
+            summ = _profile_gpu(tgts, qs, reps, st, timeout, progress)
+        else:
+            summ = P.profile(tgts, qs, reps, st, timeout=timeout, progress=progress)
     except StoreError as e:
         _fail(str(e))
     print(f"profile of {', '.join(t.label for t in tgts)} on {dev}: "
@@ -259,6 +273,24 @@ def profile(targets: Optional[list[str]] = typer.Argument(
                             if summ.dropped else ""))
     if summ.failed:
         raise typer.Exit(1)
+
+
+def _profile_gpu(tgts: list, qs: list[int], reps: int, st, timeout: float, progress: bool):
+    """`profile` on a real GPU: MPS for quotas < 100 (exit 1 without it),
+    ncu counters when ncu is found, else durations only."""
+    from predictors import profile as P
+    try:
+        with P.GpuSession(qs) as gpu:
+            print(f"colocate: GPU {st.device}: {gpu.note}; "
+                  + (f"counters from {gpu.ncu}" if gpu.ncu else
+                     "no ncu (PATH or $COLOCATE_NCU): durations only, no bandwidth/IPC")
+                  + f"; samples labelled {gpu.src()}", file=sys.stderr)
+            return P.profile(tgts, qs, reps, st, timeout=timeout, progress=progress, gpu=gpu)
+    except P.GpuUnavailable as e:
+        print(f"colocate: {e}", file=sys.stderr)
+        raise typer.Exit(1)
+    except P.ProfileError as e:
+        _fail(str(e))
 
 
 def _profile_groups(tgts: list, qs: list[int], quotas: str, st, n: int, group_size: str,
