@@ -63,12 +63,13 @@ class Setup:
     arrivals: str = "fixed"               # or poisson (queueing then dominates p99)
     qos_ms: float = 80.0
     batch: list[str] = field(default_factory=lambda: ["hotspot", "lud"])
-    duration: float = 10.0                # seconds of load per policy
+    duration: float = 12.0                # seconds of load per policy
     slowdown: float = 1000.0
     pool: str = "10:1,20:1,30:1,40:1,50:1,60:1,70:1,80:1,90:1,100:1"
     profile_reps: int = 1
     seed: int = 1
-    warmup: int = 5                       # first queries left out of the figures (cold start)
+    warmup: int = 20                      # first queries left out: cold start, and the
+                                          # policies' online learning (claius's host time)
 
     def key(self) -> str:
         """What the models depend on: the device settings and the programs."""

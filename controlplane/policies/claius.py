@@ -65,7 +65,7 @@ RECENT_TASKS = 16          # a batch app's recent tasks its knapsack curves aver
 CURVE_RTOL = 0.02          # curves that moved less than this do not trigger a new decision
 BATCH_WINDOW = 1           # a batch task is issued when the previous one is done: the ready pool
 HOST_WINDOW = 32           # the app's last queries the learnt host time comes from
-HOST_PCT = 90              # ... their 90th percentile: QoS is a tail target
+HOST_PCT = 95              # ... their 95th percentile: QoS is a tail target
 
 Row = Mapping[str, Any]
 
@@ -525,7 +525,7 @@ class CLaius(Policy):
     learn_host (True: Eq. 3's T_pcie also counts the part of a query that
     is not its predicted device time - host work between kernels, launch
     and forwarding latency, interference - learnt from the latencies of the
-    app's past queries (90th percentile over the last 32 of latency - T_p(q)
+    app's past queries (95th percentile over the last 32 of latency - T_p(q)
     - T_pcie(q) at the quota each got); the profiles' query times are device
     time only),
     qos_bw ("mean": a query's bandwidth in Eq. 4 is its tasks' time-weighted
