@@ -242,9 +242,10 @@ def trace(name: str = typer.Argument(..., help="App name (as `colocate quotas` s
     launched.  One line per task, plus one per query boundary, from every
     process of CMD.  Times in microseconds: host_us is the host's monotonic
     clock when issued; start_us/dur_us are device time from two events on the
-    task's stream (modelled on simgpu, measured on a GPU), start relative to
-    the process's first task; empty when unknown (routed to a worker, events
-    unavailable, unfinished at exit).
+    task's stream (modelled on simgpu, measured on a GPU; for a task routed
+    to a pool worker, the worker's events), start relative to the process's
+    first task; empty when unknown (events unavailable, the worker lost,
+    unfinished at exit).
 
     Columns: pid, app (NAME), seq (order within pid), kind (kernel, library,
     query_begin, query_end), name (mangled kernel or API name),

@@ -391,16 +391,7 @@ def run_app(t: Target, inp: str, quota: int, rep: int, tmp: Path,
     cmd = t.cmd + shlex.split(inp)
     if gpu is not None:
         return run_app_gpu(t, cmd, inp, quota, rep, tmp, timeout, gpu)
-    env = run_env(Path(cmd[0]).name, quota, tmp)
-    try:
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as e:
-        raise RunFailed(f"timed out after {timeout:g} s\n{_tail(str(e.stderr or ''))}") from None
-    except OSError as e:
-        raise RunFailed(f"cannot start {cmd[0]}: {e.strerror}") from None
-    if res.returncode != 0:
-        raise RunFailed(f"exit code {res.returncode}\n{_tail(res.stderr + res.stdout)}")
+    res = _run(cmd, run_env(Path(cmd[0]).name, quota, tmp), timeout)
     h2d = stats_h2d(res.stdout)
     tasks = join(read_jsonl(tmp / "trace.jsonl"), read_jsonl(tmp / "launch.jsonl"))
     if not tasks:

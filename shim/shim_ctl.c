@@ -96,20 +96,30 @@ static void json_raw(char *out, size_t outlen, const char *fmt, ...)
 	va_end(ap);
 }
 
-/* Find "key": in a flat JSON reply and parse the integer after it. */
-static int json_int(const char *msg, const char *key, long *val)
+/* The value of "key" in a flat JSON reply, or NULL when absent. */
+static const char *json_value(const char *msg, const char *key)
 {
 	char pat[64];
 	const char *p;
-	char *end;
 
 	snprintf(pat, sizeof(pat), "\"%s\"", key);
 	p = strstr(msg, pat);
 	if (!p)
-		return -1;
+		return NULL;
 	p += strlen(pat);
 	while (*p == ' ' || *p == ':')
 		p++;
+	return p;
+}
+
+/* "key": integer in a flat JSON reply: 0 and *val, or -1. */
+static int json_int(const char *msg, const char *key, long *val)
+{
+	const char *p = json_value(msg, key);
+	char *end;
+
+	if (!p)
+		return -1;
 	*val = strtol(p, &end, 10);
 	return end == p ? -1 : 0;
 }
@@ -117,16 +127,10 @@ static int json_int(const char *msg, const char *key, long *val)
 /* "key": true|false in a flat JSON reply: 1, 0, or -1 when absent. */
 static int json_bool(const char *msg, const char *key)
 {
-	char pat[64];
-	const char *p;
+	const char *p = json_value(msg, key);
 
-	snprintf(pat, sizeof(pat), "\"%s\"", key);
-	p = strstr(msg, pat);
 	if (!p)
 		return -1;
-	p += strlen(pat);
-	while (*p == ' ' || *p == ':')
-		p++;
 	return strncmp(p, "true", 4) == 0 ? 1 : strncmp(p, "false", 5) == 0 ? 0 : -1;
 }
 
