@@ -262,8 +262,14 @@ class Controller:
         self.cb.close()                                 # the file stays: apps keep their mapping
         log.info("controller %d stopped", os.getpid())
 
-    def drain(self, budget: int = 256) -> None:
+    def drain(self, budget: int = 256, budget_s: float = 0.02) -> None:
+        """Handle queued messages: at most `budget` of them and about
+        `budget_s` seconds, so that a flood of task reports cannot keep the
+        tick (liveness, pool, policy) waiting."""
+        end = time.monotonic() + budget_s
         for _ in range(budget):
+            if time.monotonic() > end:
+                return
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

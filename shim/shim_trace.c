@@ -1145,7 +1145,9 @@ static void *feed_main(void *arg)
 	while (!__atomic_load_n(&feed_stop, __ATOMIC_ACQUIRE)) {
 		nanosleep(&nap, NULL);
 		pthread_mutex_lock(&mu);
-		if (!feed_on() || getpid() != pid) {
+		/* stop asked while it waited for mu: exit may be tearing the
+		 * context down, so no CUDA call from here on */
+		if (!feed_on() || getpid() != pid || __atomic_load_n(&feed_stop, __ATOMIC_ACQUIRE)) {
 			pthread_mutex_unlock(&mu);
 			break;
 		}
