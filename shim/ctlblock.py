@@ -27,13 +27,8 @@ COUNTERS = ("launches", "forwarded", "h2d_bytes", "d2h_bytes", "allocs_live",
             "alloc_bytes_live", "syncs", "last_sync_ns")
 SIGNED = {"allocs_live", "alloc_bytes_live"}
 CONTROL32 = ("state", "pid", "route", "quota_pct")
-CONTROL64 = ("route_epoch", "d2d_bytes", "registered_ns")
-APP_CONTROL64 = ("held_ns",)          # in the control line, written by the app
-
-
-def _field_ptr(k, name: str):
-    """uint64_t * to a control-line field."""
-    return ffi.cast("uint64_t *", ffi.addressof(k, name))
+CONTROL64 = ("route_epoch", "d2d_bytes", "registered_ns",
+             "held_ns")                # held_ns: in the control line, written by the app
 
 
 class ControlBlockFull(RuntimeError):
@@ -109,7 +104,6 @@ class ControlBlock:
         k = self._slot(slot).k
         out = {n: lib.cb_load32(ffi.addressof(k, n)) for n in CONTROL32}
         out.update({n: lib.cb_load64(ffi.addressof(k, n)) for n in CONTROL64})
-        out.update({n: lib.cb_load64(_field_ptr(k, n)) for n in APP_CONTROL64})
         return out
 
     def held(self, slot: int) -> bool:
@@ -123,7 +117,7 @@ class ControlBlock:
 
     # --- application side (tests and simulators play the shim with this)
     def write_held_ns(self, slot: int, value: int) -> None:
-        _field_ptr(self._slot(slot).k, "held_ns")[0] = value
+        ffi.addressof(self._slot(slot).k, "held_ns")[0] = value
 
     def write_counters(self, slot: int, **values: int) -> None:
         c = self._slot(slot).c
