@@ -222,17 +222,9 @@ def run_policy(s: Setup, policy: str, model_dir: Path | None, solo_ips: dict[str
     env = device_env(s, rd.path / "dev")
     env["COLOCATE_RUNTIME_DIR"] = str(rd.path)
     spec = policy_spec(policy, model_dir, s)
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)                  # the controller and its pool inherit the device
-    try:
-        ctl, _ = daemon.start_background(rd, spec, "sim", log_level="debug" if keep else "info",
-                                         pool=s.pool, timeout=30, solo=solo_file)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    # the controller's pool workers inherit the device from it
+    ctl, _ = daemon.start_background(rd, spec, "sim", log_level="debug" if keep else "info",
+                                     pool=s.pool, timeout=30, solo=solo_file, env=env)
     batch: list[tuple[str, subprocess.Popen]] = []
     notes: list[str] = []
     try:

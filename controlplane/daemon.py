@@ -883,9 +883,11 @@ def start_background(rd: RunDir, policy: str, device: str, log_level: str = "inf
                      timeout: float = 10.0, new_session: bool = True,
                      pool: str | None = None,
                      metrics_port: int | None = None,
-                     solo: Path | str | None = None) -> tuple[subprocess.Popen, dict]:
+                     solo: Path | str | None = None,
+                     env: dict[str, str] | None = None) -> tuple[subprocess.Popen, dict]:
     """Start `colocate serve` as a background process and wait until it answers
-    ping.  Returns (process, pong); ColocateError with the log tail otherwise."""
+    ping.  Returns (process, pong); ColocateError with the log tail otherwise.
+    env: its environment (default this process's; its pool workers inherit it)."""
     cmd = [sys.executable, "-m", "controlplane.cli", "serve", "--runtime-dir", str(rd.path),
            "--policy", policy, "--device", device, "--log-level", log_level, "--no-log-stderr",
            *(["--pool", pool] if pool is not None else []),
@@ -893,7 +895,7 @@ def start_background(rd: RunDir, policy: str, device: str, log_level: str = "inf
            *(["--solo", str(solo)] if solo is not None else [])]
     with open(rd.log, "ab") as out:                     # early errors land in the log too
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=new_session, close_fds=True)
+                                start_new_session=new_session, close_fds=True, env=env)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:

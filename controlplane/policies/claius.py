@@ -445,7 +445,7 @@ class QueryState:
     id: int
     arrival_us: float
     target_ms: float                       # T_tgt
-    pcie_ms: float                         # T_pcie at the default quota
+    pcie_ms: float                         # T_pcie at the default quota, with the learnt host time
     default_q: int                         # Eq. 3's quota
     curve: np.ndarray                      # predicted device time per quota (Eq. 3's T_p)
     quota: int                             # the quota its tasks run at now
@@ -455,6 +455,7 @@ class QueryState:
     predicted: list[float] = field(default_factory=list)   # of done tasks, at their quota
     compensated: bool = False
     cache: "PlanCache | None" = None       # fast path: predictions of this plan
+    host_ms: float = 0.0                   # the learnt host time pcie_ms includes
 
 
 @dataclass
@@ -901,7 +902,8 @@ class CLaius(Policy):
                     q = 100
                 q0, pcie, curve = q, float(pc[self._qidx(q)]), np.asarray(t, dtype=np.float64)
         a.query = QueryState(int(info.get("id", 0)), float(info.get("t_us") or 0.0), float(target),
-                             pcie, q0, curve, q0, plan, cache=cache)
+                             pcie, q0, curve, q0, plan, cache=cache,
+                             host_ms=a.host_ms if curve.any() else 0.0)
         return self._decide()
 
     def on_task_done(self, app: AppInfo, task: dict) -> list[Decision]:
@@ -991,7 +993,7 @@ class CLaius(Policy):
             # at Eq. 3's quota: a compensated query ran partly faster, which
             # can only understate the host time, never feed it back upwards
             a.extras.append(max(0.0, lat - float(q.curve[self._qidx(q.default_q)])
-                                - (q.pcie_ms - a.host_ms)))
+                                - (q.pcie_ms - q.host_ms)))
             a.host_ms = float(np.percentile(a.extras, HOST_PCT))
         return self._decide()
 
