@@ -35,18 +35,44 @@
  *                 would mean nothing there)
  *     name        application name, for logs
  *   HELLO_REPLY  worker -> shim
- *     u32 status     FWD_S_*: OK, UNSUPPORTED (e.g. a real GPU: kernels by
- *                    name need the fatbin, not shipped yet), WRONG_WORKER,
+ *     u32 status     FWD_S_*: OK, UNSUPPORTED (a real GPU: the app's device
+ *                    memory is not shared with workers yet), WRONG_WORKER,
  *                    BAD_PAGE, ...
  *     u32 worker_id, quota_pct, pid
  *     u16 msg_len; u16 pad; msg (why, for the shim's log line)
  *     flags: FWD_HF_RING echoed when the worker takes the ring
+ *   MODULE       shim -> worker, once per module per connection, before
+ *                the first DEFINE of a kernel of that module
+ *     u32 mid        the shim's module id (< FWD_MAX_MODULES): one fat
+ *                    binary the app registered (__cudaRegisterFatBinary)
+ *     u32 pad
+ *     u64 size       bytes of the image (fatbin header + payload,
+ *                    1..FWD_MAX_MODULE_BYTES)
+ *     u64 hash       fwd_fnv1a64() of those bytes
+ *     u16 path_len; u16 pad2; u32 pad3
+ *     path           the file holding the image, written by the shim as
+ *                    <runtime dir>/modules/<hash %016x>-<size>.fatbin
+ *                    (mode 0600, in a 0700 folder; apps of one binary
+ *                    share it).  The worker opens it O_NOFOLLOW, takes it
+ *                    only if it is a regular file of its user (or root)
+ *                    not writable by others, of exactly `size` bytes,
+ *                    starting with the fatbin magic, whose hash is `hash`;
+ *                    then loads it with cudaLibraryLoadData.  Libraries
+ *                    are cached by (hash, size) for the worker's life: a
+ *                    second app of the same binary loads nothing.  A file
+ *                    refused is a refused frame (FWD_E_MODULE).
  *   DEFINE       shim -> worker, once per kernel per connection, before
  *                the kernel's first LAUNCH
  *     u32 kid        the shim's kernel id (< FWD_MAX_KERNELS)
  *     u16 nparams    (<= FWD_MAX_PARAMS)
  *     u16 name_len
  *     u32 argbytes   size of the argument buffer a LAUNCH carries
+ *     u32 mid        the MODULE holding the kernel: the worker takes it
+ *                    with cudaLibraryGetKernel and refuses the DEFINE when
+ *                    cudaFuncGetParamInfo gives another layout.
+ *                    FWD_NO_MODULE: no module was captured (e.g. simgpu's
+ *                    CPU library kernels); the worker finds the kernel by
+ *                    name, which only simgpu can (else it refuses)
  *     nparams x {u32 offset, u32 size}  (offset + size <= argbytes)
  *     name           mangled device name
  *   LAUNCH       shim -> worker, no reply
@@ -78,8 +104,8 @@
  * ring_size bytes at FWD_RING_OFF), the worker
  * maps it at HELLO, and then:
  *
- *   launches   DEFINE and LAUNCH frames, encoded exactly as above, are
- *              written into the ring (single producer: the shim, single
+ *   launches   MODULE, DEFINE and LAUNCH frames, encoded exactly as above,
+ *              are written into the ring (single producer: the shim, single
  *              consumer: the app's launcher thread in the worker), which
  *              copies each frame out before checking it.  The producer
  *              publishes ring_head, then wakes the consumer if it sleeps on
@@ -112,10 +138,17 @@
  *              event bases tied to the host clock within microseconds);
  *              durations are exact device times either way.
  *
- * A HELLO without FWD_HF_RING (ring_size 0) sends DEFINE and LAUNCH as zmq
- * frames instead (COLOCATE_FWD_RING_KB=0): two I/O threads and the worker's
- * main thread then sit between a launch and its kernel, and the worker's
- * main thread serialises every app's launches.
+ * A HELLO without FWD_HF_RING (ring_size 0) sends MODULE, DEFINE and LAUNCH
+ * as zmq frames instead (COLOCATE_FWD_RING_KB=0): two I/O threads and the
+ * worker's main thread then sit between a launch and its kernel, and the
+ * worker's main thread serialises every app's launches (and loads modules).
+ *
+ * Refusals: a MODULE or DEFINE the worker cannot take (a module file
+ * refused, a kernel missing from its library or with another layout, no
+ * host twin on simgpu, by name on a worker that cannot) is a refused frame
+ * like any other: the ring stops (refused_code), or an ERROR frame comes
+ * back.  Either way the shim replays locally what did not complete and
+ * runs locally until the route changes; the worker's log says why.
  *
  * Compatibility: any change of a frame or of the page bumps FWD_VERSION or
  * FWD_PAGE_VERSION; both sides refuse the other version (ERROR VERSION,
@@ -133,7 +166,8 @@
 #endif
 
 #define FWD_MAGIC         0xC0u
-#define FWD_VERSION       2u      /* 2: FWD_LF_TIMED, page times */
+#define FWD_VERSION       3u      /* 2: FWD_LF_TIMED, page times;
+                                     3: MODULE, DEFINE.mid */
 
 #define FWD_MAX_STREAMS   64u      /* stream indexes per application       */
 #define FWD_MAX_KERNELS   4096u    /* kernel ids per application           */
@@ -141,6 +175,11 @@
 #define FWD_MAX_ARGBYTES  32768u   /* CUDA 12.1+ limit is 32764 bytes      */
 #define FWD_MAX_STR       4096u    /* any string in a frame                */
 #define FWD_MAX_FRAME     (64u * 1024u)
+#define FWD_MAX_MODULES   1024u    /* module ids per application           */
+#define FWD_NO_MODULE     0xFFFFFFFFu  /* DEFINE.mid: find the kernel by name */
+#define FWD_MAX_MODULE_BYTES (1ull << 30)  /* one fatbin image             */
+#define FWD_FATBIN_MAGIC  0xBA55ED50u  /* {u32 magic; u16 version; u16 header
+                                          size; u64 payload size}, payload */
 
 enum fwd_type {
 	FWD_T_HELLO = 1,
@@ -149,6 +188,7 @@ enum fwd_type {
 	FWD_T_LAUNCH = 4,
 	FWD_T_BYE = 5,
 	FWD_T_ERROR = 6,
+	FWD_T_MODULE = 7,
 };
 
 /* LAUNCH flags */
@@ -172,7 +212,8 @@ enum fwd_skind {
 /* HELLO_REPLY status */
 enum fwd_status {
 	FWD_S_OK = 0,
-	FWD_S_UNSUPPORTED = 1,   /* cannot run kernels by name here          */
+	FWD_S_UNSUPPORTED = 1,   /* cannot run this app's kernels here (a GPU:
+	                            its device memory is not shared yet)     */
 	FWD_S_WRONG_WORKER = 2,
 	FWD_S_BAD_PAGE = 3,
 	FWD_S_OTHER_DEVICE = 4,
@@ -189,6 +230,7 @@ enum fwd_error {
 	FWD_E_CLOSING = 5,       /* the worker is shutting down              */
 	FWD_E_TYPE = 6,          /* a type this side does not accept         */
 	FWD_E_JSON = 7,          /* unknown JSON request                     */
+	FWD_E_MODULE = 8,        /* a module file, or a kernel in it, refused */
 };
 
 struct fwd_hdr {
@@ -230,7 +272,20 @@ struct fwd_define {
 	uint16_t nparams;
 	uint16_t name_len;
 	uint32_t argbytes;
+	uint32_t mid;            /* FWD_NO_MODULE: by name */
 	/* nparams x struct fwd_param, then name */
+};
+
+struct fwd_module {
+	struct fwd_hdr h;
+	uint32_t mid;
+	uint32_t pad;
+	uint64_t size;
+	uint64_t hash;
+	uint16_t path_len;
+	uint16_t pad2;
+	uint32_t pad3;
+	/* path follows */
 };
 
 struct fwd_launch {
@@ -261,7 +316,8 @@ struct fwd_errmsg {
 _Static_assert(sizeof(struct fwd_hdr) == 8, "header");
 _Static_assert(sizeof(struct fwd_hello) == 28, "hello");
 _Static_assert(sizeof(struct fwd_hello_reply) == 28, "hello reply");
-_Static_assert(sizeof(struct fwd_define) == 20, "define");
+_Static_assert(sizeof(struct fwd_define) == 24, "define");
+_Static_assert(sizeof(struct fwd_module) == 40, "module");
 _Static_assert(sizeof(struct fwd_launch) == 56, "launch");
 _Static_assert(sizeof(struct fwd_errmsg) == 32, "error");
 
@@ -379,6 +435,7 @@ static inline size_t fwd_fixed_size(unsigned type)
 	case FWD_T_LAUNCH:      return sizeof(struct fwd_launch);
 	case FWD_T_BYE:         return sizeof(struct fwd_hdr);
 	case FWD_T_ERROR:       return sizeof(struct fwd_errmsg);
+	case FWD_T_MODULE:      return sizeof(struct fwd_module);
 	default:                return 0;
 	}
 }
@@ -425,6 +482,8 @@ static inline const char *fwd_check_body(const void *buf, size_t n, unsigned typ
 			return "too many parameters or argument bytes";
 		if (m.name_len == 0 || m.name_len > FWD_MAX_STR)
 			return "bad name length";
+		if (m.mid >= FWD_MAX_MODULES && m.mid != FWD_NO_MODULE)
+			return "module id out of range";
 		want = fixed + (size_t)m.nparams * sizeof(struct fwd_param) + m.name_len;
 		if (want == n) {
 			const char *p = (const char *)buf + fixed;
@@ -464,11 +523,42 @@ static inline const char *fwd_check_body(const void *buf, size_t n, unsigned typ
 		want = fixed + m.msg_len;
 		break;
 	}
+	case FWD_T_MODULE: {
+		struct fwd_module m;
+
+		memcpy(&m, buf, sizeof(m));
+		if (m.mid >= FWD_MAX_MODULES)
+			return "module id out of range";
+		if (m.size < 16 || m.size > FWD_MAX_MODULE_BYTES)
+			return "bad module size";
+		if (m.path_len == 0 || m.path_len > FWD_MAX_STR)
+			return "bad path length";
+		want = fixed + m.path_len;
+		break;
+	}
 	default:
 		want = fixed;
 		break;
 	}
 	return want == n ? NULL : "lengths do not add up to the frame size";
+}
+
+/*
+ * FNV-1a, 64 bits: names a module image (its file, the worker's cache).
+ * Not a defence against a forger (any app may write the runtime dir's
+ * files anyway); it catches a file damaged or replaced by another image.
+ */
+static inline uint64_t fwd_fnv1a64(const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	uint64_t h = 0xcbf29ce484222325ull;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
 }
 
 static inline void fwd_hdr_init(struct fwd_hdr *h, unsigned type, unsigned flags, size_t len)

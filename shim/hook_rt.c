@@ -84,8 +84,13 @@ __typeof__(cudaStreamAddCallback) cudaStreamAddCallback_ptsz;
  */
 SHIM_API void **__cudaRegisterFatBinary(void *fatCubin)
 {
+	void **h;
+
 	FIND_REAL(__cudaRegisterFatBinary, NULL);
-	return IN_RUNTIME(real_(fatCubin));
+	h = IN_RUNTIME(real_(fatCubin));
+	/* the image a worker needs to run these kernels: its address only */
+	shim_module_register(h, fatCubin);
+	return h;
 }
 
 SHIM_API void __cudaRegisterFatBinaryEnd(void **h)
@@ -99,6 +104,7 @@ SHIM_API void __cudaRegisterFatBinaryEnd(void **h)
 SHIM_API void __cudaUnregisterFatBinary(void **h)
 {
 	FIND_REAL(__cudaUnregisterFatBinary, );
+	shim_module_unregister(h);        /* its image may go with its library */
 	shim_in_runtime++;
 	real_(h);
 	shim_in_runtime--;
@@ -109,8 +115,9 @@ SHIM_API void __cudaRegisterFunction(void **h, const char *hostFun, char *device
 				     uint3 *bid, dim3 *bDim, dim3 *gDim, int *wSize)
 {
 	FIND_REAL(__cudaRegisterFunction, );
-	/* deviceFun is the mangled device name: what a launch is called */
-	shim_kernel_add(hostFun, deviceFun);
+	/* deviceFun is the mangled device name: what a launch is called; h
+	 * says which fat binary (module) holds its code */
+	shim_kernel_set_module(shim_kernel_add(hostFun, deviceFun), shim_module_of(h));
 	real_(h, hostFun, deviceFun, deviceName, thread_limit, tid, bid, bDim, gDim, wSize);
 }
 

@@ -85,7 +85,26 @@ struct shim_kernel {
 	const char *name;       /* mangled device name, or "?" when unknown */
 	uint64_t launches;
 	void *fwd;              /* forwarding's view (shim_fwd.c), under its lock */
+	int32_t module;         /* its fat binary's id (below), -1 none     */
 };
+
+/* --- modules (shim_names.c): the fat binaries the app registered ------ */
+/* A module id is an index in this table and, as is, the forwarding
+ * protocol's module id (FWD_MAX_MODULES, checked in shim_fwd.c). */
+#define SHIM_MAX_MODULES 1024u
+/* __cudaRegisterFatBinary returned handle for wrapper: remember the image
+ * it points to when it is a sound fat binary (no copy, no CUDA call, no
+ * allocation: this runs in static constructors, under the loader lock). */
+void shim_module_register(void **handle, const void *wrapper);
+/* __cudaUnregisterFatBinary: the image may go; its module is gone. */
+void shim_module_unregister(void **handle);
+/* The module registered under handle (the newest), or -1. */
+int  shim_module_of(void **handle);
+/* Module mid's image and its bytes (fatbin header included): 0, or -1
+ * when there is none (never registered, or unregistered since). */
+int  shim_module_image(int mid, const void **image, uint64_t *size);
+/* Tie k to module mid (-1: none) unless it has one. */
+void shim_kernel_set_module(struct shim_kernel *k, int mid);
 
 /* Register key (host stub, cudaKernel_t, CUfunction) under a device name. */
 struct shim_kernel *shim_kernel_add(const void *key, const char *name);

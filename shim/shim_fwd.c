@@ -23,8 +23,16 @@
  * default-stream rules.  A local operation queued while routed marks its
  * stream, and the next launch forwarded on that stream first synchronises
  * it locally.  Kernels that cannot be forwarded (no argument layout from
- * cudaFuncGetParamInfo, too many streams, graphs) run locally in the same
- * way, in order.
+ * cudaFuncGetParamInfo, too many streams, graphs, a module that cannot be
+ * shipped) run locally in the same way, in order.
+ *
+ * Kernels travel as code the first time one of a module is forwarded on a
+ * connection: the module's fat binary (captured at registration, written
+ * once per process to a file in the runtime dir) goes as a MODULE frame,
+ * then the kernel's DEFINE names it, so a worker can load it with
+ * cudaLibraryLoadData and take the kernel with cudaLibraryGetKernel, as a
+ * GPU needs.  Kernels registered without a module (simgpu's CPU libraries)
+ * are DEFINEd by name, which only simgpu workers can serve.
  *
  * A connection left by a route change is drained and kept (the last
  * FWD_KEEP of them): going back to that worker then costs no connect, no
@@ -41,6 +49,7 @@
 #include "shim_trace.h"
 
 #include <cuda_runtime_api.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -72,6 +81,7 @@ struct fkernel {
 	int ok;                         /* 1 forwardable                        */
 	const char *name;               /* mangled device name, for logs        */
 	uint32_t kid;
+	uint32_t mid;                   /* its module, or FWD_NO_MODULE         */
 	uint16_t nparams;
 	uint32_t argbytes;
 	struct fwd_param *params;
@@ -124,6 +134,22 @@ static struct {
 } F = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
 static struct fkernel not_forwardable = { .ok = 0 };
+
+_Static_assert(SHIM_MAX_MODULES == FWD_MAX_MODULES,
+	       "a module id is its index in the shim's table");
+
+/*
+ * Modules, once per process: the image in its file in the runtime dir and
+ * the MODULE frame that names it (the same on every connection).  A module
+ * that cannot be shipped (its file cannot be written, or it was
+ * unregistered) leaves its kernels local, as kernels without a layout are.
+ * Under F.mu.
+ */
+static struct {
+	int state;                      /* 0 not yet, 1 shippable, -1 not       */
+	unsigned char *frame;
+	size_t len;
+} fmods[FWD_MAX_MODULES];
 static __thread uint64_t thread_key;
 /* The routed task open on this thread (shim_fwd_span_open), if span_on:
  * its launches go out timed and are gathered here. */
@@ -389,6 +415,7 @@ static struct fkernel *kernel_info(const void *key)
 	struct fkernel *k;
 	size_t nlen, o;
 	uint32_t n = 0, total = 0;
+	int mid;
 	REAL_FN(param_info, "cudaFuncGetParamInfo");
 
 	if (!sk)
@@ -451,12 +478,15 @@ static struct fkernel *kernel_info(const void *key)
 	k->nparams = (uint16_t)n;
 	k->argbytes = total;
 	k->kid = F.nkernels++;
+	mid = __atomic_load_n(&sk->module, __ATOMIC_ACQUIRE);
+	k->mid = mid >= 0 && mid < (int)FWD_MAX_MODULES ? (uint32_t)mid : FWD_NO_MODULE;
 	memset(&m, 0, sizeof(m));
 	fwd_hdr_init(&m.h, FWD_T_DEFINE, 0, k->define_len);
 	m.kid = k->kid;
 	m.nparams = (uint16_t)n;
 	m.name_len = (uint16_t)nlen;
 	m.argbytes = total;
+	m.mid = k->mid;
 	memcpy(k->define, &m, sizeof(m));
 	o = sizeof(m);
 	memcpy(k->define + o, params, n * sizeof(*params));
@@ -465,6 +495,57 @@ static struct fkernel *kernel_info(const void *key)
 	k->ok = 1;
 	sk->fwd = k;
 	return k;
+}
+
+/*
+ * Module mid ready to ship: its file written (once per process) and its
+ * MODULE frame built.  0, or -1 (said once): its kernels then run locally.
+ * The first time costs a hash of the image and maybe a file write, under
+ * F.mu: once per module per process.
+ */
+static int module_ready(uint32_t mid, const char *kname)
+{
+	char path[PATH_MAX], why[PATH_MAX + 128];
+	struct fwd_module m;
+	const void *image;
+	uint64_t size, hash;
+	size_t plen;
+
+	if (fmods[mid].state)
+		return fmods[mid].state > 0 ? 0 : -1;
+	fmods[mid].state = -1;
+	if (shim_module_image((int)mid, &image, &size) < 0) {
+		shim_log("kernels of module %u (%s, ...) run locally even when routed: its fat "
+			 "binary was unregistered", mid, kname);
+		return -1;
+	}
+	if (fconn_module_file(image, size, &hash, path, sizeof(path), why, sizeof(why)) < 0) {
+		shim_log("kernels of module %u (%s, ...) run locally even when routed: %s", mid,
+			 kname, why);
+		return -1;
+	}
+	plen = strlen(path);
+	fmods[mid].len = sizeof(m) + plen;
+	fmods[mid].frame = malloc(fmods[mid].len);
+	if (!fmods[mid].frame) {
+		fmods[mid].state = 0;          /* try again later */
+		return -1;
+	}
+	memset(&m, 0, sizeof(m));
+	fwd_hdr_init(&m.h, FWD_T_MODULE, 0, fmods[mid].len);
+	m.mid = mid;
+	m.size = size;
+	m.hash = hash;
+	m.path_len = (uint16_t)plen;
+	memcpy(fmods[mid].frame, &m, sizeof(m));
+	memcpy(fmods[mid].frame + sizeof(m), path, plen);
+	fmods[mid].state = 1;
+	return 0;
+}
+
+static int shipped(const struct fconn *c, uint32_t mid)
+{
+	return mid == FWD_NO_MODULE || (c->shipped[mid / 64] & (1ull << (mid % 64)));
 }
 
 /* ---------------------------------------------------------------- losing a worker */
@@ -893,6 +974,8 @@ static int forward(const struct shim_launch *l)
 	for (i = 0; i < k->nparams; i++)
 		if (!l->args[i])
 			return ordered_local(l);   /* the runtime says why */
+	if (!shipped(F.conn, k->mid) && module_ready(k->mid, k->name) < 0)
+		return ordered_local(l);
 	settle_local(st);
 	if (window_room() < 0)
 		return local_launch(l);
@@ -927,6 +1010,14 @@ static int forward(const struct shim_launch *l)
 	F.head++;                       /* in the window before it is sent */
 
 	if (!(F.conn->defined[k->kid / 64] & (1ull << (k->kid % 64)))) {
+		/* the module first, once per connection, in the same channel */
+		if (!shipped(F.conn, k->mid)) {
+			if (fconn_send(F.conn, fmods[k->mid].frame, fmods[k->mid].len) < 0) {
+				lose_worker("cannot send to the worker");
+				return F.err ? take_error() : cudaSuccess;
+			}
+			F.conn->shipped[k->mid / 64] |= 1ull << (k->mid % 64);
+		}
 		if (fconn_send(F.conn, k->define, k->define_len) < 0) {
 			lose_worker("cannot send to the worker");
 			return F.err ? take_error() : cudaSuccess;

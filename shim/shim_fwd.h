@@ -40,6 +40,7 @@ struct fconn {
 	char lost_why[200];
 	int failed_reported;           /* page->failed_seq turned into an error */
 	uint64_t defined[FWD_MAX_KERNELS / 64];  /* DEFINE sent, by kernel id */
+	uint64_t shipped[FWD_MAX_MODULES / 64];  /* MODULE sent, by module id */
 	uint64_t last_check_ns;
 	/* fconn_time: the completed launch whose time has not come yet, since
 	 * when (callers resolve in order, so one is enough); atomic */
@@ -77,6 +78,12 @@ int fconn_time(struct fconn *c, uint64_t seq, uint32_t idx, int64_t *start_ns, i
  * finished our work), then drop the route's reference.  A reference held
  * elsewhere (a trace record) keeps the page mapped. */
 void fconn_close(struct fconn *c, int bye);
+/* Make sure the module image (size bytes) is in its file in the runtime
+ * dir, <dir>/modules/<hash>-<size>.fatbin: an existing sound file of that
+ * size is taken as is, else the image is written (temp file, rename).
+ * 0 with its hash and path, or -1 with a reason. */
+int fconn_module_file(const void *image, uint64_t size, uint64_t *hash, char *path,
+		      size_t pathlen, char *why, size_t whylen);
 /* Forget the process's ZeroMQ context in a fork child. */
 void fconn_forget(void);
 /* Polling before sleeping, in ns: 30 us with more than 4 cores, else 2 us. */

@@ -7,6 +7,11 @@
  * (a key is published with a release store after its entry is complete).
  * The table never shrinks: kernels are few and live as long as the process.
  *
+ * Modules: the fat binaries registered with __cudaRegisterFatBinary, by
+ * handle; a kernel registered under a handle belongs to its module, which
+ * forwarding ships to a worker (shim_fwd.c).  Only pointers are kept: the
+ * image is part of the binary and lives as long as its registration.
+ *
  * Allocations: pointer -> size, so that frees can keep alloc_bytes_live
  * right.  Allocation is not on the launch path; a mutex is fine there.
  */
@@ -89,6 +94,7 @@ struct shim_kernel *shim_kernel_add(const void *key, const char *name)
 		k->name = strdup(name ? name : "?");
 		if (!k->name)
 			k->name = "?";
+		k->module = -1;
 		put_key(key, nkernels);
 		/* release: shim_kernel_each reads entries below nkernels */
 		__atomic_store_n(&nkernels, nkernels + 1, __ATOMIC_RELEASE);
@@ -158,6 +164,117 @@ struct shim_kernel *shim_kernel_learn(const void *key)
 		shim_in_runtime--;
 	}
 	return shim_kernel_add(key, name ? name : "?");
+}
+
+/* ------------------------------------------------------------------ modules */
+
+#define WRAPPER_MAGIC  0x466243b1u      /* __cudaRegisterFatBinary's argument */
+#define FATBIN_MAGIC   0xBA55ED50u      /* the image it points to            */
+#define MAX_IMAGE      (1ull << 30)     /* a sanity cap, not a real limit     */
+
+struct fat_wrapper {
+	uint32_t magic;
+	uint32_t version;
+	const void *data;                /* the fat binary                     */
+	const void *filename_or_fatbins;
+};
+
+struct shim_module {
+	void **handle;                   /* NULL once unregistered             */
+	const void *image;               /* published last, with release       */
+	uint64_t size;
+};
+
+static struct shim_module modules[SHIM_MAX_MODULES];
+static uint32_t nmodules;
+
+void shim_module_register(void **handle, const void *wrapper)
+{
+	struct fat_wrapper w;
+	const unsigned char *img;
+	uint32_t magic;
+	uint16_t hdr;
+	uint64_t fat;
+
+	if (!handle || !wrapper)
+		return;
+	memcpy(&w, wrapper, sizeof(w));
+	if (w.magic != WRAPPER_MAGIC || !w.data)
+		return;          /* not a wrapper we know: its kernels have no module */
+	img = w.data;
+	memcpy(&magic, img, sizeof(magic));
+	memcpy(&hdr, img + 6, sizeof(hdr));
+	memcpy(&fat, img + 8, sizeof(fat));
+	if (magic != FATBIN_MAGIC || hdr < 16 || fat > MAX_IMAGE - hdr)
+		return;
+	pthread_mutex_lock(&names_lock);
+	if (nmodules < SHIM_MAX_MODULES) {
+		struct shim_module *m = &modules[nmodules];
+
+		m->handle = handle;
+		m->size = hdr + fat;
+		__atomic_store_n(&m->image, (const void *)img, __ATOMIC_RELEASE);
+		__atomic_store_n(&nmodules, nmodules + 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&names_lock);
+}
+
+/* names_lock held */
+static int find_module(void **handle)
+{
+	uint32_t i = nmodules;
+
+	/* newest first: a handle reused after an unregistration, and the
+	 * kernels that follow their fat binary's registration at once */
+	while (i-- > 0)
+		if (modules[i].handle == handle)
+			return (int)i;
+	return -1;
+}
+
+void shim_module_unregister(void **handle)
+{
+	int mid;
+
+	pthread_mutex_lock(&names_lock);
+	mid = handle ? find_module(handle) : -1;
+	if (mid >= 0) {
+		modules[mid].handle = NULL;
+		__atomic_store_n(&modules[mid].image, NULL, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&names_lock);
+}
+
+int shim_module_of(void **handle)
+{
+	int mid;
+
+	if (!handle)
+		return -1;
+	pthread_mutex_lock(&names_lock);
+	mid = find_module(handle);
+	pthread_mutex_unlock(&names_lock);
+	return mid;
+}
+
+int shim_module_image(int mid, const void **image, uint64_t *size)
+{
+	const void *img;
+
+	if (mid < 0 || (uint32_t)mid >= __atomic_load_n(&nmodules, __ATOMIC_ACQUIRE))
+		return -1;
+	img = __atomic_load_n(&modules[mid].image, __ATOMIC_ACQUIRE);
+	if (!img)
+		return -1;
+	*image = img;
+	*size = modules[mid].size;
+	return 0;
+}
+
+void shim_kernel_set_module(struct shim_kernel *k, int mid)
+{
+	if (k && mid >= 0 && k->module < 0)
+		__atomic_store_n(&k->module, mid, __ATOMIC_RELEASE);
 }
 
 /* ------------------------------------------------------------------ */

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(
     reason="bench programs, simgpu or colocate-worker not built (make build)")
 
 # wire constants of processpool/fwd_proto.h
-MAGIC, VERSION = 0xC0, 2
+MAGIC, VERSION = 0xC0, 3
 T_HELLO, T_HELLO_REPLY, T_DEFINE, T_LAUNCH, T_BYE, T_ERROR = 1, 2, 3, 4, 5, 6
 
 # hotspot: launches spread over time (a copy, i.e. a fence, every 6 launches),
@@ -461,8 +461,9 @@ class RingApp:
         self.path.unlink()
 
 
-def define(kid: int, name: bytes, params: list[tuple[int, int]], argbytes: int) -> bytes:
-    body = struct.pack("<IHHI", kid, len(params), len(name), argbytes)
+def define(kid: int, name: bytes, params: list[tuple[int, int]], argbytes: int,
+           mid: int = 0xFFFFFFFF) -> bytes:
+    body = struct.pack("<IHHII", kid, len(params), len(name), argbytes, mid)
     body += b"".join(struct.pack("<II", o, n) for o, n in params) + name
     return hdr(T_DEFINE, 8 + len(body)) + body
 

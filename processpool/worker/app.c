@@ -9,6 +9,9 @@
  * after which the main thread joins it and frees the rest (the page too:
  * only the main thread's lifetime of an app covers every heartbeat).
  *
+ * Kernels: a DEFINE names the app's module (MODULE, modules.c) the kernel
+ * is taken from, as a GPU needs; without one, simgpu finds it by name.
+ *
  * Host twins (simgpu): the app names its twin libraries in HELLO; they are
  * dlopen'ed RTLD_GLOBAL, which is where simgpu looks last for a twin
  * (dlsym(RTLD_DEFAULT)), so they work for any app at any time, not only
@@ -59,10 +62,20 @@ int w_app_count(void)
 	return n;
 }
 
+const char *w_file_unsafe(const struct stat *st)
+{
+	if (!S_ISREG(st->st_mode))
+		return "not a regular file";
+	if (st->st_uid != getuid() && st->st_uid != 0)
+		return "owned by another user";
+	if (st->st_mode & S_IWOTH)
+		return "writable by others";
+	return NULL;
+}
+
 static int safe_file(const struct stat *st)
 {
-	return S_ISREG(st->st_mode) && (st->st_uid == getuid() || st->st_uid == 0) &&
-	       !(st->st_mode & S_IWOTH);
+	return w_file_unsafe(st) == NULL;
 }
 
 static void load_twins(const char *list, const char *app)
@@ -185,10 +198,11 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 		snprintf(msg, msglen, "this is worker %u, not %u", W.id, m->worker_id);
 		return NULL;
 	}
-	if (!W.has_by_name) {
+	if (!W.on_simgpu) {
+		/* kernels would come as modules; their pointers would not */
 		*status = FWD_S_UNSUPPORTED;
-		snprintf(msg, msglen, "worker %u cannot run kernels by name on this device "
-			 "(fatbin shipping not implemented)", W.id);
+		snprintf(msg, msglen, "worker %u: the app's device memory is not shared with "
+			 "workers yet (VMM, issue 3)", W.id);
 		return NULL;
 	}
 	if (!same_device(device)) {
@@ -243,12 +257,13 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 }
 
 /*
- * The kernel's handle: with its layout when simgpu can take one (launches
- * then copy their arguments and return at once), else by name only (each
- * launch waits until the kernel has read its arguments).  Parameters must
- * be in increasing offset order, as the shim sends them.
+ * By name (simgpu; a DEFINE without a module): with its layout when simgpu
+ * can take one (launches then copy their arguments and return at once),
+ * else by name only (each launch waits until the kernel has read its
+ * arguments).  Parameters must be in increasing offset order, as the shim
+ * sends them.
  */
-static void *define_handle(const struct wkernel *k)
+static void *by_name_handle(const struct wkernel *k)
 {
 	unsigned off[FWD_MAX_PARAMS], size[FWD_MAX_PARAMS];
 	void *h;
@@ -268,49 +283,78 @@ static void *define_handle(const struct wkernel *k)
 	return W.kernel_by_name(k->name);
 }
 
-const char *w_app_define(struct wapp *a, const struct fwd_define *m,
-			 const struct fwd_param *params, const char *name)
+/* k->handle: from its module, or by name where this worker may. */
+static int kernel_handle(struct wapp *a, struct wkernel *k, char *why, size_t whylen)
+{
+	if (k->mid != FWD_NO_MODULE)
+		return w_module_kernel(a, k, why, whylen);
+	if (!W.has_by_name) {
+		snprintf(why, whylen, "kernel %s comes without a module, and this worker does not "
+			 "find kernels by name (%s)", k->name,
+			 W.on_simgpu ? "COLOCATE_WORKER_BY_NAME=0" : "not simgpu");
+		return FWD_E_MODULE;
+	}
+	k->handle = by_name_handle(k);
+	if (!k->handle)
+		w_log("app %s: no kernel handle for %s; its launches will fail", a->name, k->name);
+	return 0;
+}
+
+static void kernel_free(struct wkernel *k)
+{
+	free(k->params);
+	free(k->name);
+	free(k);
+}
+
+int w_app_define(struct wapp *a, const struct fwd_define *m, const struct fwd_param *params,
+		 const char *name, char *why, size_t whylen)
 {
 	struct wkernel *k = a->kernels[m->kid];
+	int code;
 
 	if (k) {
 		/* idempotent: the same definition again is fine */
-		if (k->nparams == m->nparams && k->argbytes == m->argbytes &&
+		if (k->nparams == m->nparams && k->argbytes == m->argbytes && k->mid == m->mid &&
 		    !strcmp(k->name, name) &&
 		    !memcmp(k->params, params, (size_t)m->nparams * sizeof(*params)))
-			return NULL;
-		return "kernel id already defined differently";
+			return 0;
+		snprintf(why, whylen, "kernel id already defined differently");
+		return FWD_E_MALFORMED;
 	}
 	k = calloc(1, sizeof(*k));
-	if (!k)
-		return "out of memory";
+	if (!k) {
+		snprintf(why, whylen, "out of memory");
+		return FWD_E_MALFORMED;
+	}
 	k->params = malloc((size_t)(m->nparams ? m->nparams : 1) * sizeof(*params));
 	k->name = strdup(name);
 	if (!k->params || !k->name) {
-		free(k->params);
-		free(k->name);
-		free(k);
-		return "out of memory";
+		kernel_free(k);
+		snprintf(why, whylen, "out of memory");
+		return FWD_E_MALFORMED;
 	}
 	memcpy(k->params, params, (size_t)m->nparams * sizeof(*params));
 	k->nparams = m->nparams;
 	k->argbytes = m->argbytes;
-	k->handle = define_handle(k);
-	if (!k->handle)
-		w_log("app %s: no kernel handle for %s; its launches will fail", a->name, k->name);
+	k->mid = m->mid;
+	code = kernel_handle(a, k, why, whylen);
+	if (code) {
+		kernel_free(k);
+		return code;
+	}
 	/* simgpu runs a kernel without a host twin as a timed no-op: here that
 	 * would silently drop the app's work, so refuse it (the app replays
 	 * locally, where its own libraries provide the twin) */
 	if (k->handle && W.has_twin && W.has_twin(k->name) == 0) {
 		w_log("app %s: no host twin for %s in this worker (twin libraries come from the "
 		      "app's HELLO); refusing it", a->name, k->name);
-		free(k->params);
-		free(k->name);
-		free(k);
-		return "no host twin for this kernel in the worker";
+		kernel_free(k);
+		snprintf(why, whylen, "no host twin for this kernel in the worker");
+		return FWD_E_MALFORMED;
 	}
 	a->kernels[m->kid] = k;
-	return NULL;
+	return 0;
 }
 
 void w_app_push(struct wapp *a, struct witem *it)
@@ -342,15 +386,10 @@ static void app_free(struct wapp *a)
 {
 	int i;
 
-	for (i = 0; i < (int)FWD_MAX_KERNELS; i++) {
-		struct wkernel *k = a->kernels[i];
-
-		if (k) {
-			free(k->params);
-			free(k->name);
-			free(k);
-		}
-	}
+	for (i = 0; i < (int)FWD_MAX_KERNELS; i++)
+		if (a->kernels[i])
+			kernel_free(a->kernels[i]);
+	w_app_modules_drop(a);
 	/* the launcher is done with it; a shim may still read it (its own map) */
 	munmap(a->page, a->map_len);
 	free(a->frame);

@@ -140,10 +140,11 @@ static void handle_json(const unsigned char *id, size_t id_len, int delim, size_
 	len = snprintf(out, sizeof(out),
 		       "{\"v\":1,\"type\":\"stats\",\"id\":%u,\"quota_pct\":%u,\"pid\":%u,"
 		       "\"forwarded\":%llu,\"apps\":%d,\"state\":\"%s\",\"bad_frames\":%llu,"
-		       "\"by_name\":%s}",
+		       "\"by_name\":%s,\"modules\":%u,\"module_loads\":%llu}",
 		       W.id, W.quota, W.pid, (unsigned long long)atomic_load(&W.executed),
 		       w_app_count(), W.closing ? "closing" : "ready",
-		       (unsigned long long)atomic_load(&W.bad_frames), W.has_by_name ? "true" : "false");
+		       (unsigned long long)atomic_load(&W.bad_frames), W.has_by_name ? "true" : "false",
+		       w_modules_loaded(), (unsigned long long)w_module_loads());
 	w_send(NULL, id, id_len, delim, out, (size_t)len);
 }
 
@@ -208,15 +209,31 @@ static void handle_define(struct wapp *a, size_t n)
 	static char name[FWD_MAX_STR + 1];
 	struct fwd_define m;
 	const unsigned char *p = buf + sizeof(m);
-	const char *why;
+	char why[240];
+	int code;
 
 	memcpy(&m, buf, sizeof(m));
 	memcpy(params, p, (size_t)m.nparams * sizeof(*params));
 	copy_str(name, p + (size_t)m.nparams * sizeof(*params), m.name_len);
-	why = w_app_define(a, &m, params, name);
-	if (why)
-		reject(a->rid, a->rid_len, a->delim, FWD_E_MALFORMED, 0, n, "DEFINE %u: %s",
-		       m.kid, why);
+	code = w_app_define(a, &m, params, name, why, sizeof(why));
+	if (code)
+		reject(a->rid, a->rid_len, a->delim, (uint32_t)code, 0, n, "DEFINE %u: %s", m.kid,
+		       why);
+}
+
+/* zmq frames: the module loads on the main thread (once per module) */
+static void handle_module(struct wapp *a, size_t n)
+{
+	static char path[FWD_MAX_STR + 1];
+	struct fwd_module m;
+	char why[240];
+	int code;
+
+	memcpy(&m, buf, sizeof(m));
+	copy_str(path, buf + sizeof(m), m.path_len);
+	code = w_app_module(a, &m, path, why, sizeof(why));
+	if (code)
+		reject(a->rid, a->rid_len, a->delim, (uint32_t)code, 0, n, "%s", why);
 }
 
 static void handle_launch(struct wapp *a, size_t n)
@@ -278,7 +295,8 @@ static void handle_binary(const unsigned char *id, size_t id_len, int delim, siz
 		handle_hello(id, id_len, delim, n);
 		return;
 	}
-	if (h.type != FWD_T_DEFINE && h.type != FWD_T_LAUNCH && h.type != FWD_T_BYE) {
+	if (h.type != FWD_T_DEFINE && h.type != FWD_T_LAUNCH && h.type != FWD_T_BYE &&
+	    h.type != FWD_T_MODULE) {
 		reject(id, id_len, delim, FWD_E_TYPE, 0, n, "type %u is not for a worker", h.type);
 		return;
 	}
@@ -302,6 +320,9 @@ static void handle_binary(const unsigned char *id, size_t id_len, int delim, siz
 		return;
 	}
 	switch (h.type) {
+	case FWD_T_MODULE:
+		handle_module(a, n);
+		break;
 	case FWD_T_DEFINE:
 		handle_define(a, n);
 		break;

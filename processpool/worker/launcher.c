@@ -17,7 +17,7 @@
  * A host function per launch costs little on simgpu; on a GPU,
  * cuStreamWriteValue64 into a host-registered page would do the same
  * without a host callback (not done here: a real GPU gets no forwarded
- * launches until fatbins are shipped).
+ * launches until app memory is shared with workers).
  *
  * simgpu blocks a launch whose argument layout it does not know (kernels
  * made by simgpu_kernel_by_name) until the kernel has read its arguments;
@@ -70,7 +70,7 @@ static void CUDART_CB on_mark(void *arg)
 	/* simgpu runs host functions even after a kernel faulted (a GPU would
 	 * not run them): never report a faulted kernel as done.  A host
 	 * function may not call CUDA on a GPU; on simgpu this one only reads. */
-	if (W.has_by_name) {
+	if (W.on_simgpu) {
 		cudaError_t e = cudaPeekAtLastError();
 
 		if (w_sticky(e))

@@ -244,6 +244,7 @@ int main(int argc, char **argv)
 	struct zmqdl_pollitem items[2];
 	sigset_t sigs;
 	char why[512];
+	const char *by_name;
 	int sfd, drain_ms, clean;
 	uint64_t last_tick = 0;
 	cudaError_t e;
@@ -289,11 +290,17 @@ int main(int argc, char **argv)
 	*(void **)&W.has_twin = dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin");
 	/* with the layout, a launch copies its arguments and returns at once */
 	*(void **)&W.kernel_define = dlsym(RTLD_DEFAULT, "simgpu_kernel_define_layout");
-	W.has_by_name = W.kernel_by_name != NULL;
 	*(void **)&W.map_peer = dlsym(RTLD_DEFAULT, "simgpu_map_peer");
-	if (!W.has_by_name)
-		w_log("no simgpu_kernel_by_name: kernels cannot be run by name here (fatbin "
-		      "shipping is not implemented); apps will be told so and run locally");
+	/* CUDA 12.4+: a DEFINE's layout is checked against its module's */
+	*(void **)&W.param_info = dlsym(RTLD_DEFAULT, "cudaFuncGetParamInfo");
+	W.on_simgpu = W.kernel_by_name != NULL;
+	by_name = getenv("COLOCATE_WORKER_BY_NAME");
+	W.has_by_name = W.on_simgpu && !(by_name && !strcmp(by_name, "0"));
+	if (!W.on_simgpu)
+		w_log("not simgpu: an app's device memory is not shared with workers yet (VMM, "
+		      "issue 3); apps will be told so and run locally");
+	else if (!W.has_by_name)
+		w_log("COLOCATE_WORKER_BY_NAME=0: kernels only from the apps' modules, as on a GPU");
 
 	W.sock = open_router();
 	if (!W.sock)

@@ -1,6 +1,6 @@
 /*
- * ring.c - an app's launch ring: DEFINE and LAUNCH frames in shared memory,
- * written by the app's shim, taken here by the app's launcher thread.
+ * ring.c - an app's launch ring: MODULE, DEFINE and LAUNCH frames in shared
+ * memory, written by the app's shim, taken here by the app's launcher thread.
  *
  * The app can write anything into the ring at any time, so nothing in it is
  * trusted: indexes are checked against the ring's size, every frame is
@@ -101,15 +101,31 @@ static int run_frame(struct wapp *a, size_t n)
 	}
 	if (h.type == FWD_T_DEFINE) {
 		struct fwd_define m;
-		char name[FWD_MAX_STR + 1];
+		char name[FWD_MAX_STR + 1], sub[240];
+		int code;
 
 		memcpy(&m, buf, sizeof(m));
 		memcpy(params, buf + sizeof(m), (size_t)m.nparams * sizeof(*params));
 		memcpy(name, buf + sizeof(m) + (size_t)m.nparams * sizeof(*params), m.name_len);
 		name[m.name_len] = 0;
-		why = w_app_define(a, &m, params, name);
-		if (why) {
-			refuse(a, 0, FWD_E_MALFORMED, "DEFINE %u: %s", m.kid, why);
+		code = w_app_define(a, &m, params, name, sub, sizeof(sub));
+		if (code) {
+			refuse(a, 0, code, "DEFINE %u: %s", m.kid, sub);
+			return -1;
+		}
+		return 0;
+	}
+	if (h.type == FWD_T_MODULE) {
+		struct fwd_module m;
+		char path[FWD_MAX_STR + 1], sub[240];
+		int code;
+
+		memcpy(&m, buf, sizeof(m));
+		memcpy(path, buf + sizeof(m), m.path_len);
+		path[m.path_len] = 0;
+		code = w_app_module(a, &m, path, sub, sizeof(sub));
+		if (code) {
+			refuse(a, 0, code, "%s", sub);
 			return -1;
 		}
 		return 0;

@@ -14,6 +14,7 @@
  *   main.c      start-up, signals, the poll loop, heartbeats, shutdown
  *   frames.c    receiving, checking and dispatching frames; replies; stats
  *   app.c       one connected application: HELLO, its page, kernels, twins
+ *   modules.c   the apps' fat binaries: checked, loaded, cached; kernels
  *   launcher.c  an application's launcher thread: streams, ordering, marks
  *   times.c     device times of timed launches, into the app's page
  *
@@ -36,6 +37,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "../fwd_proto.h"
 
@@ -53,8 +55,11 @@ struct wtimed {
 	cudaEvent_t ev[2];             /* start, end; NULL: it gets no time     */
 };
 
+struct wlib;
+
 struct wkernel {
 	void *handle;                  /* cudaKernel_t, NULL if none            */
+	uint32_t mid;                  /* its module, or FWD_NO_MODULE          */
 	uint16_t nparams;
 	uint32_t argbytes;
 	struct fwd_param *params;
@@ -101,6 +106,7 @@ struct wapp {
 	/* written once per id: by the main thread (zmq frames) or by the
 	 * launcher (ring); never both for one app */
 	struct wkernel *kernels[FWD_MAX_KERNELS];
+	struct wlib *mods[FWD_MAX_MODULES];         /* module id -> library    */
 	struct wstream *streams[FWD_MAX_STREAMS];   /* launcher thread only    */
 	uint64_t legacy_launches;                   /* launcher thread only    */
 
@@ -136,8 +142,12 @@ struct wglobal {
 	const char *rundir;
 	void *sock;
 	int closing;
-	int has_by_name;               /* simgpu_kernel_by_name is available    */
+	int on_simgpu;                 /* device memory is shared with apps     */
+	int has_by_name;               /* DEFINEs without a module are found by
+	                                  name (simgpu, unless
+	                                  COLOCATE_WORKER_BY_NAME=0)            */
 	void *(*kernel_by_name)(const char *);
+	cudaError_t (*param_info)(const void *, size_t, size_t *, size_t *);
 	int (*has_twin)(const char *);   /* simgpu: 1 twin, 0 none, -1 unknown   */
 	void *(*kernel_define)(const char *, int, const unsigned *, const unsigned *);
 	int (*map_peer)(const void *);  /* simgpu: (re)map an app's arena       */
@@ -173,12 +183,25 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 			 const struct fwd_hello *m, const char *page, const char *twins,
 			 const char *device, const char *name, uint32_t *status,
 			 char *msg, size_t msglen);
-const char *w_app_define(struct wapp *a, const struct fwd_define *m,
-			 const struct fwd_param *params, const char *name);
+/* DEFINE: 0, or a FWD_E_* code with the reason in why */
+int  w_app_define(struct wapp *a, const struct fwd_define *m, const struct fwd_param *params,
+		  const char *name, char *why, size_t whylen);
+/* NULL when st is a file we may load (twins, modules), else why not */
+const char *w_file_unsafe(const struct stat *st);
 void w_app_push(struct wapp *a, struct witem *it);
 void w_app_close(struct wapp *a, int abandon);   /* BYE / app death / shutdown */
 void w_apps_tick(uint64_t now);                  /* heartbeats, deaths, reaping */
 int  w_apps_shutdown(uint64_t deadline_ns);     /* 1: every app finished */
+
+/* ---- modules.c */
+/* MODULE: 0, or a FWD_E_* code with the reason in why (logged) */
+int  w_app_module(struct wapp *a, const struct fwd_module *m, const char *path, char *why,
+		  size_t whylen);
+/* k->handle from the app's module k->mid, its layout checked: 0 or FWD_E_* */
+int  w_module_kernel(struct wapp *a, struct wkernel *k, char *why, size_t whylen);
+void w_app_modules_drop(struct wapp *a);
+unsigned w_modules_loaded(void);           /* libraries loaded now          */
+uint64_t w_module_loads(void);             /* cudaLibraryLoadData calls made */
 
 /* ---- launcher.c */
 void *w_launcher(void *arg);

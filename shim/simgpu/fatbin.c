@@ -24,6 +24,12 @@
  * Compressed entries are inflated with libzstd / liblz4 when the system
  * has them (dlopen; no build dependency).  Every offset read from the
  * image is bounds-checked: a damaged image means "layout unknown".
+ *
+ * Two ways in: a registration wrapper (sg_fatbin_open, parsed lazily:
+ * registration runs in static constructors) and a raw image
+ * (sg_fatbin_image, for cudaLibraryLoadData: parsed at once, strictly, so
+ * that a damaged image is an error, and closed once its kernels are read,
+ * keeping nothing that points into the caller's buffer).
  */
 #include <dlfcn.h>
 #include <elf.h>
@@ -39,10 +45,12 @@
 #define EIATTR_KPARAM_INFO  0x17
 #define EIFMT_SVAL          4
 #define MAX_IMAGE           (512u << 20)
+#define MAX_FATBIN          (1ull << 30)    /* a raw image, header included */
 
 struct image {
 	const uint8_t *p;
 	size_t         n;
+	int            owned;     /* inflated: ours to free */
 };
 
 struct sg_fatbin {
@@ -116,7 +124,7 @@ static uint8_t *inflate(const uint8_t *src, size_t n, size_t comp_n, size_t raw_
 	if (!dst)
 		return NULL;
 	if ((flags & FLAG_ZSTD) && zstd_decompress && zstd_is_error) {
-		size_t r = zstd_decompress(dst, raw_n, src, comp_n ? comp_n : n);
+		size_t r = zstd_decompress(dst, raw_n, src, comp_n && comp_n <= n ? comp_n : n);
 
 		if (!zstd_is_error(r) && r == raw_n)
 			return dst;
@@ -133,37 +141,58 @@ static uint8_t *inflate(const uint8_t *src, size_t n, size_t comp_n, size_t raw_
 
 /* ---------------------------------------------------------------- fatbin */
 
-static void add_image(struct sg_fatbin *fb, const uint8_t *p, size_t n)
+/* Is the ELF header sound enough for shdr() and sec_name() below? */
+static int elf_ok(const uint8_t *p, size_t n)
+{
+	Elf64_Ehdr eh;
+
+	if (n < sizeof(eh) || memcmp(p, ELFMAG, SELFMAG) != 0 || p[EI_CLASS] != ELFCLASS64)
+		return 0;
+	memcpy(&eh, p, sizeof(eh));
+	return eh.e_shentsize >= sizeof(Elf64_Shdr) && eh.e_shstrndx < eh.e_shnum &&
+	       eh.e_shoff <= n && (uint64_t)eh.e_shnum * eh.e_shentsize <= n - eh.e_shoff;
+}
+
+/* 0 kept (or skipped: not ours to read), -1 not a sound ELF image. */
+static int add_image(struct sg_fatbin *fb, const uint8_t *p, size_t n, int owned)
 {
 	struct image *ni;
 
-	if (n < sizeof(Elf64_Ehdr) || memcmp(p, ELFMAG, SELFMAG) != 0 || p[EI_CLASS] != ELFCLASS64)
-		return;
+	if (!elf_ok(p, n))
+		return -1;
 	ni = realloc(fb->img, sizeof(*ni) * (size_t)(fb->nimg + 1));
 	if (!ni)
-		return;
+		return 0;
 	fb->img = ni;
 	fb->img[fb->nimg].p = p;
 	fb->img[fb->nimg].n = n;
+	fb->img[fb->nimg].owned = owned;
 	fb->nimg++;
+	return 0;
 }
 
-static void parse(struct sg_fatbin *fb)
+/*
+ * The entries of the fatbin at base: ELF images kept (compressed ones
+ * inflated).  0, or -1 when the image is damaged: a bad header, entries
+ * that do not tile the payload, an ELF entry that is not an ELF file.  A
+ * compressed entry without its codec on this system is skipped, not an
+ * error.  *total: header + payload bytes.
+ */
+static int parse_image(struct sg_fatbin *fb, const uint8_t *base, uint64_t *total)
 {
-	const struct fatbin_wrapper *w = fb->wrapper;
-	const uint8_t *base, *p, *end;
+	const uint8_t *p, *end;
 	uint64_t fat_size;
 	uint16_t hdr;
+	int bad = 0;
 
-	if (!w || !w->data)
-		return;
-	base = w->data;
 	if (rd32(base) != FATBIN_MAGIC)
-		return;
+		return -1;
 	hdr = rd16(base + 6);
 	fat_size = rd64(base + 8);
-	if (hdr < 16 || fat_size > MAX_IMAGE)
-		return;
+	if (hdr < 16 || fat_size > MAX_FATBIN - hdr)
+		return -1;
+	if (total)
+		*total = hdr + fat_size;
 	p = base + hdr;
 	end = p + fat_size;
 	while (p + 64 <= end) {
@@ -175,20 +204,35 @@ static void parse(struct sg_fatbin *fb)
 		uint64_t raw = rd64(p + 56);
 		const uint8_t *payload = p + ehdr;
 
-		if (ehdr < 64 || size > (uint64_t)(end - p) || payload + size > end)
-			break;
+		if (ehdr < 64 || ehdr > (uint64_t)(end - p) || size > (uint64_t)(end - payload))
+			return -1;
 		if (kind == ENTRY_ELF) {
 			if (flags & (FLAG_LZ4 | FLAG_ZSTD)) {
 				uint8_t *img = inflate(payload, size, comp, raw, flags);
 
-				if (img)
-					add_image(fb, img, raw);   /* kept for the process' life */
-			} else {
-				add_image(fb, payload, size);
+				if (img && add_image(fb, img, raw, 1) < 0) {
+					free(img);
+					bad = 1;
+				}
+			} else if (add_image(fb, payload, size, 0) < 0) {
+				bad = 1;
 			}
 		}
 		p = payload + size;
 	}
+	/* whatever is left must be padding */
+	for (; p < end; p++)
+		if (*p)
+			return -1;
+	return bad ? -1 : 0;
+}
+
+static void parse(struct sg_fatbin *fb)
+{
+	const struct fatbin_wrapper *w = fb->wrapper;
+
+	if (w && w->data)
+		parse_image(fb, w->data, NULL);   /* what could be read is kept */
 }
 
 struct sg_fatbin *sg_fatbin_open(const void *wrapper)
@@ -200,6 +244,39 @@ struct sg_fatbin *sg_fatbin_open(const void *wrapper)
 	fb->wrapper = wrapper;
 	pthread_mutex_init(&fb->mu, NULL);
 	return fb;     /* parsed lazily: registration runs before main */
+}
+
+struct sg_fatbin *sg_fatbin_image(const void *image, uint64_t *size)
+{
+	struct sg_fatbin *fb = sg_fatbin_open(NULL);
+
+	if (!fb)
+		return NULL;
+	fb->parsed = 1;
+	if (parse_image(fb, image, size) < 0) {
+		sg_fatbin_close(fb);
+		return NULL;
+	}
+	return fb;
+}
+
+int sg_fatbin_nimages(const struct sg_fatbin *fb)
+{
+	return fb ? fb->nimg : 0;
+}
+
+void sg_fatbin_close(struct sg_fatbin *fb)
+{
+	int i;
+
+	if (!fb)
+		return;
+	for (i = 0; i < fb->nimg; i++)
+		if (fb->img[i].owned)
+			free((void *)fb->img[i].p);
+	free(fb->img);
+	pthread_mutex_destroy(&fb->mu);
+	free(fb);
 }
 
 static void ensure_parsed(struct sg_fatbin *fb)
@@ -332,6 +409,48 @@ int sg_fatbin_params(struct sg_fatbin *fb, const char *name, struct sg_params *p
 		}
 	}
 	return -1;
+}
+
+/*
+ * Every kernel of every image (a section ".nv.info.<kernel>"; device
+ * functions have none) with its layout (n = -1 when unreadable), which fn
+ * keeps or frees.  Several images (archs) may name the same kernel: fn
+ * sees it once per image.  Returns the number visited, or -1 when fn
+ * failed.
+ */
+int sg_fatbin_each_kernel(struct sg_fatbin *fb, int (*fn)(const char *, struct sg_params *, void *),
+			  void *arg)
+{
+	static const char pre[] = ".nv.info.";
+	int i, n = 0;
+
+	if (!fb)
+		return 0;
+	ensure_parsed(fb);
+	for (i = 0; i < fb->nimg; i++) {
+		const struct image *im = &fb->img[i];
+		const Elf64_Ehdr *eh = (const Elf64_Ehdr *)im->p;
+		unsigned k;
+
+		for (k = 1; k < eh->e_shnum; k++) {
+			const Elf64_Shdr *s = shdr(im, k);
+			struct sg_params p = { -1, 0, NULL, NULL };
+			const char *nm;
+
+			if (!s || !sec_ok(im, s) || s->sh_type == SHT_NOBITS)
+				continue;
+			nm = sec_name(im, s);
+			if (!nm || strncmp(nm, pre, sizeof(pre) - 1) != 0 || !nm[sizeof(pre) - 1])
+				continue;
+			nm += sizeof(pre) - 1;
+			if (kparams(im, s, &p) < 0)
+				p.n = -1;
+			if (fn(nm, &p, arg) < 0)
+				return -1;
+			n++;
+		}
+	}
+	return n;
 }
 
 int sg_fatbin_var_init(struct sg_fatbin *fb, const char *name, void *dst, size_t n)

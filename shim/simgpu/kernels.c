@@ -27,6 +27,8 @@
  *   void *simgpu_kernel_define(const char *mangled, int n, const unsigned *sizes)
  *   void *simgpu_kernel_define_layout(mangled, n, offsets, sizes)
  *       the same, with a parameter layout, so launches need not wait.
+ *   Kernels of libraries (library.c) are records here too, found by
+ *   handle and listed by name (twins, report), never by simgpu_kernel_by_name.
  *   At exit, if $SIMGPU_REPORT names a file, one JSON line per launched
  *   kernel is appended to it:
  *       {"pid":N,"name":"<mangled>","launches":N,"twin":true|false,
@@ -103,8 +105,39 @@ struct sg_kernel *sg_kernel_by_handle(const void *h)
 	for (k = atomic_load_explicit(&by_self[bucket(h)], memory_order_acquire); k;
 	     k = atomic_load_explicit(&k->by_self_next, memory_order_acquire))
 		if ((const void *)k == h)
-			return k;
+			/* a kernel of an unloaded library is no kernel any more */
+			return k->lib && atomic_load_explicit(&k->lib->unloaded, memory_order_acquire)
+				       ? NULL
+				       : k;
 	return NULL;
+}
+
+/* Link a new record into the name list and the handle hash; mu held. */
+static void link_self(struct sg_kernel *k)
+{
+	size_t b = bucket(k);
+
+	k->all_next = all_kernels;
+	all_kernels = k;
+	atomic_store(&k->by_self_next, atomic_load(&by_self[b]));
+	atomic_store_explicit(&by_self[b], k, memory_order_release);
+}
+
+struct sg_kernel *sg_kernel_of_library(struct sg_library *lib, const char *name,
+				       const struct sg_params *p)
+{
+	struct sg_kernel *k = calloc(1, sizeof(*k));
+
+	if (!k || !(k->name = strdup(name))) {
+		free(k);
+		return NULL;
+	}
+	k->lib = lib;
+	k->params = *p;        /* n >= 0: the layout stands (sg_kernel_resolve) */
+	pthread_mutex_lock(&mu);
+	link_self(k);
+	pthread_mutex_unlock(&mu);
+	return k;
 }
 
 /* ---------------------------------------------------------------- twins */
@@ -224,18 +257,18 @@ SG_API int simgpu_kernel_has_twin(const char *mangled)
  * was forwarded to it by name.  Its twin is found the usual way
  * ($SIMGPU_TWINS first); without a cubin its parameter layout is unknown,
  * so such launches lend their arguments until the twin has read them.
- * NULL only when out of memory.
+ * Kernels of loaded libraries are not found here (a library may be
+ * unloaded; by name is a record of its own).  NULL only when out of memory.
  */
 SG_API void *simgpu_kernel_by_name(const char *mangled)
 {
 	struct sg_kernel *k;
-	size_t b;
 
 	if (!mangled || !*mangled)
 		return NULL;
 	pthread_mutex_lock(&mu);
 	for (k = all_kernels; k; k = k->all_next)
-		if (strcmp(k->name, mangled) == 0)
+		if (!k->lib && strcmp(k->name, mangled) == 0)
 			goto out;
 	k = calloc(1, sizeof(*k));
 	if (!k || !(k->name = strdup(mangled))) {
@@ -244,11 +277,7 @@ SG_API void *simgpu_kernel_by_name(const char *mangled)
 		goto out;
 	}
 	k->params.n = -1;
-	k->all_next = all_kernels;
-	all_kernels = k;
-	b = bucket(k);
-	atomic_store(&k->by_self_next, atomic_load(&by_self[b]));
-	atomic_store_explicit(&by_self[b], k, memory_order_release);
+	link_self(k);
 out:
 	pthread_mutex_unlock(&mu);
 	return k;

@@ -17,6 +17,7 @@
  *   model.c     the device model: solo durations and the shared fluid model
  *   fatbin.c    kernel parameter layouts read from the embedded cubin
  *   kernels.c   registration, kernel table, twins, statistics, report
+ *   library.c   cudaLibrary*: kernels of a fat binary loaded at run time
  *   launch.c    kernel launch entry points
  *   device.c    device properties, attributes, versions, odds and ends
  *
@@ -267,6 +268,14 @@ struct sg_params {
 struct sg_fatbin *sg_fatbin_open(const void *wrapper);
 int sg_fatbin_params(struct sg_fatbin *fb, const char *name, struct sg_params *p);
 int sg_fatbin_var_init(struct sg_fatbin *fb, const char *name, void *dst, size_t n);
+/* A raw image (0xBA55ED50 header first), parsed now; NULL when damaged
+ * (or out of memory).  *size: its bytes.  Close it when done: nothing of
+ * it points into the image afterwards. */
+struct sg_fatbin *sg_fatbin_image(const void *image, uint64_t *size);
+int  sg_fatbin_nimages(const struct sg_fatbin *fb);     /* ELF images read */
+int  sg_fatbin_each_kernel(struct sg_fatbin *fb,
+			   int (*fn)(const char *name, struct sg_params *p, void *arg), void *arg);
+void sg_fatbin_close(struct sg_fatbin *fb);
 
 /* ------------------------------------------------------------------ kernels.c */
 
@@ -274,6 +283,7 @@ struct sg_kernel {
 	const void       *stub;       /* host stub: the function's address   */
 	char             *name;       /* mangled device name                 */
 	struct sg_module *mod;
+	struct sg_library *lib;       /* cudaLibraryLoadData's, or NULL      */
 	atomic_int        resolved;   /* twin, cost and layout looked up     */
 	struct sg_params  params;
 	simgpu_twin_fn    twin;
@@ -287,10 +297,24 @@ struct sg_kernel {
 
 struct sg_kernel *sg_kernel_by_stub(const void *stub);
 struct sg_kernel *sg_kernel_by_handle(const void *h);   /* stub or cudaKernel_t */
+/* A kernel of a library: a record of its own (never freed), found by its
+ * handle; p's arrays become the kernel's.  NULL when out of memory. */
+struct sg_kernel *sg_kernel_of_library(struct sg_library *lib, const char *name,
+				       const struct sg_params *p);
 void sg_kernel_resolve(struct sg_kernel *k);
 cudaError_t sg_symbol(const void *sym, void **dev, size_t *size);
 /* $SIMGPU_LAUNCH_LOG: one JSON line per kernel run (exec.c) */
 uint64_t sg_launch_seq(void);
 void sg_kernels_reset(void);
+
+/* ------------------------------------------------------------------ library.c */
+
+/* cudaLibrary_t: the kernels of one loaded image.  Never freed: its kernel
+ * records are reachable without a lock; an unloaded one's handles fail. */
+struct sg_library {
+	unsigned           n;
+	struct sg_kernel **k;
+	atomic_int         unloaded;
+};
 
 #endif
