@@ -16,6 +16,8 @@ BINS    := $(addprefix bench/bin/,$(PROGS)) $(addprefix bench/bin/,$(addsuffix .
 TESTPROGS := $(patsubst tests/progs/%.c,bench/bin/test-%,$(wildcard tests/progs/*.c))
 # one default-static-cudart build, for the real-GPU check of driver-level hooks
 STATIC  := bench/bin/vecadd-static
+# real-GPU probes of issue 3 (bench/gpu_pool.py runs them): no simgpu twins
+GPUPROBES := $(patsubst bench/gpu/%.cu,bench/bin/gpu-%,$(wildcard bench/gpu/*.cu))
 
 .PHONY: all build native progs test demo clean
 all: build
@@ -34,7 +36,7 @@ native: $(VENV)/.installed
 	$(BIN)/python -m predictors.build
 	$(BIN)/python -m controlplane.policies.build
 
-progs: $(BINS) $(TESTPROGS) $(STATIC)
+progs: $(BINS) $(TESTPROGS) $(STATIC) $(GPUPROBES)
 
 COMMON_H := $(wildcard bench/common/*.h shim/include/*.h)
 # a program also depends on the headers in its own folder ($$* is its name)
@@ -58,6 +60,11 @@ bench/bin/%.twins.so: bench/rodinia/%/twins.c shim/simgpu/simgpu_twin.h $(COMMON
 bench/bin/vecadd-static: bench/progs/vecadd/main.cu
 	@mkdir -p bench/bin
 	$(NVCC) -O2 $(NVCC_ARCH) -I shim/simgpu -I bench/common -o $@ $<
+
+# driver functions come through cudaGetDriverEntryPointByVersion (dlsym): no -lcuda
+bench/bin/gpu-%: bench/gpu/%.cu $(wildcard bench/gpu/*.h)
+	@mkdir -p bench/bin
+	$(NVCC) $(NVCCFLAGS) -o $@ $< -ldl
 
 bench/bin/test-%: tests/progs/%.c
 	@mkdir -p bench/bin
