@@ -420,7 +420,7 @@ def kernels(name: Optional[str] = typer.Argument(None, help="Only this app."),
 
 # --- process pool -------------------------------------------------------------
 
-POOL_KEYS = ("id", "quota_pct", "pid", "state", "forwarded", "apps")
+POOL_KEYS = ("id", "quota_pct", "pid", "state", "forwarded", "apps", "modules", "module_loads")
 
 
 def pool_table(reply: dict) -> Table:
@@ -428,13 +428,13 @@ def pool_table(reply: dict) -> Table:
     ready = sum(w["state"] == "ready" for w in workers)
     t = Table(title=f"colocate: process pool {reply.get('spec', '?')}: {ready}/{len(workers)} ready",
               box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for c in ("id", "quota %", "pid", "state", "forwarded", "apps", "routed"):
+    for c in ("id", "quota %", "pid", "state", "forwarded", "apps", "routed", "modules"):
         t.add_column(c, justify="left" if c == "state" else "right", no_wrap=True)
     for w in workers:
         style = {"ready": "", "starting": "yellow", "unresponsive": "yellow"}.get(w["state"], "bold red")
         t.add_row(str(w["id"]), str(w["quota_pct"]), "-" if w["pid"] is None else str(w["pid"]),
                   Text(w["state"], style=style), str(w["forwarded"]), str(w["apps"]),
-                  str(w.get("routed", "-")))
+                  str(w.get("routed", "-")), str(w.get("modules", "-")))
     return t
 
 
@@ -454,7 +454,8 @@ def metrics_cmd(runtime_dir: Optional[Path] = RunDirOpt) -> None:
 @app.command("pool")
 def pool_cmd(as_json: bool = typer.Option(False, "--json", help="Print a JSON list of workers."),
              runtime_dir: Optional[Path] = RunDirOpt) -> None:
-    """Show the process pool's workers: id, SM quota, pid, state, tasks forwarded, apps.
+    """Show the process pool's workers: id, SM quota, pid, state, tasks forwarded, apps,
+    and the apps' fat binaries each holds loaded (modules; module_loads counts every load).
 
     States: starting, ready, unresponsive (did not answer in time), dead (to be
     restarted under a new id), failed (kept dying; not restarted)."""

@@ -18,8 +18,9 @@ PROTOCOL = 1
 # Additive changes (new message types, new optional fields) keep "v": 1 so
 # that older shims keep working, and bump REVISION: 2 = "tasks" (task
 # feedback), "feed" in "registered", held apps (route CB_ROUTE_HOLD);
-# 3 = "revision" and "fwd_window" in "registered", "throughput" in records.
-REVISION = 3
+# 3 = "revision" and "fwd_window" in "registered", "throughput" in records;
+# 4 = "modules" and "module_loads" in pool workers.
+REVISION = 4
 MAX_BYTES = 64 * 1024
 
 
@@ -136,6 +137,8 @@ WORKER = {
     "forwarded": F("int", doc="tasks it ran (last answer)"),
     "apps": F("int", doc="apps connected to it (last answer)"),
     "routed": F("int", required=False, doc="live apps the controller routes to it"),
+    "modules": F("int", required=False, doc="apps' fat binaries it holds loaded (last answer)"),
+    "module_loads": F("int", required=False, doc="fat binaries it loaded since it started (last answer)"),
 }
 
 REQUESTS: dict[str, dict[str, F]] = {

@@ -57,6 +57,8 @@ SPEC_HELP = ("Process pool: QUOTA:COUNT pairs separated by commas, e.g. 10:4,50:
              "or none for no pool. Default: 2 workers at each of 10, 20, ..., 100 % "
              "(10:2,20:2,...,100:2).")
 STATES = ("starting", "ready", "dead", "failed")
+# counters a worker's stats may carry beyond forwarded/apps, passed on as they are
+OPTIONAL_STATS = ("modules", "module_loads")
 READY_RE = re.compile(rb"^READY worker (\d+) quota (\d+) pid (\d+)\s*$")
 _SUN_PATH_MAX = 107
 
@@ -185,11 +187,12 @@ class Worker:
     log_file: object = None
     forwarded: int = 0
     apps: int = 0
+    extra: dict = field(default_factory=dict)  # OPTIONAL_STATS its last answer carried
     responsive: bool = True
 
     def row(self) -> dict:
         return {"id": self.id, "quota_pct": self.quota_pct, "pid": self.pid, "state": self.state,
-                "forwarded": self.forwarded, "apps": self.apps}
+                "forwarded": self.forwarded, "apps": self.apps, **self.extra}
 
 
 @dataclass
@@ -536,5 +539,7 @@ class Pool:
             for k in ("forwarded", "apps"):
                 if isinstance(m.get(k), int) and not isinstance(m.get(k), bool):
                     setattr(w, k, m[k])
+            w.extra = {k: m[k] for k in OPTIONAL_STATS
+                       if isinstance(m.get(k), int) and not isinstance(m.get(k), bool)}
         except ValueError as e:
             log.warning("worker %d: bad stats answer: %s", w.id, e)

@@ -73,7 +73,9 @@ def main() -> int:
             if not mute:
                 s.send_multipart([ident, b"", json.dumps({
                     "v": 1, "type": "stats", "id": a.id, "quota_pct": a.quota, "pid": os.getpid(),
-                    "forwarded": forwarded, "apps": len(peers), "state": "ready"}).encode()])
+                    "forwarded": forwarded, "apps": len(peers), "state": "ready",
+                    # optional counters: one the pool passes on, one of a wrong type it drops
+                    "modules": forwarded + 1, "module_loads": True}).encode()])
         else:                                         # anything else counts as a forwarded task
             peers.add(ident)
             forwarded += 1

@@ -99,7 +99,8 @@ def test_pool_starts_workers(pools, rundir):
     rows = p.stats()
     assert [(r["id"], r["quota_pct"], r["state"]) for r in rows] == [
         (1, 10, "ready"), (2, 10, "ready"), (3, 40, "ready"), (4, 100, "ready")]
-    assert all(set(r) == WORKER_KEYS and alive(r["pid"]) for r in rows)
+    # fake_worker.py also answers "modules" (passed on) and a bad "module_loads" (dropped)
+    assert all(set(r) == WORKER_KEYS | {"modules"} and alive(r["pid"]) for r in rows)
     assert all((rundir / f"worker-{i}.sock").exists() and (rundir / f"worker-{i}.log").exists()
                for i in range(1, 5))
     env = json.loads((rundir / "worker-3.env").read_text())
@@ -248,6 +249,10 @@ def test_pool_cli_lists_workers(pctl):
     assert len(rows) == 5 and all(WORKER_KEYS <= set(w) for w in rows)
     assert sorted(w["quota_pct"] for w in rows) == [10, 30, 40, 40, 100]
     assert all(isinstance(w["pid"], int) for w in rows if w["state"] == "ready")
+    # optional worker counters pass through when well typed, and only then
+    answered = [w for w in rows if "modules" in w]
+    assert answered and all(w["modules"] == w["forwarded"] + 1 for w in answered)
+    assert not any("module_loads" in w for w in rows)
     t = colocate("pool", "--runtime-dir", pctl.rundir)
     assert t.returncode == 0 and "quota %" in t.stdout and "ready" in t.stdout
     raw = pctl.call("pool")
