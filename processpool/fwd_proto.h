@@ -22,7 +22,9 @@
  *     u32 len      length of the whole frame; must equal the zmq frame size
  *
  *   HELLO        shim -> worker, first frame of a connection
- *     flags: FWD_HF_RING = launches come through the page's ring
+ *     flags: FWD_HF_RING = launches come through the page's ring;
+ *            FWD_HF_VMM = the app's memory is VMM-shared: the shim opens the
+ *            worker's mem socket after the reply (see "mem socket" below)
  *     u32 pid        the application's pid (the worker drops the app when
  *                    it dies)
  *     u32 worker_id  the route the shim followed; a worker answers
@@ -35,12 +37,15 @@
  *                 would mean nothing there)
  *     name        application name, for logs
  *   HELLO_REPLY  worker -> shim
- *     u32 status     FWD_S_*: OK, UNSUPPORTED (a real GPU: the app's device
- *                    memory is not shared with workers yet), WRONG_WORKER,
+ *     u32 status     FWD_S_*: OK, UNSUPPORTED (a real GPU and no FWD_HF_VMM:
+ *                    the app's device memory is not shared with workers; or
+ *                    FWD_HF_VMM and this worker cannot map it), WRONG_WORKER,
  *                    BAD_PAGE, ...
  *     u32 worker_id, quota_pct, pid
  *     u16 msg_len; u16 pad; msg (why, for the shim's log line)
- *     flags: FWD_HF_RING echoed when the worker takes the ring
+ *     flags: FWD_HF_RING echoed when the worker takes the ring;
+ *                    FWD_HF_VMM echoed when it maps the app's memory from the
+ *                    mem socket (a shim that asked and gets no echo leaves)
  *   MODULE       shim -> worker, once per module per connection, before
  *                the first DEFINE of a kernel of that module
  *     u32 mid        the shim's module id (< FWD_MAX_MODULES): one fat
@@ -198,6 +203,13 @@ enum fwd_type {
 #define FWD_HF_RING 0x01u        /* DEFINE/LAUNCH come through the page's ring:
                                     frames back to back from any byte offset,
                                     wrapping at the ring's end               */
+#define FWD_HF_VMM  0x02u        /* the app's memory is VMM-shared: expect it
+                                    on the mem socket (below) before any
+                                    launch that uses it.  Echoed in the
+                                    HELLO_REPLY by a worker that takes it; a
+                                    worker without by-name kernels on a GPU
+                                    accepts an app only with it.  A flag, not
+                                    a frame change: FWD_VERSION stays 3     */
 
 /* stream kinds: the default-stream rules of the app's stream */
 enum fwd_skind {
@@ -213,7 +225,7 @@ enum fwd_skind {
 enum fwd_status {
 	FWD_S_OK = 0,
 	FWD_S_UNSUPPORTED = 1,   /* cannot run this app's kernels here (a GPU:
-	                            its device memory is not shared yet)     */
+	                            its device memory is not VMM-shared)     */
 	FWD_S_WRONG_WORKER = 2,
 	FWD_S_BAD_PAGE = 3,
 	FWD_S_OTHER_DEVICE = 4,
@@ -541,6 +553,94 @@ static inline const char *fwd_check_body(const void *buf, size_t n, unsigned typ
 		break;
 	}
 	return want == n ? NULL : "lengths do not add up to the frame size";
+}
+
+/* ---------------------------------------------------------------- mem socket */
+
+/*
+ * Device memory shared with a worker at the same address (COLOCATE_MEM=vmm):
+ * a unix STREAM socket <runtime dir>/worker-<N>.mem.sock (0600), one
+ * connection per (app, worker) connection, opened by the shim right after a
+ * HELLO with FWD_HF_VMM was accepted.  Synchronous: the shim sends one
+ * message and waits for its ACK before the next (and before the app's
+ * cudaMalloc/cudaFree returns).  Fixed-size little-endian messages with
+ * their own version (the launch protocol's version does not cover them):
+ *
+ *   MAP    shim -> worker, with exactly one fd (SCM_RIGHTS, on the message's
+ *          first byte): the allocation's cuMemExportToShareableHandle
+ *          (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).  The worker imports
+ *          it, maps it at addr (inside its reservation of the colocate
+ *          region) or, when it cannot, anywhere (its launcher then
+ *          translates pointer arguments), sets access, and ACKs waddr.
+ *   UNMAP  shim -> worker, no fd: the allocation at addr is freed (the app
+ *          has fenced its forwarded work first).
+ *   ACK    worker -> shim: status FWD_MEM_S_*, waddr (MAP: where it is
+ *          mapped in the worker; 0 when status is not OK).
+ *
+ * pid must be the peer's pid (SO_PEERCRED); addr, size nonzero and
+ * multiples of FWD_MEM_ALIGN; len == sizeof(struct fwd_mem_msg).  A bad
+ * message is ACKed with FWD_MEM_S_REFUSED (and logged); after a framing
+ * error (magic, version, length) the worker closes the connection.  When
+ * the connection closes (app gone, or its worker connection closed) the
+ * worker unmaps the app's memory once the app's launches are done.
+ *
+ * The colocate region: FWD_MEM_SLOTS slots of FWD_MEM_SLOT_SPAN bytes at
+ * FWD_MEM_BASE.  An app maps its memory in its slot (its control-block
+ * slot index, else a slot by pid hash); a worker reserves the whole region.
+ */
+#define FWD_MEM_MAGIC     0x4d454d43u   /* "CMEM" */
+#define FWD_MEM_VERSION   1u
+/* 48 TiB: right above simgpu's arena [32, 48) TiB; not the brief's 80 TiB,
+ * whose 16 TiB cover where x86-64 Linux maps PIE executables and their
+ * heap (0x55..-0x56..), so the whole region could never be had there */
+#define FWD_MEM_BASE      0x300000000000ull
+#define FWD_MEM_SLOTS     256u
+#define FWD_MEM_SLOT_SPAN (64ull << 30)
+#define FWD_MEM_SIZE      ((uint64_t)FWD_MEM_SLOTS * FWD_MEM_SLOT_SPAN)
+#define FWD_MEM_ALIGN     (2ull << 20)  /* a GPU's VMM granularity (checked) */
+
+enum fwd_mem_op { FWD_MEM_MAP = 1, FWD_MEM_UNMAP = 2, FWD_MEM_ACK = 3 };
+
+enum fwd_mem_status {
+	FWD_MEM_S_OK = 0,
+	FWD_MEM_S_REFUSED = 1,   /* a bad message (see the worker's log)     */
+	FWD_MEM_S_FAILED = 2,    /* a driver call failed (see the log)       */
+};
+
+struct fwd_mem_msg {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t op;             /* enum fwd_mem_op                          */
+	uint32_t len;            /* sizeof(struct fwd_mem_msg)               */
+	uint32_t status;         /* ACK: FWD_MEM_S_*; else 0                 */
+	uint32_t pid;            /* the app                                  */
+	uint32_t pad;
+	uint64_t addr;           /* the app's device address                 */
+	uint64_t size;           /* bytes mapped there                       */
+	uint64_t waddr;          /* ACK of MAP: the worker's address         */
+};
+
+_Static_assert(sizeof(struct fwd_mem_msg) == 48, "mem message");
+
+/* NULL when m (nfds fds came with it) is a sound request, else why not. */
+static inline const char *fwd_mem_check(const struct fwd_mem_msg *m, int nfds)
+{
+	if (m->magic != FWD_MEM_MAGIC)
+		return "bad magic";
+	if (m->version != FWD_MEM_VERSION)
+		return "unsupported version";
+	if (m->len != sizeof(*m))
+		return "bad length";
+	if (m->op != FWD_MEM_MAP && m->op != FWD_MEM_UNMAP)
+		return "not a request";
+	if (m->status || m->pad || m->waddr)
+		return "nonzero reserved field";
+	if (!m->addr || !m->size || m->addr % FWD_MEM_ALIGN || m->size % FWD_MEM_ALIGN ||
+	    m->addr + m->size < m->addr)
+		return "bad address or size";
+	if (nfds != (m->op == FWD_MEM_MAP ? 1 : 0))
+		return m->op == FWD_MEM_MAP ? "MAP without exactly one fd" : "UNMAP with an fd";
+	return NULL;
 }
 
 /*

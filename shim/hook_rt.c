@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 #include "shim.h"
 #include "shim_trace.h"
+#include "shim_vmm.h"
 
 #include <cuda_runtime_api.h>
 
@@ -235,6 +236,14 @@ SHIM_API cudaError_t cudaMalloc(void **p, size_t n)
 	cudaError_t r;
 
 	REAL(cudaMalloc, NOSYM);
+	/* COLOCATE_MEM=vmm: shared with workers at the same address
+	 * (shim_vmm.c); a failure there falls back to the real allocator.
+	 * Not from inside the runtime: simgpu's cudaMallocAsync calls
+	 * cudaMalloc, and that memory must stay the runtime's. */
+	if (!shim_in_runtime && p && n && shim_vmm_on() && shim_vmm_malloc(p, n) == 0) {
+		shim_alloc_note(*p, n);
+		return cudaSuccess;
+	}
 	r = IN_RUNTIME(real_(p, n));
 	if (r == cudaSuccess && p)
 		shim_alloc_note(*p, n);
@@ -247,8 +256,11 @@ SHIM_API cudaError_t cudaMallocManaged(void **p, size_t n, unsigned int flags)
 
 	REAL(cudaMallocManaged, NOSYM);
 	r = IN_RUNTIME(real_(p, n, flags));
-	if (r == cudaSuccess && p)
+	if (r == cudaSuccess && p) {
+		if (!shim_in_runtime)
+			shim_vmm_note_native("cudaMallocManaged");
 		shim_alloc_note(*p, n);
+	}
 	return r;
 }
 
@@ -257,6 +269,17 @@ SHIM_API cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t w, size_t h
 	cudaError_t r;
 
 	REAL(cudaMallocPitch, NOSYM);
+	if (!shim_in_runtime && p && pitch && w && h && shim_vmm_on()) {
+		/* rows 512-byte aligned: a valid pitch for any 2D copy or
+		 * texture on the GPUs we run on (the real call may choose less) */
+		size_t pt = (w + 511) / 512 * 512;
+
+		if (pt <= (size_t)-1 / h && shim_vmm_malloc(p, pt * h) == 0) {
+			*pitch = pt;
+			shim_alloc_note(*p, pt * h);
+			return cudaSuccess;
+		}
+	}
 	r = IN_RUNTIME(real_(p, pitch, w, h));
 	if (r == cudaSuccess && p && pitch)
 		shim_alloc_note(*p, *pitch * h);
@@ -269,8 +292,11 @@ SHIM_API cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t w, size_t h
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
 		r = IN_RUNTIME(real_(p, n, s));                           \
-		if (r == cudaSuccess && p)                                \
+		if (r == cudaSuccess && p) {                              \
+			if (!shim_in_runtime)                             \
+				shim_vmm_note_native(#name);              \
 			shim_alloc_note(*p, n);                           \
+		}                                                         \
 		FWD_LOCAL(s, ptsz);                                       \
 		return r;                                                 \
 	}
@@ -287,7 +313,10 @@ SHIM_API cudaError_t cudaFree(void *p)
 	if (p)
 		FWD_FENCE(NULL, 0, SHIM_FENCE_ALL);
 	t = shim_free_take(p);
-	r = IN_RUNTIME(real_(p));
+	if (!shim_in_runtime && p && shim_vmm_owns(p))
+		r = shim_vmm_free(p);       /* workers unmap it first */
+	else
+		r = IN_RUNTIME(real_(p));
 	shim_free_done(t, r == cudaSuccess);
 	return r;
 }

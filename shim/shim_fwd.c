@@ -46,6 +46,7 @@
  */
 #define _GNU_SOURCE
 #include "shim_fwd.h"
+#include "shim_vmm.h"
 #include "shim_trace.h"
 
 #include <cuda_runtime_api.h>
@@ -131,6 +132,7 @@ static struct {
 	uint64_t hold_since;            /* when that hold began (ns)             */
 	uint64_t hold_accounted;        /* up to when it is in held_ns (ns)      */
 	int hold_waiting;               /* launches waiting on it                */
+	int unshared_said;              /* logged why a VMM app stays local      */
 } F = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
 static struct fkernel not_forwardable = { .ok = 0 };
@@ -738,6 +740,15 @@ static void join_worker(uint32_t route)
 	struct fconn *c;
 	uint32_t i;
 
+	/* COLOCATE_MEM=vmm with memory a worker cannot see: when in doubt,
+	 * run natively (said once) */
+	if (shim_vmm_unshared()) {
+		if (!F.unshared_said)
+			shim_log("not forwarding to worker %u: %s; running locally", route,
+				 shim_vmm_unshared());
+		F.unshared_said = 1;
+		return;
+	}
 	/* local work queued before the switch finishes before the worker
 	 * runs anything that follows it */
 	real_device_sync();
@@ -852,6 +863,18 @@ static int hold_wait(uint64_t e)
  * acts on the route that ends it).  F.mu held. */
 static void follow_route(void)
 {
+	/* memory the worker cannot see appeared while routed (e.g. a
+	 * cudaMallocManaged): leave, as at a route change, and stay local */
+	if (F.conn && shim_vmm_unshared()) {
+		uint32_t w = F.conn->worker;
+
+		leave_worker();
+		if (!F.conn) {
+			shim_log("leaving worker %u: %s; running locally", w, shim_vmm_unshared());
+			F.unshared_said = 1;
+		}
+		publish();
+	}
 	for (;;) {
 		uint64_t e = __atomic_load_n(&shim_ctl->route_epoch, __ATOMIC_ACQUIRE);
 		uint32_t route;
@@ -1257,6 +1280,7 @@ void shim_fwd_forget(void)
 	F.refused_worker = 0;
 	F.local_runs = 0;
 	F.hold = F.hold_waiting = 0;
+	F.unshared_said = 0;
 	thread_key = 0;
 	holding = 0;
 	memset(&span, 0, sizeof(span));   /* its reference is the parent's */

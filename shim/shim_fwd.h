@@ -38,6 +38,8 @@ struct fconn {
 	int gone;                      /* closed without BYE: what it did not
 	                                  finish will never be timed; atomic   */
 	char lost_why[200];
+	int vmm;                       /* HELLO said FWD_HF_VMM                 */
+	int memfd;                     /* its mem socket (shim_vmm.c), or -1    */
 	int failed_reported;           /* page->failed_seq turned into an error */
 	uint64_t defined[FWD_MAX_KERNELS / 64];  /* DEFINE sent, by kernel id */
 	uint64_t shipped[FWD_MAX_MODULES / 64];  /* MODULE sent, by module id */

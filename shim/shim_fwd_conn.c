@@ -36,6 +36,7 @@
  */
 #define _GNU_SOURCE
 #include "shim_fwd.h"
+#include "shim_vmm.h"
 #include "unixutil.h"
 #include "zmqdl.h"
 
@@ -333,7 +334,8 @@ static int hello(struct fconn *c, const char *page_path, char *why, size_t whyle
 	o += put(buf + o, twins, &m.twins_len);
 	o += put(buf + o, device, &m.device_len);
 	o += put(buf + o, name, &m.name_len);
-	fwd_hdr_init(&m.h, FWD_T_HELLO, c->ring ? FWD_HF_RING : 0, o);
+	fwd_hdr_init(&m.h, FWD_T_HELLO,
+		     (c->ring ? FWD_HF_RING : 0) | (c->vmm ? FWD_HF_VMM : 0), o);
 	memcpy(buf, &m, sizeof(m));
 	if (zmq.send(c->sock, buf, o, 0) < 0) {
 		snprintf(why, whylen, "send: %s", zmq.strerror(zmq.errno_()));
@@ -365,6 +367,10 @@ static int hello(struct fconn *c, const char *page_path, char *why, size_t whyle
 	memcpy(&r, reply, sizeof(r));
 	if (r.status == FWD_S_OK && c->ring && !(r.h.flags & FWD_HF_RING)) {
 		snprintf(why, whylen, "the worker does not take launches through a ring");
+		return -1;
+	}
+	if (r.status == FWD_S_OK && c->vmm && !(r.h.flags & FWD_HF_VMM)) {
+		snprintf(why, whylen, "the worker does not map VMM-shared memory (COLOCATE_MEM=vmm)");
 		return -1;
 	}
 	if (r.status != FWD_S_OK) {
@@ -423,6 +429,10 @@ struct fconn *fconn_open(uint32_t worker, char *why, size_t whylen)
 	}
 	c->refs = 1;
 	c->worker = worker;
+	c->memfd = -1;
+	/* the app's memory is VMM-shared: the worker maps it before our first
+	 * launch (on a GPU, a worker takes us only so) */
+	c->vmm = shim_vmm_on();
 	c->last_check_ns = shim_now_ns();
 	pthread_mutex_init(&c->sock_mu, NULL);
 	c->page = page_create(c, page_path, sizeof(page_path), why, whylen);
@@ -448,14 +458,31 @@ struct fconn *fconn_open(uint32_t worker, char *why, size_t whylen)
 		goto fail;
 	}
 	unlink(page_path);          /* both sides have it mapped now */
+	if (c->vmm) {
+		c->memfd = shim_vmm_attach(worker, sub, sizeof(sub));
+		if (c->memfd < 0) {
+			struct fwd_hdr h;
+
+			snprintf(why, whylen, "worker %u: memory not shared: %s", worker, sub);
+			note_failure(worker);
+			fwd_hdr_init(&h, FWD_T_BYE, 0, sizeof(h));   /* it knows us */
+			zmq.send(c->sock, &h, sizeof(h), ZMQ_DONTWAIT);
+			goto fail_mapped;
+		}
+	}
 	return c;
 fail:
-	if (c->page) {
+	if (c->page)
 		unlink(page_path);
+fail_mapped:
+	if (c->page)
 		munmap(c->page, c->map_len);
-	}
-	if (c->sock)
+	if (c->sock) {
+		int linger = 100;
+
+		zmq.setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger));
 		zmq.close(c->sock);
+	}
 	pthread_mutex_destroy(&c->sock_mu);
 	free(c);
 	return NULL;
@@ -564,6 +591,10 @@ int fconn_lost_quick(struct fconn *c, char *why, size_t whylen)
 
 	if (__atomic_load_n(&c->lost, __ATOMIC_ACQUIRE)) {
 		snprintf(why, whylen, "%s", c->lost_why);
+		return 1;
+	}
+	if (c->memfd >= 0 && !shim_vmm_conn_ok(c->memfd)) {
+		snprintf(why, whylen, "the worker could not map some of the app's memory");
 		return 1;
 	}
 	code = __atomic_load_n(&c->page->refused_code, __ATOMIC_ACQUIRE);
@@ -724,6 +755,9 @@ void fconn_close(struct fconn *c, int bye)
 		c->sock = NULL;
 	}
 	pthread_mutex_unlock(&c->sock_mu);
+	/* the worker unmaps our memory once our launches there are done */
+	shim_vmm_detach(c->memfd);
+	c->memfd = -1;
 	fconn_put(c);
 }
 

@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "shim_vmm.h"
 
 #include <cuda_runtime_api.h>
 
@@ -118,6 +119,7 @@ void shim_names_after_fork(void)
 		kernels[i].launches = 0;
 	pthread_mutex_init(&names_lock, NULL);
 	pthread_mutex_init(&alloc_lock, NULL);
+	shim_vmm_forget();
 }
 
 void shim_kernel_alias(const void *key, const void *key2)
@@ -294,6 +296,10 @@ void shim_alloc_note(const void *ptr, size_t size)
 
 	if (shim_in_runtime)   /* counted by the outermost hook (shim.h) */
 		return;
+	/* COLOCATE_MEM=vmm: memory a worker will not see (cuMemAlloc, a
+	 * fallback) keeps the app from being forwarded */
+	if (ptr && !shim_vmm_owns(ptr))
+		shim_vmm_note_native(NULL);
 	a = malloc(sizeof(*a));
 	if (!a)
 		return;   /* neither count nor bytes: a free of it then undoes nothing */

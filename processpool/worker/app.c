@@ -198,11 +198,18 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 		snprintf(msg, msglen, "this is worker %u, not %u", W.id, m->worker_id);
 		return NULL;
 	}
-	if (!W.on_simgpu) {
-		/* kernels would come as modules; their pointers would not */
+	if ((m->h.flags & FWD_HF_VMM) && !W.vmm_ok) {
+		*status = FWD_S_UNSUPPORTED;
+		snprintf(msg, msglen, "worker %u cannot map the app's VMM-shared memory: %.150s",
+			 W.id, W.vmm_why);
+		return NULL;
+	}
+	if (!W.on_simgpu && !(m->h.flags & FWD_HF_VMM)) {
+		/* kernels come as modules; the app's pointers would mean nothing
+		 * here unless its memory is VMM-shared (simgpu: the arena) */
 		*status = FWD_S_UNSUPPORTED;
 		snprintf(msg, msglen, "worker %u: the app's device memory is not shared with "
-			 "workers yet (VMM, issue 3)", W.id);
+			 "workers (run it with COLOCATE_MEM=vmm)", W.id);
 		return NULL;
 	}
 	if (!same_device(device)) {
@@ -234,6 +241,7 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 	a->rid_len = rid_len;
 	a->delim = delim;
 	a->pid = m->pid;
+	a->vmm = (m->h.flags & FWD_HF_VMM) != 0;
 	snprintf(a->name, sizeof(a->name), "%s", *name ? name : "?");
 	if (*twins)
 		load_twins(twins, a->name);
@@ -386,6 +394,11 @@ static void app_free(struct wapp *a)
 {
 	int i;
 
+	if (a->vmm)
+		w_log("app %s (pid %u) left: VMM-shared memory, %llu launch%s translated", a->name,
+		      a->pid, (unsigned long long)atomic_load(&a->translated),
+		      atomic_load(&a->translated) == 1 ? "" : "es");
+
 	for (i = 0; i < (int)FWD_MAX_KERNELS; i++)
 		if (a->kernels[i])
 			kernel_free(a->kernels[i]);
@@ -418,6 +431,16 @@ static int reap(void)
 		app_free(a);
 	}
 	return left;
+}
+
+int w_app_live_pid(uint32_t pid)
+{
+	int i;
+
+	for (i = 0; i < W_MAX_APPS; i++)
+		if (apps[i] && apps[i]->pid == pid)
+			return 1;
+	return 0;
 }
 
 void w_apps_tick(uint64_t now)

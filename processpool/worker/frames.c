@@ -125,7 +125,8 @@ static int json_type(const char *js, size_t n, char *out, size_t outlen)
 
 static void handle_json(const unsigned char *id, size_t id_len, int delim, size_t n)
 {
-	char type[32], out[512];
+	char type[32], out[1024];
+	uint64_t vm_mapped, vm_unmapped, vm_live;
 	int len;
 
 	if (json_type((const char *)buf, n, type, sizeof(type)) < 0 || strcmp(type, "stats") != 0) {
@@ -137,14 +138,22 @@ static void handle_json(const unsigned char *id, size_t id_len, int delim, size_
 		w_send(NULL, id, id_len, delim, out, (size_t)len);
 		return;
 	}
+	w_vmm_counts(&vm_mapped, &vm_unmapped, &vm_live);
 	len = snprintf(out, sizeof(out),
 		       "{\"v\":1,\"type\":\"stats\",\"id\":%u,\"quota_pct\":%u,\"pid\":%u,"
 		       "\"forwarded\":%llu,\"apps\":%d,\"state\":\"%s\",\"bad_frames\":%llu,"
-		       "\"by_name\":%s,\"modules\":%u,\"module_loads\":%llu}",
+		       "\"by_name\":%s,\"modules\":%u,\"module_loads\":%llu,\"vmm\":%s,"
+		       "\"vmm_same_address\":%s,\"translated\":%llu,\"bad_mem\":%llu,"
+		       "\"vmm_mapped\":%llu,\"vmm_unmapped\":%llu,\"vmm_live\":%llu}",
 		       W.id, W.quota, W.pid, (unsigned long long)atomic_load(&W.executed),
 		       w_app_count(), W.closing ? "closing" : "ready",
 		       (unsigned long long)atomic_load(&W.bad_frames), W.has_by_name ? "true" : "false",
-		       w_modules_loaded(), (unsigned long long)w_module_loads());
+		       w_modules_loaded(), (unsigned long long)w_module_loads(),
+		       W.vmm_ok ? "true" : "false",
+		       W.vmm_ok && W.vmm_base == FWD_MEM_BASE ? "true" : "false",
+		       (unsigned long long)atomic_load(&W.translated),
+		       (unsigned long long)w_vmm_bad(), (unsigned long long)vm_mapped,
+		       (unsigned long long)vm_unmapped, (unsigned long long)vm_live);
 	w_send(NULL, id, id_len, delim, out, (size_t)len);
 }
 
@@ -192,7 +201,10 @@ static void handle_hello(const unsigned char *id, size_t id_len, int delim, size
 	ml = strlen(msg);
 	memset(&r, 0, sizeof(r));
 	/* FWD_HF_RING echoed: launches are taken from the ring */
-	fwd_hdr_init(&r.h, FWD_T_HELLO_REPLY, a && a->ring ? FWD_HF_RING : 0, sizeof(r) + ml);
+	/* FWD_HF_VMM echoed: its memory is mapped from the mem socket */
+	fwd_hdr_init(&r.h, FWD_T_HELLO_REPLY,
+		     (a && a->ring ? FWD_HF_RING : 0) | (a && a->vmm ? FWD_HF_VMM : 0),
+		     sizeof(r) + ml);
 	r.status = status;
 	r.worker_id = W.id;
 	r.quota_pct = W.quota;

@@ -16,8 +16,14 @@
  * mark wakes this thread to put its device time in the page (times.c).
  * A host function per launch costs little on simgpu; on a GPU,
  * cuStreamWriteValue64 into a host-registered page would do the same
- * without a host callback (not done here: a real GPU gets no forwarded
- * launches until app memory is shared with workers).
+ * without a host callback (not done yet: the GPU path, VMM-shared app
+ * memory, is not validated on a GPU).
+ *
+ * Translation: an app whose memory this worker could not map at the app's
+ * addresses (vmm.c) has every top-level 8-byte, 8-aligned argument that
+ * points into one of its allocations moved to the worker's address before
+ * the launch; a pointer stored in device memory cannot be, so such an app
+ * is right only when its kernels take their pointers as arguments.
  *
  * simgpu blocks a launch whose argument layout it does not know (kernels
  * made by simgpu_kernel_by_name) until the kernel has read its arguments;
@@ -204,6 +210,7 @@ void w_launch(struct wapp *a, const struct fwd_launch *m, struct wkernel *k,
 	      const unsigned char *args)
 {
 	void *argv[FWD_MAX_PARAMS];
+	unsigned char moved[FWD_MAX_ARGBYTES];
 	struct wstream *ws = get_stream(a, m->sidx, m->skind);
 	int timed = (m->h.flags & FWD_LF_TIMED) != 0;
 	cudaEvent_t ev[2];
@@ -225,6 +232,11 @@ void w_launch(struct wapp *a, const struct fwd_launch *m, struct wkernel *k,
 	order(a, ws);
 	if (W.map_peer)
 		map_pointers(args, m->argbytes);
+	/* the app's memory is elsewhere here: its pointers are moved (the
+	 * launch copies its arguments before returning) */
+	if (a->vmm && atomic_load_explicit(&W.vmm_moved, memory_order_relaxed) &&
+	    w_vmm_translate(a, args, m->argbytes, k, moved))
+		args = moved;
 	for (i = 0; i < k->nparams; i++)
 		argv[i] = (void *)(args + k->params[i].offset);
 	/* before the call: a launch past submitted[] has certainly not run */

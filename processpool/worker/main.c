@@ -241,7 +241,7 @@ static void device_identity(void)
 
 int main(int argc, char **argv)
 {
-	struct zmqdl_pollitem items[2];
+	struct zmqdl_pollitem items[2 + 1 + W_VMM_MAX_CONNS];
 	sigset_t sigs;
 	char why[512];
 	const char *by_name;
@@ -297,17 +297,22 @@ int main(int argc, char **argv)
 	by_name = getenv("COLOCATE_WORKER_BY_NAME");
 	W.has_by_name = W.on_simgpu && !(by_name && !strcmp(by_name, "0"));
 	if (!W.on_simgpu)
-		w_log("not simgpu: an app's device memory is not shared with workers yet (VMM, "
-		      "issue 3); apps will be told so and run locally");
+		w_log("not simgpu: only apps whose memory is VMM-shared (COLOCATE_MEM=vmm) are "
+		      "taken; others are told so and run locally");
 	else if (!W.has_by_name)
 		w_log("COLOCATE_WORKER_BY_NAME=0: kernels only from the apps' modules, as on a GPU");
 
 	W.sock = open_router();
 	if (!W.sock)
 		return 1;
+	/* apps' VMM-shared memory (COLOCATE_MEM=vmm): the region, the mem
+	 * socket.  Without them only apps whose memory is shared otherwise
+	 * (simgpu's arena) are taken */
+	w_vmm_init();
 	if (write_pid_file() < 0) {
 		w_log("cannot write %s: %m", pid_path);
 		unlink(sock_path);
+		w_vmm_close();
 		return 1;
 	}
 	printf("READY worker %u quota %u pid %u\n", W.id, W.quota, W.pid);
@@ -317,7 +322,8 @@ int main(int argc, char **argv)
 	items[1] = (struct zmqdl_pollitem){ NULL, sfd, ZMQ_POLLIN, 0 };
 	while (!W.closing) {
 		uint64_t now;
-		int n = zmq.poll(items, 2, 100);
+		int nv = w_vmm_items(items + 2, 1 + W_VMM_MAX_CONNS);
+		int n = zmq.poll(items, 2 + nv, 100);
 
 		if (n < 0 && zmq.errno_() != EINTR) {
 			w_log("zmq_poll: %s", zmq.strerror(zmq.errno_()));
@@ -330,6 +336,8 @@ int main(int argc, char **argv)
 				w_log("signal %u: shutting down", si.ssi_signo);
 			W.closing = 1;
 		}
+		if (n > 0)
+			w_vmm_serve(items + 2, nv);
 		w_frames_drain();
 		now = w_now_ns();
 		if (now - last_tick >= 100000000ull) {
@@ -339,6 +347,7 @@ int main(int argc, char **argv)
 			if (w_sticky(ce))
 				w_die(ce);
 			w_apps_tick(now);
+			w_vmm_tick();
 			last_tick = now;
 		}
 	}
@@ -346,6 +355,8 @@ int main(int argc, char **argv)
 	drain_ms = env_ms("COLOCATE_WORKER_DRAIN_MS", 3000);
 	W.closing = 1;
 	clean = w_apps_shutdown(w_now_ns() + (uint64_t)drain_ms * 1000000ull);
+	w_vmm_tick();
+	w_vmm_close();
 	remove_files();
 	zmq.close(W.sock);
 	w_log("exiting: %llu kernels run for apps%s",

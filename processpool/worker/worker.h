@@ -19,6 +19,8 @@
  *   times.c     device times of timed launches, into the app's page
  *
  *   ring.c      an app's launch ring: taking frames out of shared memory
+ *   vmm.c       apps' VMM-shared device memory mapped here (the mem socket),
+ *               pointer translation when the same address cannot be had
  *
  * Threads: the main thread owns the socket and the app table; each app has
  * one launcher thread that makes the CUDA calls, so one app's launch that
@@ -132,6 +134,9 @@ struct wapp {
 	atomic_int finished;           /* launcher thread has cleaned up        */
 	int closing;                   /* main thread: no longer routable       */
 	uint64_t last_alive_check_ns;
+	int vmm;                       /* HELLO said FWD_HF_VMM                 */
+	_Atomic uint64_t translated;   /* launches with pointers translated     */
+	int translate_said;            /* launcher thread: logged once          */
 };
 
 /* ---- main.c */
@@ -154,6 +159,11 @@ struct wglobal {
 	char device[4096];             /* realpath($SIMGPU_DIR) or ""           */
 	uint64_t spin_ns;              /* an idle launcher polls this long      */
 	_Atomic uint64_t executed;     /* kernels completed for apps            */
+	int vmm_ok;                    /* mem socket up: VMM apps are taken     */
+	char vmm_why[256];             /* why not                               */
+	uint64_t vmm_base;             /* the colocate region here, 0 none      */
+	_Atomic uint64_t vmm_moved;    /* mappings not at their app's address   */
+	_Atomic uint64_t translated;   /* launches with pointers translated     */
 	_Atomic uint64_t bad_frames;
 };
 extern struct wglobal W;
@@ -221,6 +231,28 @@ void w_times_poll(struct wapp *a);
 int  w_times_due(struct wapp *a);
 /* The launcher leaves: every event of the app goes (streams synchronised). */
 void w_times_free(struct wapp *a);
+
+/* ---- vmm.c */
+#define W_VMM_MAX_CONNS 64
+struct zmqdl_pollitem;
+/* Reserve the colocate region, listen on the mem socket: 0, or -1 (logged;
+ * W.vmm_why says why VMM apps are refused). */
+int  w_vmm_init(void);
+/* Poll items for the mem socket and its connections (max >= 1 + W_VMM_MAX_CONNS);
+ * w_vmm_serve acts on what poll found in them. */
+int  w_vmm_items(struct zmqdl_pollitem *it, int max);
+void w_vmm_serve(const struct zmqdl_pollitem *it, int n);
+void w_vmm_tick(void);                 /* unmap what apps that left had      */
+void w_vmm_close(void);
+uint64_t w_vmm_bad(void);              /* mem messages refused               */
+/* MAP and UNMAP requests done, mappings live now (main thread) */
+void w_vmm_counts(uint64_t *mapped, uint64_t *unmapped, uint64_t *live);
+/* The launch's arguments with app pointers moved to this worker's
+ * addresses, into out (argbytes): 1, or 0 when nothing needed it. */
+int  w_vmm_translate(struct wapp *a, const unsigned char *args, uint32_t argbytes,
+		     const struct wkernel *k, unsigned char *out);
+/* app.c: an app of that pid is still here (its launcher may run) */
+int  w_app_live_pid(uint32_t pid);
 
 /* ---- ring.c */
 /* Run what the ring holds: >0 frames taken, 0 empty, -1 refused (poisoned). */

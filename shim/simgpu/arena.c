@@ -530,7 +530,9 @@ int sg_dev_range_ok(const void *p, size_t n)
 	int slot, ok;
 	long i;
 
-	if (!sg_in_region(p) || n > SG_SLOT_SPAN)
+	if (!sg_in_region(p))
+		return sg_vmm_range_ok(p, n);
+	if (n > SG_SLOT_SPAN)
 		return 0;
 	slot = slot_of(p);
 	off = (uint64_t)((const char *)p - slot_base(slot));

@@ -23,6 +23,9 @@
  *                             time would otherwise swamp modelled time on a
  *                             small machine; data-dependent control flow (bfs)
  *                             then goes wrong too
+ *   SIMGPU_VMM_IGNORE_HINT=1  the emulated cuMemAddressReserve never grants
+ *                             the address asked for (vmm.c; read at each call),
+ *                             so that callers' fallbacks can be tested
  *   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE  SM quota, read once as real MPS does
  *
  * Device time is modelled time.  With a timescale t > 0 one device second

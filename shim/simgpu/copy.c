@@ -21,7 +21,7 @@
 static cudaError_t classify(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
 			    int *dir)
 {
-	int dd = sg_in_region(dst), sd = sg_in_region(src);
+	int dd = sg_is_dev(dst), sd = sg_is_dev(src);
 
 	switch (kind) {
 	case cudaMemcpyHostToHost:

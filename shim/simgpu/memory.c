@@ -340,8 +340,9 @@ SG_API cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, 
 		attr->type = kind == SG_MEM_MANAGED ? cudaMemoryTypeManaged : cudaMemoryTypeDevice;
 		attr->devicePointer = (void *)ptr;
 		attr->hostPointer = kind == SG_MEM_MANAGED ? (void *)ptr : NULL;
-	} else if (sg_in_region(ptr) && simgpu_map_peer(ptr) == 0) {
-		/* another process's device memory (IPC): device memory here too */
+	} else if ((sg_in_region(ptr) && simgpu_map_peer(ptr) == 0) ||
+		   sg_vmm_find(ptr, NULL, NULL)) {
+		/* another process's device memory (IPC), or VMM-mapped memory */
 		attr->type = cudaMemoryTypeDevice;
 		attr->devicePointer = (void *)ptr;
 	} else if (ptr && sg_is_pinned(ptr, 1)) {

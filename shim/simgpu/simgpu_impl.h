@@ -20,6 +20,8 @@
  *   library.c   cudaLibrary*: kernels of a fat binary loaded at run time
  *   launch.c    kernel launch entry points
  *   device.c    device properties, attributes, versions, odds and ends
+ *   vmm.c       the driver's VMM calls (cuMemCreate, cuMemMap, ...) emulated,
+ *               handed out by cudaGetDriverEntryPoint[ByVersion]
  *
  * Everything the application may call is marked SG_API; the library is
  * built with -fvisibility=hidden so nothing else leaks out.
@@ -145,6 +147,18 @@ int  sg_arena_own_slot(void);
 int  sg_arena_slot_owner(int slot, int32_t *pid, uint32_t *gen);
 int  sg_arena_fault_map(const void *addr);   /* async-signal-safe */
 int  simgpu_map_peer(const void *devptr);
+
+/* ------------------------------------------------------------------ vmm.c */
+
+/* Memory mapped with the emulated cuMemMap: device memory too. */
+int sg_vmm_find(const void *p, void **base, size_t *size);
+int sg_vmm_range_ok(const void *p, size_t n);
+
+/* Any device memory: the arena's region, or a VMM mapping. */
+static inline int sg_is_dev(const void *p)
+{
+	return sg_in_region(p) || sg_vmm_find(p, NULL, NULL);
+}
 
 /* ------------------------------------------------------------------ fault.c */
 

@@ -1,0 +1,631 @@
+/*
+ * shim_vmm.c - app device memory shared with pool workers at the same
+ * address (COLOCATE_MEM=vmm; see shim_vmm.h for why it is opt-in).
+ *
+ * A forwarded kernel dereferences the app's device pointers inside a
+ * worker process.  Legacy IPC handles map elsewhere, so the shim allocates
+ * with the driver's VMM calls instead, taken from the runtime with
+ * cudaGetDriverEntryPointByVersion (simgpu emulates them):
+ *
+ *   start    claim slot S of the colocate region (fwd_proto.h: 256 slots of
+ *            64 GiB at FWD_MEM_BASE): the control-block slot index when
+ *            registered, else pid hash (logged: two unregistered apps may
+ *            collide, and a worker then maps one of them elsewhere).
+ *            Reserve the slot's span with its address as the hint and
+ *            check ptr == hint; if not, say why and stay native.
+ *   malloc   cuMemCreate (POSIX fd handle, size rounded to granularity),
+ *            cuMemMap at the first free offset of the span (first fit over
+ *            a sorted table), cuMemSetAccess; then MAP to every open worker
+ *            connection, synchronously, before returning.
+ *   free     UNMAP to every connection (the caller fenced forwarded work),
+ *            cuMemUnmap, cuMemRelease.
+ *   attach   after a HELLO with FWD_HF_VMM: connect to the worker's mem
+ *            socket and MAP every live allocation (fd by SCM_RIGHTS).
+ *
+ * Any failure of the VMM path falls back to the real allocator for that
+ * allocation; the app is then "not all shared" and is not forwarded (when
+ * in doubt, run natively), as is an app that uses an allocator we do not
+ * convert (cudaMallocManaged, cudaMallocAsync, cuMemAlloc).
+ *
+ * One mutex covers the table and the connections; it is never held while
+ * taking the forwarding lock (the forwarding code calls in here holding
+ * its own), so there is no lock-order cycle.
+ */
+#define _GNU_SOURCE
+#include "shim_vmm.h"
+#include "shim.h"
+#include "fwd_proto.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define MAX_CONNS 8                 /* the route's + kept ones (FWD_KEEP) */
+
+struct valloc {
+	uint64_t off, size;             /* in the span; size rounded        */
+	CUmemGenericAllocationHandle h;
+};
+
+struct vconn {
+	int fd;                         /* -1: free                          */
+	int ok;
+	uint32_t worker;
+};
+
+static struct {
+	__typeof__(&cuMemGetAllocationGranularity) gran;
+	__typeof__(&cuMemCreate) create;
+	__typeof__(&cuMemRelease) release;
+	__typeof__(&cuMemAddressReserve) reserve;
+	__typeof__(&cuMemAddressFree) addr_free;
+	__typeof__(&cuMemMap) map;
+	__typeof__(&cuMemUnmap) unmap;
+	__typeof__(&cuMemSetAccess) access;
+	__typeof__(&cuMemExportToShareableHandle) export_;
+} D;
+
+static pthread_mutex_t vm_mu = PTHREAD_MUTEX_INITIALIZER;
+static int state;                   /* 0 not set up, 1 on, -1 off        */
+static uint64_t base, granularity;
+static struct valloc *tab;
+static size_t ntab, captab;
+static struct vconn conns[MAX_CONNS] = { [0 ... MAX_CONNS - 1] = { -1, 0, 0 } };
+static char unshared[160];          /* why not all shared ...           */
+static int unshared_set;            /* ... once this is 1 (release)      */
+
+/* ---------------------------------------------------------------- set-up */
+
+static int want_vmm(void)
+{
+	const char *m = getenv("COLOCATE_MEM");
+
+	if (!m || !*m || !strcmp(m, "native"))
+		return 0;
+	if (!strcmp(m, "vmm"))
+		return 1;
+	shim_log("COLOCATE_MEM=%s is neither native nor vmm: native", m);
+	return 0;
+}
+
+typedef cudaError_t (*entry_fn)(const char *, void **, unsigned int, unsigned long long,
+				enum cudaDriverEntryPointQueryResult *);
+
+static int load_driver(char *why, size_t whylen)
+{
+	static const struct {
+		const char *name;
+		size_t off;
+	} syms[] = {
+#define S(n, f) { #n, offsetof(__typeof__(D), f) }
+		S(cuMemGetAllocationGranularity, gran), S(cuMemCreate, create),
+		S(cuMemRelease, release), S(cuMemAddressReserve, reserve),
+		S(cuMemAddressFree, addr_free), S(cuMemMap, map), S(cuMemUnmap, unmap),
+		S(cuMemSetAccess, access), S(cuMemExportToShareableHandle, export_),
+#undef S
+	};
+	entry_fn get = (entry_fn)shim_real_rt("cudaGetDriverEntryPointByVersion");
+	size_t i;
+
+	if (!get) {
+		snprintf(why, whylen, "the runtime has no cudaGetDriverEntryPointByVersion");
+		return -1;
+	}
+	for (i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
+		enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+		void *fn = NULL;
+		cudaError_t e;
+
+		shim_in_runtime++;
+		e = get(syms[i].name, &fn, 12000, cudaEnableDefault, &q);
+		shim_in_runtime--;
+		if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) {
+			snprintf(why, whylen, "driver entry point %s not found (error %d, status %d)",
+				 syms[i].name, (int)e, (int)q);
+			return -1;
+		}
+		memcpy((char *)&D + syms[i].off, &fn, sizeof(fn));
+	}
+	return 0;
+}
+
+static int cur_device(void)
+{
+	static __typeof__(&cudaGetDevice) get;
+	int d = 0;
+
+	if (!get)
+		get = (__typeof__(get))shim_real_rt("cudaGetDevice");
+	if (get) {
+		shim_in_runtime++;
+		if (get(&d) != cudaSuccess)
+			d = 0;
+		shim_in_runtime--;
+	}
+	return d;
+}
+
+static void prop_of(CUmemAllocationProp *p, int dev)
+{
+	memset(p, 0, sizeof(*p));
+	p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	p->location.id = dev;
+}
+
+/* vm_mu held */
+static void setup(void)
+{
+	CUmemAllocationProp prop;
+	CUdeviceptr got = 0;
+	char why[200];
+	int slot = shim_ctl_slot();
+	uint64_t hint;
+	size_t g = 0;
+	CUresult r;
+
+	state = -1;
+	if (!want_vmm())
+		return;
+	if (load_driver(why, sizeof(why)) < 0) {
+		shim_log("COLOCATE_MEM=vmm: %s; device memory stays native", why);
+		return;
+	}
+	prop_of(&prop, cur_device());
+	r = D.gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+	if (r != CUDA_SUCCESS || !g || g % FWD_MEM_ALIGN || FWD_MEM_SLOT_SPAN % g) {
+		shim_log("COLOCATE_MEM=vmm: allocation granularity %zu (CUresult %d) does not fit "
+			 "the colocate region; device memory stays native", g, (int)r);
+		return;
+	}
+	if (slot < 0 || (uint32_t)slot >= FWD_MEM_SLOTS) {
+		slot = (int)(((uint32_t)getpid() * 2654435761u) % FWD_MEM_SLOTS);
+		shim_log("COLOCATE_MEM=vmm: not registered with a controller: memory slot %d by "
+			 "pid hash (another app may share it; a worker then translates)", slot);
+	}
+	hint = FWD_MEM_BASE + (uint64_t)slot * FWD_MEM_SLOT_SPAN;
+	r = D.reserve(&got, FWD_MEM_SLOT_SPAN, g, hint, 0);
+	if (r != CUDA_SUCCESS) {
+		shim_log("COLOCATE_MEM=vmm: cannot reserve slot %d at 0x%llx (CUresult %d); device "
+			 "memory stays native", slot, (unsigned long long)hint, (int)r);
+		return;
+	}
+	if (got != hint) {
+		/* the address is only a hint: someone holds that range here */
+		shim_log("COLOCATE_MEM=vmm: slot %d reserved at 0x%llx, not at its address 0x%llx "
+			 "(range in use in this process); device memory stays native", slot,
+			 (unsigned long long)got, (unsigned long long)hint);
+		D.addr_free(got, FWD_MEM_SLOT_SPAN);
+		return;
+	}
+	base = hint;
+	granularity = g;
+	state = 1;
+	shim_log("COLOCATE_MEM=vmm: device memory shared from slot %d at 0x%llx", slot,
+		 (unsigned long long)base);
+}
+
+int shim_vmm_on(void)
+{
+	int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+
+	if (__builtin_expect(s != 0, 1))
+		return s > 0;
+	pthread_mutex_lock(&vm_mu);
+	if (!state)
+		setup();
+	s = state;
+	pthread_mutex_unlock(&vm_mu);
+	return s > 0;
+}
+
+/* ---------------------------------------------------------------- messages */
+
+static int send_msg(int fd, const struct fwd_mem_msg *m, int pass_fd)
+{
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { (void *)m, sizeof(*m) };
+	struct msghdr mh = { 0 };
+	ssize_t n;
+
+	mh.msg_iov = &iov;
+	mh.msg_iovlen = 1;
+	if (pass_fd >= 0) {
+		struct cmsghdr *c;
+
+		memset(cbuf, 0, sizeof(cbuf));
+		mh.msg_control = cbuf;
+		mh.msg_controllen = sizeof(cbuf);
+		c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+	}
+	do
+		n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n == (ssize_t)sizeof(*m))
+		return 0;
+	if (n >= 0)
+		errno = EPROTO;      /* a stream socket took part: give up on it */
+	return -1;
+}
+
+static int recv_ack(int fd, struct fwd_mem_msg *a)
+{
+	size_t got = 0;
+
+	while (got < sizeof(*a)) {
+		ssize_t n = recv(fd, (char *)a + got, sizeof(*a) - got, 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			if (n == 0)
+				errno = ECONNRESET;
+			return -1;
+		}
+		got += (size_t)n;
+	}
+	if (a->magic != FWD_MEM_MAGIC || a->version != FWD_MEM_VERSION || a->len != sizeof(*a) ||
+	    a->op != FWD_MEM_ACK) {
+		errno = EPROTO;
+		return -1;
+	}
+	return 0;
+}
+
+/* One request, one ACK: 0 (and the worker's address), or -1 with why. */
+static int request(int fd, int op, const struct valloc *v, uint64_t *waddr, char *why,
+		   size_t whylen)
+{
+	struct fwd_mem_msg m, a;
+	int efd = -1, rc;
+
+	memset(&m, 0, sizeof(m));
+	m.magic = FWD_MEM_MAGIC;
+	m.version = FWD_MEM_VERSION;
+	m.op = (uint16_t)op;
+	m.len = sizeof(m);
+	m.pid = (uint32_t)getpid();
+	m.addr = base + v->off;
+	m.size = v->size;
+	if (op == FWD_MEM_MAP) {
+		CUresult r = D.export_(&efd, v->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+
+		if (r != CUDA_SUCCESS) {
+			snprintf(why, whylen, "cuMemExportToShareableHandle: CUresult %d", (int)r);
+			return -1;
+		}
+	}
+	rc = send_msg(fd, &m, efd);
+	if (efd >= 0)
+		close(efd);           /* the worker has its own copy now */
+	if (rc < 0 || recv_ack(fd, &a) < 0) {
+		snprintf(why, whylen, "mem socket: %s", strerror(errno));
+		return -1;
+	}
+	if (a.status != FWD_MEM_S_OK || a.addr != m.addr) {
+		snprintf(why, whylen, "worker refused %s of 0x%llx (status %u; see its log)",
+			 op == FWD_MEM_MAP ? "MAP" : "UNMAP", (unsigned long long)m.addr, a.status);
+		return -1;
+	}
+	if (waddr)
+		*waddr = a.waddr;
+	return 0;
+}
+
+/* To every open connection; a connection that fails is void.  vm_mu held. */
+static void broadcast(int op, const struct valloc *v)
+{
+	char why[200];
+	int i;
+
+	for (i = 0; i < MAX_CONNS; i++) {
+		if (conns[i].fd < 0 || !conns[i].ok)
+			continue;
+		if (request(conns[i].fd, op, v, NULL, why, sizeof(why)) < 0) {
+			conns[i].ok = 0;
+			shim_log("worker %u: %s; its connection is void (launches replay locally)",
+				 conns[i].worker, why);
+		}
+	}
+}
+
+/* ---------------------------------------------------------------- allocations */
+
+/* First free offset for n bytes (tab sorted by offset); vm_mu held. */
+static int place(uint64_t n, uint64_t *off, size_t *at)
+{
+	uint64_t o = 0;
+	size_t i;
+
+	for (i = 0; i < ntab; i++) {
+		if (tab[i].off - o >= n)
+			break;
+		o = tab[i].off + tab[i].size;
+	}
+	if (o + n > FWD_MEM_SLOT_SPAN || o + n < o)
+		return -1;
+	*off = o;
+	*at = i;
+	return 0;
+}
+
+static long find(const void *p)
+{
+	uint64_t a = (uint64_t)(uintptr_t)p;
+	size_t lo = 0, hi = ntab;
+
+	if (a < base || a >= base + FWD_MEM_SLOT_SPAN)
+		return -1;
+	a -= base;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+
+		if (tab[mid].off < a)
+			lo = mid + 1;
+		else if (tab[mid].off > a)
+			hi = mid;
+		else
+			return (long)mid;
+	}
+	return -1;
+}
+
+int shim_vmm_malloc(void **p, size_t n)
+{
+	CUmemAllocationProp prop;
+	CUmemAccessDesc acc;
+	struct valloc v;
+	size_t at;
+	CUresult r;
+	int dev = cur_device();
+
+	if (!shim_vmm_on() || !p)
+		return -1;
+	if (n == 0 || n > FWD_MEM_SLOT_SPAN)
+		return -1;
+	pthread_mutex_lock(&vm_mu);
+	if (!captab || ntab == captab) {
+		size_t nc = captab ? captab * 2 : 64;
+		struct valloc *nt = realloc(tab, nc * sizeof(*nt));
+
+		if (!nt)
+			goto fail;
+		tab = nt;
+		captab = nc;
+	}
+	memset(&v, 0, sizeof(v));
+	v.size = (n + granularity - 1) / granularity * granularity;
+	if (place(v.size, &v.off, &at) < 0) {
+		shim_log("COLOCATE_MEM=vmm: the 64 GiB slot is full; a native allocation");
+		goto fail;
+	}
+	prop_of(&prop, dev);
+	r = D.create(&v.h, v.size, &prop, 0);
+	if (r != CUDA_SUCCESS) {
+		shim_log("COLOCATE_MEM=vmm: cuMemCreate(%llu): CUresult %d; a native allocation",
+			 (unsigned long long)v.size, (int)r);
+		goto fail;
+	}
+	r = D.map(base + v.off, v.size, 0, v.h, 0);
+	if (r != CUDA_SUCCESS) {
+		shim_log("COLOCATE_MEM=vmm: cuMemMap: CUresult %d; a native allocation", (int)r);
+		D.release(v.h);
+		goto fail;
+	}
+	memset(&acc, 0, sizeof(acc));
+	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	acc.location.id = dev;
+	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	r = D.access(base + v.off, v.size, &acc, 1);
+	if (r != CUDA_SUCCESS) {
+		shim_log("COLOCATE_MEM=vmm: cuMemSetAccess: CUresult %d; a native allocation", (int)r);
+		D.unmap(base + v.off, v.size);
+		D.release(v.h);
+		goto fail;
+	}
+	memmove(&tab[at + 1], &tab[at], (ntab - at) * sizeof(*tab));
+	tab[at] = v;
+	ntab++;
+	broadcast(FWD_MEM_MAP, &v);
+	pthread_mutex_unlock(&vm_mu);
+	*p = (void *)(uintptr_t)(base + v.off);
+	return 0;
+fail:
+	pthread_mutex_unlock(&vm_mu);
+	return -1;
+}
+
+int shim_vmm_owns(const void *p)
+{
+	long i;
+
+	if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) <= 0)
+		return 0;
+	pthread_mutex_lock(&vm_mu);
+	i = find(p);
+	pthread_mutex_unlock(&vm_mu);
+	return i >= 0;
+}
+
+/* cudaFree synchronises the device; a local kernel still queued must not
+ * find the memory unmapped under it (forwarded work: the caller fenced). */
+static void device_sync(void)
+{
+	static __typeof__(&cudaDeviceSynchronize) sync_;
+
+	if (!sync_)
+		sync_ = (__typeof__(sync_))shim_real_rt("cudaDeviceSynchronize");
+	if (sync_) {
+		shim_in_runtime++;
+		sync_();
+		shim_in_runtime--;
+	}
+}
+
+int shim_vmm_free(void *p)
+{
+	struct valloc v;
+	CUresult r;
+	long i;
+
+	device_sync();
+	pthread_mutex_lock(&vm_mu);
+	i = find(p);
+	if (i < 0) {
+		pthread_mutex_unlock(&vm_mu);
+		return cudaErrorInvalidValue;
+	}
+	v = tab[i];
+	memmove(&tab[i], &tab[i + 1], (ntab - (size_t)i - 1) * sizeof(*tab));
+	ntab--;
+	/* workers first: nothing of theirs may point at it once it is gone */
+	broadcast(FWD_MEM_UNMAP, &v);
+	r = D.unmap(base + v.off, v.size);
+	if (r == CUDA_SUCCESS)
+		r = D.release(v.h);
+	pthread_mutex_unlock(&vm_mu);
+	if (r != CUDA_SUCCESS) {
+		shim_log("COLOCATE_MEM=vmm: freeing %p: CUresult %d", p, (int)r);
+		return cudaErrorInvalidValue;
+	}
+	return cudaSuccess;
+}
+
+void shim_vmm_note_native(const char *what)
+{
+	if (!shim_vmm_on())
+		return;
+	pthread_mutex_lock(&vm_mu);
+	if (!unshared_set) {
+		snprintf(unshared, sizeof(unshared), "%s made device memory that is not shared "
+			 "with workers", what ? what : "a native allocation (fallback or cuMemAlloc)");
+		__atomic_store_n(&unshared_set, 1, __ATOMIC_RELEASE);
+		shim_log("COLOCATE_MEM=vmm: %s: this app runs natively from now on", unshared);
+	}
+	pthread_mutex_unlock(&vm_mu);
+}
+
+/* Lock-free: forwarding asks at every routed launch.  The text is
+ * written once, before the flag. */
+const char *shim_vmm_unshared(void)
+{
+	return __atomic_load_n(&unshared_set, __ATOMIC_ACQUIRE) ? unshared : NULL;
+}
+
+/* ---------------------------------------------------------------- connections */
+
+static int mem_connect(uint32_t worker, char *why, size_t whylen)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct timeval tv = { 2, 0 };
+	int fd;
+
+	if ((size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/worker-%u.mem.sock",
+			     shim_runtime_dir(), worker) >= sizeof(sa.sun_path)) {
+		snprintf(why, whylen, "mem socket path too long");
+		return -1;
+	}
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		snprintf(why, whylen, "socket: %s", strerror(errno));
+		return -1;
+	}
+	/* a hung worker must not hang the app's cudaMalloc */
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		snprintf(why, whylen, "connect %s: %s", sa.sun_path, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+int shim_vmm_attach(uint32_t worker, char *why, size_t whylen)
+{
+	char sub[200];
+	size_t i;
+	int fd, slot;
+
+	if (!shim_vmm_on()) {
+		snprintf(why, whylen, "COLOCATE_MEM=vmm is not on");
+		return -1;
+	}
+	fd = mem_connect(worker, why, whylen);
+	if (fd < 0)
+		return -1;
+	pthread_mutex_lock(&vm_mu);
+	for (slot = 0; slot < MAX_CONNS && conns[slot].fd >= 0; slot++)
+		;
+	if (slot == MAX_CONNS) {
+		snprintf(why, whylen, "too many worker connections");
+		goto fail;
+	}
+	for (i = 0; i < ntab; i++) {
+		if (request(fd, FWD_MEM_MAP, &tab[i], NULL, sub, sizeof(sub)) < 0) {
+			snprintf(why, whylen, "%s", sub);
+			goto fail;
+		}
+	}
+	conns[slot].fd = fd;
+	conns[slot].ok = 1;
+	conns[slot].worker = worker;
+	pthread_mutex_unlock(&vm_mu);
+	return fd;
+fail:
+	pthread_mutex_unlock(&vm_mu);
+	close(fd);
+	return -1;
+}
+
+void shim_vmm_detach(int fd)
+{
+	int i;
+
+	if (fd < 0)
+		return;
+	pthread_mutex_lock(&vm_mu);
+	for (i = 0; i < MAX_CONNS; i++)
+		if (conns[i].fd == fd)
+			conns[i].fd = -1;
+	pthread_mutex_unlock(&vm_mu);
+	close(fd);      /* the worker unmaps once our launches there are done */
+}
+
+int shim_vmm_conn_ok(int fd)
+{
+	int i, ok = 0;
+
+	pthread_mutex_lock(&vm_mu);
+	for (i = 0; i < MAX_CONNS; i++)
+		if (conns[i].fd == fd)
+			ok = conns[i].ok;
+	pthread_mutex_unlock(&vm_mu);
+	return ok;
+}
+
+void shim_vmm_forget(void)
+{
+	int i;
+
+	pthread_mutex_init(&vm_mu, NULL);
+	for (i = 0; i < MAX_CONNS; i++) {
+		if (conns[i].fd >= 0)
+			close(conns[i].fd);   /* the parent's stays open */
+		conns[i].fd = -1;
+	}
+}
