@@ -24,6 +24,11 @@ no modelled time, so the figures are the software path alone.
               kernel that ran in the new worker (the probe's twin records its
               pid and clock), and from that iteration's launch call to it;
               against the same probe run locally (launch call -> kernel)
+  memory      mallocfree: one cudaMalloc + cudaFree pair of 1 MiB, median of
+              5 runs of 300 pairs, with device memory native and shared with
+              workers (COLOCATE_MEM=vmm), local and routed to a worker (vmm
+              routed: each pair is two acknowledged messages with an fd to the
+              worker over its mem socket); not a target of issue 3, a cost
 Rig is also what tests/test_forwarding.py uses.
 """
 from __future__ import annotations
@@ -259,6 +264,19 @@ def switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: in
             "local_launch_call_to_kernel_us": {"p50": q(local, 0.5), "p99": q(local, 0.99)}}
 
 
+def memory(rig: Rig, pairs: int = 300, reps: int = 5) -> dict:
+    res = {}
+    for mode in ("native", "vmm"):
+        for side, routes in (("local", None), ("routed", 2)):
+            us, fwd = [], 0
+            for _ in range(reps):
+                out, _, c = rig.run("mallocfree", "--n", str(pairs), routes=routes, COLOCATE_MEM=mode)
+                us.append(_kv(r"^MALLOCFREE (.*)$", out)["us_per_pair"])
+                fwd = c["forwarded"]
+            res[f"{mode}_{side}"] = {"us_per_pair": statistics.median(us), "forwarded": fwd}
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=5000, help="latency iterations (default 5000)")
@@ -268,7 +286,7 @@ def main() -> int:
                     help="pause of the switch probe between launch+sync iterations (default 50)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    for need in (WORKER, BIN / "fwdprobe", BIN / "launchloop", paths.LIBCOLOCATE):
+    for need in (WORKER, BIN / "fwdprobe", BIN / "launchloop", BIN / "mallocfree", paths.LIBCOLOCATE):
         if not need.exists():
             print(f"missing {need}; run `make build`", file=sys.stderr)
             return 2
@@ -278,7 +296,8 @@ def main() -> int:
         rig.start_worker(2, 100)
         res = {"device": "simgpu, SIMGPU_TIMESCALE=0", "cpus": os.cpu_count(),
                "latency": latency(rig, a.n), "issue": issue(rig),
-               "throughput": throughput(rig, a.launches), "switch": switching(rig, a.flips, interval_us=a.switch_interval_us)}
+               "throughput": throughput(rig, a.launches), "switch": switching(rig, a.flips, interval_us=a.switch_interval_us),
+               "memory": memory(rig)}
     finally:
         rig.close()
     if a.json:
@@ -302,6 +321,9 @@ def main() -> int:
           f"from that launch call: p50 {sw['launch_call_to_kernel_us']['p50']:.0f} us "
           f"p99 {sw['launch_call_to_kernel_us']['p99']:.0f} us | local launch call -> kernel: "
           f"p50 {sw['local_launch_call_to_kernel_us']['p50']:.0f} us")
+    mem = res["memory"]
+    print("cudaMalloc + cudaFree, 1 MiB (mallocfree, median of 5 x 300 pairs): " + " | ".join(
+        f"{k.replace('_', ' ')} {v['us_per_pair']:.1f} us" for k, v in mem.items()))
     print_targets(lat, thr, sw)
     return 0
 
