@@ -75,6 +75,10 @@ class Rig:
         # a local run on a full-speed device of its own
         self.fast = {"SIMGPU_TIMESCALE": "0", "SIMGPU_DIR": str(self.dir / "sim-fast")}
         self.slots: dict[int, int] = {}
+        # the route the next app to register gets before its registration is
+        # answered, so that even its first launch follows it (run(routes=N))
+        self.route_at_register: int | None = None
+        self.route_every: int | None = None        # the same for every app, until reset
         self.workers: dict[int, subprocess.Popen] = {}
         self.ctx = zmq.Context()
         self._stop = threading.Event()
@@ -91,6 +95,10 @@ class Rig:
             msg = json.loads(frames[-1])
             if msg.get("type") == "register":
                 slot = self.cb.claim(msg["pid"])
+                route, self.route_at_register = self.route_at_register, None
+                route = self.route_every if route is None else route
+                if route is not None:
+                    self.cb.set_route(slot, route, 50)
                 self.slots[msg["pid"]] = slot
                 reply = {"v": 1, "type": "registered", "slot": slot, "quota_pct": 100,
                          "route": 0, "controller_pid": os.getpid()}
@@ -145,15 +153,16 @@ class Rig:
 
     def run(self, prog: str, *args: str, routes=None, period: float = 0.03, timeout: float = 120,
             flips: list | None = None, **env: str) -> tuple[str, str, dict]:
-        """Run an app to its end.  routes: None (local), a worker id (set at
-        registration, before the first launch), or a list cycled every
+        """Run an app to its end.  routes: None (local), a worker id (set
+        before its registration is answered, so before its first launch; one
+        app at a time), or a list cycled every
         `period` s while it runs; flips, if given, collects (monotonic ns,
         route) of each change.  Returns stdout, stderr, final counters."""
+        if isinstance(routes, int):
+            self.route_at_register = routes
         p = self.app(prog, *args, **env)
         slot = self.slot_of(p)
-        if isinstance(routes, int):
-            self.cb.set_route(slot, routes, 50)
-        elif routes:
+        if routes and not isinstance(routes, int):
             def flip():
                 k = 0
                 while p.poll() is None:

@@ -60,12 +60,15 @@
  *                    (mode 0600, in a 0700 folder; apps of one binary
  *                    share it).  The worker opens it O_NOFOLLOW, takes it
  *                    only if it is a regular file of its user (or root)
- *                    not writable by others, of exactly `size` bytes,
+ *                    writable by neither its group nor others (the shim
+ *                    reuses a file only on the same terms), of exactly
+ *                    `size` bytes,
  *                    starting with the fatbin magic, whose hash is `hash`;
  *                    then loads it with cudaLibraryLoadData.  Libraries
  *                    are cached by (hash, size) for the worker's life: a
  *                    second app of the same binary loads nothing.  A file
- *                    refused is a refused frame (FWD_E_MODULE).
+ *                    refused is a soft refusal (see "Refusals"); a path
+ *                    holding a NUL byte is malformed.
  *   DEFINE       shim -> worker, once per kernel per connection, before
  *                the kernel's first LAUNCH
  *     u32 kid        the shim's kernel id (< FWD_MAX_KERNELS)
@@ -74,7 +77,9 @@
  *     u32 argbytes   size of the argument buffer a LAUNCH carries
  *     u32 mid        the MODULE holding the kernel: the worker takes it
  *                    with cudaLibraryGetKernel and refuses the DEFINE when
- *                    cudaFuncGetParamInfo gives another layout.
+ *                    cudaFuncGetParamInfo gives another layout, or when
+ *                    cudaFuncGetAttributes fails on it (which also loads a
+ *                    lazily-loaded kernel now, not at its first launch).
  *                    FWD_NO_MODULE: no module was captured (e.g. simgpu's
  *                    CPU library kernels); the worker finds the kernel by
  *                    name, which only simgpu can (else it refuses)
@@ -94,7 +99,8 @@
  *     worker brackets it with two events and writes the time into the
  *     page's time slots (below).  Untimed launches cost no event.
  *   BYE          shim -> worker: the app leaves; it has drained first
- *   ERROR        worker -> shim (and answer to any malformed frame); to a
+ *   ERROR        worker -> shim (and answer to any malformed frame, or to a
+ *                refused MODULE or DEFINE on a version-4 page); to a
  *                shim it means the connection lost work: it replays
  *                locally what did not complete.  FWD_E_CLOSING (seq 0)
  *                comes after a SIGTERM, once the worker has finished
@@ -114,8 +120,9 @@
  *              consumer: the app's launcher thread in the worker), which
  *              copies each frame out before checking it.  The producer
  *              publishes ring_head, then wakes the consumer if it sleeps on
- *              ring_wake.  A frame the worker refuses stops the ring for
- *              good and is reported in refused_seq/refused_code.
+ *              ring_wake.  A malformed frame stops the ring for good
+ *              and is reported in refused_seq/refused_code (a MODULE or
+ *              DEFINE the worker cannot serve does not: see "Refusals").
  *   completions after each forwarded kernel a host function in the worker's
  *              stream stores the kernel's seq in done[sidx] and wakes futex
  *              waiters.  A sync in the app is a wait on memory, and after a
@@ -148,12 +155,25 @@
  * worker's main thread then sit between a launch and its kernel, and the
  * worker's main thread serialises every app's launches (and loads modules).
  *
- * Refusals: a MODULE or DEFINE the worker cannot take (a module file
- * refused, a kernel missing from its library or with another layout, no
- * host twin on simgpu, by name on a worker that cannot) is a refused frame
- * like any other: the ring stops (refused_code), or an ERROR frame comes
- * back.  Either way the shim replays locally what did not complete and
- * runs locally until the route changes; the worker's log says why.
+ * Refusals (page version 5): a MODULE or DEFINE the worker cannot serve -
+ * a module file refused, a kernel missing from its library or with another
+ * layout, a kernel that does not load (cudaFuncGetAttributes), no host twin
+ * on simgpu, by name on a worker that cannot - is refused softly: it costs
+ * that kernel, not the connection.  The worker logs why, records nothing
+ * for the kernel, and publishes the verdict in the page: refused_kid[] gets
+ * the DEFINE's kid set (cleared when accepted), then defines_done (DEFINE
+ * frames processed on this connection) is bumped (release) and page futex
+ * waiters are woken as for done[].  A MODULE refused softly makes every
+ * DEFINE naming its mid refused softly.  The shim sends MODULE (when
+ * needed) and DEFINE once per kernel per connection and waits, with its
+ * usual liveness checks, until defines_done reaches the DEFINEs it sent;
+ * a refused kid then runs locally, in order, for as long as that
+ * connection lives (kept connections keep the verdict), and is never
+ * LAUNCHed there: a LAUNCH of a kid not accepted is malformed.  Malformed
+ * frames (lengths, ids, version, a NUL in a path or name, a kid defined
+ * differently, a module id reused for another image) are hard refusals as
+ * before: the ring stops (refused_code), or an ERROR frame comes back, and
+ * the shim replays locally what did not complete.
  *
  * Compatibility: any change of a frame or of the page bumps FWD_VERSION or
  * FWD_PAGE_VERSION; both sides refuse the other version (ERROR VERSION,
@@ -341,7 +361,10 @@ _Static_assert(sizeof(struct fwd_errmsg) == 32, "error");
  * consumer indexes live on lines of their own.
  */
 #define FWD_PAGE_MAGIC   0x45474150445746ULL    /* "FWDPAGE" */
-#define FWD_PAGE_VERSION 4u                     /* 4: timed[], time slots */
+#define FWD_PAGE_VERSION 5u                     /* 4: timed[], time slots;
+                                                   5: defines_done,
+                                                   refused_kid[]: soft
+                                                   refusals */
 #define FWD_PAGE_SIZE    4096u                  /* the time slots start here */
 #define FWD_TIMES_N      8192u                  /* time slots (2 x the shim's window) */
 #define FWD_RING_MIN     (64u << 10)
@@ -365,7 +388,9 @@ struct fwd_page {
 	                            content: the connection is void            */
 	uint64_t refused_seq;    /* the LAUNCH concerned, or 0                 */
 	uint64_t executed;       /* launches completed for this connection     */
-	uint64_t pad1[2];
+	uint64_t defines_done;   /* DEFINE frames processed (version 5): bumped
+	                            after the kid's refused_kid bit is written */
+	uint64_t pad1[1];
 	/* line 2: ring producer (shim) */
 	_Alignas(64) uint64_t ring_head;  /* bytes ever written               */
 	uint32_t ring_wake;      /* futex: bumped to wake a sleeping consumer  */
@@ -384,6 +409,10 @@ struct fwd_page {
 	/* per stream index: seq of the last TIMED launch whose time slot has
 	 * been written, or found unwritable (worker; see "times") */
 	_Alignas(64) uint64_t timed[FWD_MAX_STREAMS];
+	/* by kernel id: set when the worker refused the kid's DEFINE softly,
+	 * cleared when it took it; valid up to defines_done (worker; see
+	 * "Refusals") */
+	_Alignas(64) uint64_t refused_kid[FWD_MAX_KERNELS / 64];
 };
 
 /* One timed launch (see "times" above).  All fields atomic. */
@@ -415,6 +444,10 @@ _Static_assert(offsetof(struct fwd_page, ring_head) == 128, "line 2");
 _Static_assert(offsetof(struct fwd_page, ring_tail) == 192, "line 3");
 _Static_assert(offsetof(struct fwd_page, done) == 256, "done");
 _Static_assert(offsetof(struct fwd_page, timed) == 1280, "timed");
+_Static_assert(offsetof(struct fwd_page, defines_done) == 112, "defines_done");
+_Static_assert(offsetof(struct fwd_page, refused_kid) == 1792, "refused_kid");
+_Static_assert(offsetof(struct fwd_page, refused_kid) + FWD_MAX_KERNELS / 8 <= FWD_PAGE_SIZE,
+	       "the kernel bitmap ends before the time slots");
 
 /* ---------------------------------------------------------------- decoding */
 
@@ -501,6 +534,10 @@ static inline const char *fwd_check_body(const void *buf, size_t n, unsigned typ
 			const char *p = (const char *)buf + fixed;
 			uint32_t i;
 
+			/* the name is used as a C string */
+			if (memchr(p + (size_t)m.nparams * sizeof(struct fwd_param), 0, m.name_len))
+				return "NUL byte in the kernel name";
+
 			for (i = 0; i < m.nparams; i++) {
 				struct fwd_param q;
 
@@ -546,6 +583,9 @@ static inline const char *fwd_check_body(const void *buf, size_t n, unsigned typ
 		if (m.path_len == 0 || m.path_len > FWD_MAX_STR)
 			return "bad path length";
 		want = fixed + m.path_len;
+		/* opened as a C string: a NUL would name another file */
+		if (want == n && memchr((const char *)buf + fixed, 0, m.path_len))
+			return "NUL byte in the module path";
 		break;
 	}
 	default:

@@ -38,11 +38,18 @@
  * FWD_KEEP of them): going back to that worker then costs no connect, no
  * HELLO and no new worker streams, only the drain that ordering needs.
  *
- * When the worker dies, hangs or refuses work, every launch of the window
- * that did not complete (the page says exactly which) is replayed locally,
- * in order, and the app runs locally until the route changes.  A launch
- * that cannot be replayed, or that failed in the worker, is reported by the
- * next launch, copy, memset or sync (never silently dropped).
+ * A kernel the worker cannot run (its module refused, not in it, another
+ * layout, no twin) costs that kernel only: the DEFINE's verdict is waited
+ * for once per kernel per connection, and a refused kernel then runs
+ * locally, in order, as kernels without a layout do; the connection and
+ * the other kernels' launches stay with the worker.
+ *
+ * When the worker dies, hangs or refuses a malformed frame, every launch of
+ * the window that did not complete (the page says exactly which) is
+ * replayed locally, in order, and the app runs locally until the route
+ * changes.  A launch that cannot be replayed, or that failed in the
+ * worker, is reported by the next launch, copy, memset or sync (never
+ * silently dropped).
  */
 #define _GNU_SOURCE
 #include "shim_fwd.h"
@@ -88,6 +95,8 @@ struct fkernel {
 	struct fwd_param *params;
 	unsigned char *define;          /* the DEFINE frame                     */
 	size_t define_len;
+	uint32_t refused_by;            /* the last worker whose refusal of it
+	                                   was logged (once per worker)         */
 };
 
 struct fstream {
@@ -587,9 +596,9 @@ static int replay_in_doubt(void)
 }
 
 /*
- * The worker is gone (or refused work): replay locally, in order, every
- * launch of the window it did not complete, then run locally until the
- * route changes.  F.mu held.
+ * The worker is gone (or refused a malformed frame): replay locally, in
+ * order, every launch of the window it did not complete, then run locally
+ * until the route changes.  F.mu held.
  *
  * Exactly once: on each stream, the launches past done[] form a run in
  * stream order.  All but the first of them certainly never started (the
@@ -957,6 +966,46 @@ static int window_room(void)
 
 static void span_add(uint64_t seq, uint32_t sidx);
 
+/*
+ * Kernel k on this connection: its MODULE (once per module), its DEFINE,
+ * and the worker's verdict, waited for (fwd_proto.h "Refusals").  0 taken,
+ * 1 refused: k runs locally, in order, while this connection lives (kept
+ * connections keep it: a return to the worker does not ask again); -1 the
+ * worker was lost (what it had is replayed).  Once per kernel per
+ * connection, so the round trip is paid once, not per launch.  F.mu held.
+ */
+static int define_kernel(struct fkernel *k)
+{
+	struct fconn *c = F.conn;
+	char why[256];
+
+	if (!shipped(c, k->mid)) {
+		if (fconn_send(c, fmods[k->mid].frame, fmods[k->mid].len) < 0)
+			goto unsent;
+		c->shipped[k->mid / 64] |= 1ull << (k->mid % 64);
+	}
+	if (fconn_send(c, k->define, k->define_len) < 0)
+		goto unsent;
+	c->defined[k->kid / 64] |= 1ull << (k->kid % 64);
+	c->ndefines++;
+	if (fconn_wait_defines(c, why, sizeof(why)) < 0) {
+		lose_worker(why);
+		return -1;
+	}
+	if (!fconn_refused(c, k->kid))
+		return 0;
+	c->refused[k->kid / 64] |= 1ull << (k->kid % 64);
+	if (k->refused_by != c->worker) {
+		k->refused_by = c->worker;
+		shim_log("kernel %s runs locally while routed to worker %u: the worker cannot "
+			 "run it (see the worker's log)", k->name, c->worker);
+	}
+	return 1;
+unsent:
+	lose_worker("cannot send to the worker");
+	return -1;
+}
+
 static int forward(const struct shim_launch *l)
 {
 	const cudaLaunchConfig_t *cfg = l->config;
@@ -999,6 +1048,10 @@ static int forward(const struct shim_launch *l)
 			return ordered_local(l);   /* the runtime says why */
 	if (!shipped(F.conn, k->mid) && module_ready(k->mid, k->name) < 0)
 		return ordered_local(l);
+	if (!(F.conn->defined[k->kid / 64] & (1ull << (k->kid % 64))) && define_kernel(k) < 0)
+		return local_launch(l);            /* after the replay, in order */
+	if (F.conn->refused[k->kid / 64] & (1ull << (k->kid % 64)))
+		return ordered_local(l);
 	settle_local(st);
 	if (window_room() < 0)
 		return local_launch(l);
@@ -1032,21 +1085,6 @@ static int forward(const struct shim_launch *l)
 	e->k = k;
 	F.head++;                       /* in the window before it is sent */
 
-	if (!(F.conn->defined[k->kid / 64] & (1ull << (k->kid % 64)))) {
-		/* the module first, once per connection, in the same channel */
-		if (!shipped(F.conn, k->mid)) {
-			if (fconn_send(F.conn, fmods[k->mid].frame, fmods[k->mid].len) < 0) {
-				lose_worker("cannot send to the worker");
-				return F.err ? take_error() : cudaSuccess;
-			}
-			F.conn->shipped[k->mid / 64] |= 1ull << (k->mid % 64);
-		}
-		if (fconn_send(F.conn, k->define, k->define_len) < 0) {
-			lose_worker("cannot send to the worker");
-			return F.err ? take_error() : cudaSuccess;
-		}
-		F.conn->defined[k->kid / 64] |= 1ull << (k->kid % 64);
-	}
 	if (fconn_send(F.conn, e->frame, e->len) < 0) {
 		lose_worker("cannot send to the worker");   /* replays this one */
 		return F.err ? take_error() : cudaSuccess;

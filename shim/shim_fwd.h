@@ -43,6 +43,10 @@ struct fconn {
 	int failed_reported;           /* page->failed_seq turned into an error */
 	uint64_t defined[FWD_MAX_KERNELS / 64];  /* DEFINE sent, by kernel id */
 	uint64_t shipped[FWD_MAX_MODULES / 64];  /* MODULE sent, by module id */
+	uint64_t refused[FWD_MAX_KERNELS / 64];  /* DEFINE refused by the worker:
+	                                            runs locally while this
+	                                            connection lives          */
+	uint64_t ndefines;             /* DEFINEs sent (page defines_done)     */
 	uint64_t last_check_ns;
 	/* fconn_time: the completed launch whose time has not come yet, since
 	 * when (callers resolve in order, so one is enough); atomic */
@@ -69,6 +73,14 @@ int fconn_lost(struct fconn *c, char *why, size_t whylen);
 int fconn_lost_quick(struct fconn *c, char *why, size_t whylen);
 /* Wait until every done[w[i].idx] >= w[i].seq: 0, or -1 (lost, why). */
 int fconn_wait(struct fconn *c, const struct fwait *w, int n, char *why, size_t whylen);
+/* Wait until the worker has judged every DEFINE sent (page defines_done >=
+ * c->ndefines): 0, or -1 (lost, why).  Then fconn_refused() tells. */
+int fconn_wait_defines(struct fconn *c, char *why, size_t whylen);
+/* The worker refused kernel kid's DEFINE (valid after fconn_wait_defines). */
+static inline int fconn_refused(const struct fconn *c, uint32_t kid)
+{
+	return (__atomic_load_n(&c->page->refused_kid[kid / 64], __ATOMIC_ACQUIRE) >> (kid % 64)) & 1;
+}
 static inline int fconn_done(const struct fconn *c, uint32_t idx, uint64_t seq)
 {
 	return __atomic_load_n(&c->page->done[idx], __ATOMIC_ACQUIRE) >= seq;

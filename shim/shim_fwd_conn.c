@@ -20,8 +20,10 @@
  * Liveness (fconn_lost): the worker's pid (from its HELLO_REPLY) must
  * exist and not be a zombie, its main loop must have stamped the page's
  * heartbeat within COLOCATE_WORKER_TIMEOUT_MS (default 2000), and it must
- * not have sent an ERROR frame (which it does only when work of ours was
- * refused: the rest of the connection is then void).
+ * not have sent an ERROR frame (which it does only when a frame of ours was
+ * malformed: the rest of the connection is then void).  A kernel the worker
+ * cannot serve is not that: its DEFINE's verdict comes in the page
+ * (fconn_wait_defines), and only that kernel runs locally.
  *
  * Waiting (fconn_wait): poll the page for a few microseconds, then sleep on
  * its futex word (process-shared: the worker's host functions wake it),
@@ -598,11 +600,6 @@ int fconn_lost_quick(struct fconn *c, char *why, size_t whylen)
 		return 1;
 	}
 	code = __atomic_load_n(&c->page->refused_code, __ATOMIC_ACQUIRE);
-	if (code == FWD_E_MODULE) {
-		snprintf(why, whylen, "worker refused a module of this app, or a kernel in it "
-			 "(see the worker's log)");
-		return 1;
-	}
 	if (code) {
 		snprintf(why, whylen, "worker refused launch %llu (error %d; see its log)",
 			 (unsigned long long)__atomic_load_n(&c->page->refused_seq, __ATOMIC_RELAXED),
@@ -636,37 +633,47 @@ int fconn_lost(struct fconn *c, char *why, size_t whylen)
 	return 0;
 }
 
-static int all_done(const struct fconn *c, const struct fwait *w, int n)
+struct waitfor {
+	const struct fwait *w;         /* done[] targets, n of them            */
+	int n;
+	uint64_t defines;              /* or defines_done >= this (w NULL)     */
+};
+
+static int all_done(const struct fconn *c, const struct waitfor *f)
 {
 	int i;
 
-	for (i = 0; i < n; i++)
-		if (!fconn_done(c, w[i].idx, w[i].seq))
+	if (!f->w)
+		return __atomic_load_n(&c->page->defines_done, __ATOMIC_ACQUIRE) >= f->defines;
+	for (i = 0; i < f->n; i++)
+		if (!fconn_done(c, f->w[i].idx, f->w[i].seq))
 			return 0;
 	return 1;
 }
 
-int fconn_wait(struct fconn *c, const struct fwait *w, int n, char *why, size_t whylen)
+/* Poll, then sleep on the page's futex (the worker wakes it after done[]
+ * and defines_done stores), looking at liveness every CHECK_NS. */
+static int wait_for(struct fconn *c, const struct waitfor *f, char *why, size_t whylen)
 {
 	struct fwd_page *pg = c->page;
 	uint64_t t0 = shim_now_ns(), last = t0;
 
 	while (shim_now_ns() - t0 < shim_fwd_spin_ns())
-		if (all_done(c, w, n))
+		if (all_done(c, f))
 			return 0;
 	for (;;) {
 		struct timespec ts = { 0, (long)CHECK_NS / 2 };
 		uint32_t seen = __atomic_load_n(&pg->wake, __ATOMIC_SEQ_CST);
 		uint64_t now;
 
-		if (all_done(c, w, n))
+		if (all_done(c, f))
 			return 0;
 		__atomic_add_fetch(&pg->waiters, 1, __ATOMIC_SEQ_CST);
 		/* seq_cst both sides: the worker stores done, then reads waiters */
-		if (!all_done(c, w, n))
+		if (!all_done(c, f))
 			syscall(SYS_futex, &pg->wake, FUTEX_WAIT, seen, &ts, NULL, 0);
 		__atomic_sub_fetch(&pg->waiters, 1, __ATOMIC_SEQ_CST);
-		if (all_done(c, w, n))
+		if (all_done(c, f))
 			return 0;
 		now = shim_now_ns();
 		if (now - last >= CHECK_NS) {
@@ -675,6 +682,20 @@ int fconn_wait(struct fconn *c, const struct fwait *w, int n, char *why, size_t 
 				return -1;
 		}
 	}
+}
+
+int fconn_wait(struct fconn *c, const struct fwait *w, int n, char *why, size_t whylen)
+{
+	struct waitfor f = { w, n, 0 };
+
+	return wait_for(c, &f, why, whylen);
+}
+
+int fconn_wait_defines(struct fconn *c, char *why, size_t whylen)
+{
+	struct waitfor f = { NULL, 0, c->ndefines };
+
+	return wait_for(c, &f, why, whylen);
 }
 
 /* One slot, read as the seqlock it is (fwd_proto.h): 1 when it holds seq. */

@@ -390,7 +390,7 @@ def test_worker_survives_the_fuzzing(fuzz_worker):
 
 
 PAGE, RING = 4096, 1 << 16
-PAGE_VERSION, TIMES_N = 4, 8192
+PAGE_VERSION, TIMES_N = 5, 8192
 RING_OFF = PAGE + TIMES_N * 32        # the page, its time slots, then the ring
 OFF_TIMED = 1280
 LF_TIMED = 0x02

@@ -16,6 +16,11 @@ the shim looks, or named by a fake shim) are refused with a log line naming
 the file and the reason, and the app completes locally; kernels without a
 module are refused by such a worker; simgpu's cudaLibrary* API directly;
 fuzzing of MODULE frames and DEFINE's module id.
+
+Refusals are soft (page version 5): a MODULE or DEFINE the worker cannot
+serve costs that kernel, not the connection.  The verdict of each DEFINE
+comes through the page (defines_done, refused_kid[]); the shim then runs
+that kernel locally, in order, and keeps forwarding the others.
 """
 from __future__ import annotations
 
@@ -54,8 +59,8 @@ MAGIC, VERSION = 0xC0, 3
 T_HELLO, T_HELLO_REPLY, T_DEFINE, T_LAUNCH, T_BYE, T_ERROR, T_MODULE = 1, 2, 3, 4, 5, 6, 7
 E_MALFORMED, E_MODULE = 1, 8
 NO_MODULE, MAX_MODULES = 0xFFFFFFFF, 1024
-PAGE_VERSION, RING_OFF = 4, 4096 + 8192 * 32
-OFF_EXECUTED, OFF_DONE = 104, 256
+PAGE_VERSION, RING_OFF = 5, 4096 + 8192 * 32
+OFF_EXECUTED, OFF_DEFINES_DONE, OFF_DONE, OFF_REFUSED_KID = 104, 112, 256, 1792
 
 VECADD = b"_Z6vecaddPKfS0_Pfi"
 VECADD_PARAMS = [(0, 8), (8, 8), (16, 8), (24, 4)]
@@ -126,10 +131,11 @@ class FakeApp:
     and LAUNCH go as zmq frames, so a refusal comes back as an ERROR frame
     whose message the test can read."""
 
-    def __init__(self, r: Rig, wid: int, name: str = "fakeapp", twins: str = ""):
+    def __init__(self, r: Rig, wid: int, name: str = "fakeapp", twins: str = "",
+                 page_version: int = PAGE_VERSION):
         self.r, self.path = r, r.dir / f"page-{os.urandom(4).hex()}"
         with open(self.path, "wb") as f:
-            f.write(struct.pack("<QII", 0x45474150445746, PAGE_VERSION, 0))
+            f.write(struct.pack("<QII", 0x45474150445746, page_version, 0))
             f.truncate(RING_OFF)
         fd = os.open(self.path, os.O_RDWR)
         self.mm = mmap.mmap(fd, RING_OFF)
@@ -168,6 +174,17 @@ class FakeApp:
 
     def u64(self, off: int) -> int:
         return struct.unpack_from("<Q", self.mm, off)[0]
+
+    def verdicts(self, n: int) -> None:
+        """Wait until the worker has judged n DEFINEs on this connection."""
+        end = time.monotonic() + 5
+        while self.u64(OFF_DEFINES_DONE) < n:
+            assert time.monotonic() < end, f"{self.u64(OFF_DEFINES_DONE)} of {n} verdicts"
+            time.sleep(0.002)
+        assert self.u64(OFF_DEFINES_DONE) == n
+
+    def refused(self, kid: int) -> bool:
+        return bool(self.u64(OFF_REFUSED_KID + 8 * (kid // 64)) >> (kid % 64) & 1)
 
     def close(self) -> None:
         self.sock.send(hdr(T_BYE, 8))
@@ -243,19 +260,23 @@ def test_two_apps_of_one_binary_load_one_library(rig):
     by_module_worker(rig, 1, 50)
     out, _, _ = rig.run("hotspot", *HOT, **rig.fast)
     want = result_of(out)
+    rig.route_every = 1                  # from each app's first launch on
     apps = [rig.app("hotspot", *HOT) for _ in range(2)]
-    for p in apps:
-        rig.cb.set_route(rig.slot_of(p), 1, 50)
     for p in apps:
         out, err = p.communicate(timeout=60)
         assert p.returncode == 0 and result_of(out) == want, out + err
         c = rig.cb.counters(rig.slots[p.pid])
         assert c["launches"] == c["forwarded"] == 300, c
+    rig.route_every = None
     # and a third one later: the library is cached for the worker's life
     out, err, c = rig.run("hotspot", *HOT, routes=1)
     assert result_of(out) == want and c["forwarded"] == 300, err
+    end = time.monotonic() + 5           # each left with a BYE (on another socket)
+    while rig.stats(1)["apps"]:
+        assert time.monotonic() < end
+        time.sleep(0.02)
     s = rig.stats(1)
-    assert s["forwarded"] == 900 and s["apps"] == 0
+    assert s["forwarded"] == 900
     assert s["modules"] == 1 and s["module_loads"] == 1
     assert rig.worker_log(1).count("loaded module") == 1
     assert len(list((rig.dir / "modules").iterdir())) == 1
@@ -276,7 +297,8 @@ def planted(rig: Rig, exe: str, kernel: bytes) -> Path:
 def test_damaged_module_file_is_refused_and_the_app_runs_locally(rig, damage, reason, ring_kb):
     """A file of the right size at the module's path is taken by the shim as
     is (it does not read it back); the worker checks it, refuses it, says
-    why in its log, and the app replays what it sent and finishes locally."""
+    why in its log, and the app runs that module's kernel locally; the
+    connection stays (no lost worker, a BYE at the end)."""
     out, _, _ = rig.run("hotspot", *HOT, **rig.fast)
     want = result_of(out)
     path = planted(rig, "hotspot", b"_Z12hotspot_stepPKfS0_Pfiifffff")
@@ -291,18 +313,23 @@ def test_damaged_module_file_is_refused_and_the_app_runs_locally(rig, damage, re
     out, err, c = rig.run("hotspot", *HOT, routes=2, COLOCATE_FWD_RING_KB=ring_kb)
     assert result_of(out) == want, err
     assert c["launches"] == 300 and c["forwarded"] == 0, c       # every launch ran here
-    assert re.search(r"worker 2 \(pid \d+\) lost: .*module", err), err
+    assert "lost" not in err and "could not run" not in err, err
+    assert err.count("kernel _Z12hotspot_stepPKfS0_Pfiifffff runs locally while routed to "
+                     "worker 2: the worker cannot run it (see the worker's log)") == 1, err
     log = rig.worker_log(2)
     assert re.search(rf"module file {re.escape(str(path))} refused: .*{reason}", log), log
+    assert "its module 0 was refused" in log, log
     s = rig.stats(2)
-    assert s["modules"] == 0 and s["forwarded"] == 0
-    end = time.monotonic() + 5           # the app left without BYE: dropped when found dead
+    assert s["modules"] == 0 and s["forwarded"] == 0 and s["refused_kernels"] == 1
+    assert s["bad_frames"] == 0
+    end = time.monotonic() + 5           # the app left with a BYE
     while rig.stats(2)["apps"]:
         assert time.monotonic() < end
         time.sleep(0.05)
+    assert "is gone" not in rig.worker_log(2)
 
 
-@pytest.mark.parametrize("plant", ["symlink", "other-writable", "short"])
+@pytest.mark.parametrize("plant", ["symlink", "other-writable", "group-writable", "short"])
 def test_unsafe_file_at_the_module_path_is_replaced_by_the_shim(rig, plant, tmp_path):
     """What the worker would refuse the shim does not reuse: it writes the
     image afresh (temp file, rename) and the app is forwarded."""
@@ -315,6 +342,9 @@ def test_unsafe_file_at_the_module_path_is_replaced_by_the_shim(rig, plant, tmp_
     elif plant == "other-writable":
         path.write_bytes(image)
         path.chmod(0o606)
+    elif plant == "group-writable":        # the worker would refuse it too
+        path.write_bytes(image)
+        path.chmod(0o620)
     else:
         path.write_bytes(image[:100])
     by_module_worker(rig, 1)
@@ -357,7 +387,57 @@ def test_kernels_without_a_module_are_refused_by_a_gpu_like_worker(rig):
     assert c_f["launches"] == c_l["launches"] and c_f["forwarded"] == 0
     assert "comes without a module, and this worker does not find kernels by name" \
         in rig.worker_log(1)
-    assert "lost" in err
+    assert "runs locally while routed to worker 1" in err and "lost" not in err, err
+
+
+PERIMETER = "_Z13lud_perimeterPfii"
+
+
+@pytest.mark.parametrize("ring_kb", ["1024", "0"], ids=["ring", "zmq"])
+def test_a_refused_kernel_runs_locally_and_the_connection_stays(rig, ring_kb):
+    """lud's second kernel is refused by the worker (test hook) while its
+    first one's launches are in flight there: that kernel runs here, in
+    order, the other two stay forwarded, nothing runs twice or is reported
+    failed, and the app leaves with a BYE (no lost worker)."""
+    by_module_worker(rig, 1, COLOCATE_WORKER_REFUSE="lud_perimeter")
+    out, _, local = rig.run("lud", *LUD, **rig.fast)
+    want = lud_result(out)
+    out, err, fwd = rig.run("lud", *LUD, routes=1, COLOCATE_FWD_RING_KB=ring_kb)
+    assert lud_result(out) == want, err
+    assert fwd["launches"] == 200 and 0 < fwd["forwarded"] < 200, fwd
+    assert "lost" not in err and "could not run" not in err and "launch failure" not in err, err
+    assert err.count(f"kernel {PERIMETER} runs locally while routed to worker 1: the worker "
+                     "cannot run it (see the worker's log)") == 1, err
+    assert f"{200 - fwd['forwarded']} launches ran locally while routed" in err, err
+    s = rig.stats(1)
+    assert s["forwarded"] == fwd["forwarded"] and s["refused_kernels"] == 1, s
+    assert s["bad_frames"] == 0 and s["modules"] == 1
+    log = rig.worker_log(1)
+    assert log.count(f"kernel {PERIMETER} refused by COLOCATE_WORKER_REFUSE") == 1, log
+    end = time.monotonic() + 5              # left with a BYE, not found dead
+    while rig.stats(1)["apps"]:
+        assert time.monotonic() < end
+        time.sleep(0.02)
+    assert "is gone" not in rig.worker_log(1)
+
+
+def test_a_return_to_the_worker_does_not_ask_again(rig):
+    """Routes flip between the worker and local while lud runs: the kept
+    connection remembers the refusal, so the worker judges the kernel once
+    and the app says it once."""
+    by_module_worker(rig, 1, COLOCATE_WORKER_REFUSE="lud_perimeter")
+    args = ["--size", "64", "--repeat", "1500", "--check"]
+    out, _, _ = rig.run("lud", *args, **rig.fast)
+    want = lud_result(out)
+    flips: list = []
+    out, err, fwd = rig.run("lud", *args, routes=[1, 0], period=0.005, flips=flips)
+    assert lud_result(out) == want, err
+    assert len(flips) >= 4, flips           # it went back to the worker at least once
+    assert 0 < fwd["forwarded"] < fwd["launches"] == 15000, fwd
+    assert "lost" not in err and "could not run" not in err, err
+    assert err.count(f"kernel {PERIMETER} runs locally while routed to worker 1") == 1, err
+    assert rig.worker_log(1).count(f"kernel {PERIMETER} refused by") == 1
+    assert rig.stats(1)["refused_kernels"] == 1
 
 
 # ---------------------------------------------------------------- the worker, frame by frame
@@ -403,6 +483,7 @@ def bad_files(r: Rig) -> dict[str, tuple[Path, int, int, str]]:
     r.bad = {
         "symlink": (link, len(img), h, "symbolic link"),
         "other-writable": (put("ow.fatbin", img, 0o602), len(img), h, "writable by others"),
+        "group-writable": (put("gw.fatbin", img, 0o620), len(img), h, "writable by its group"),
         "short": (put("short.fatbin", img[:-64]), len(img), h,
                   f"{len(img) - 64} bytes, the app says"),
         "missing": (d / "none.fatbin", len(img), h, "No such file"),
@@ -417,21 +498,24 @@ def bad_files(r: Rig) -> dict[str, tuple[Path, int, int, str]]:
 
 
 def test_module_files_the_worker_refuses(mod_worker):
+    """Each bad file is refused softly: no ERROR, the reason in the log, and
+    the DEFINE naming that module is refused in the page (it says why)."""
     r = mod_worker
     app = FakeApp(r, 5)
     try:
         cases = bad_files(r)
         for mid, (name, (path, size, h, _)) in enumerate(cases.items()):
             app.send(module_frame(mid, size, h, str(path).encode()))
-        errs = app.errors()
-        assert len(errs) == len(cases), errs
-        for (code, msg), (name, (path, _, _, reason)) in zip(errs, cases.items()):
-            assert code == E_MODULE, (name, msg)
-            assert f"module file {path} refused" in msg and reason in msg, (name, msg)
+            app.send(define_frame(mid, VECADD, VECADD_PARAMS, 28, mid))
+        assert app.errors() == []
+        app.verdicts(len(cases))
+        assert all(app.refused(kid) for kid in range(len(cases)))
         log = r.worker_log(5)
-        for path, _, _, reason in cases.values():
+        for mid, (path, _, _, reason) in enumerate(cases.values()):
             pat = rf"app fakeapp .*module file {re.escape(str(path))} refused: .*{reason}"
             assert re.search(pat, log), (path, log)
+            assert f"kernel {mid} refused, the app runs it locally: kernel " \
+                   f"{VECADD.decode()}: its module {mid} was refused" in log, log
         # out of the protocol's range: a malformed frame
         app.send(module_frame(MAX_MODULES, len(r.image), 0, str(r.good).encode()))
         assert [c for c, _ in app.errors()] == [E_MALFORMED]
@@ -440,12 +524,31 @@ def test_module_files_the_worker_refuses(mod_worker):
     assert r.stats(5)["modules"] == 0
 
 
+def test_module_path_with_a_nul_byte_is_malformed(mod_worker):
+    """Opened as a C string, "<good file>\\0junk" would load the good file:
+    the frame is malformed instead."""
+    r = mod_worker
+    app = FakeApp(r, 5, name="nulpath")
+    try:
+        app.send(module_frame(0, len(r.image), fnv1a64(r.image), str(r.good).encode() + b"\0/x"))
+        errs = app.errors()
+        assert [c for c, _ in errs] == [E_MALFORMED] and "NUL byte in the module path" in errs[0][1]
+        app.send(define_frame(0, VECADD + b"\0x", VECADD_PARAMS, 28, 0))
+        errs = app.errors()
+        assert [c for c, _ in errs] == [E_MALFORMED] and "NUL byte in the kernel name" in errs[0][1]
+        assert app.u64(OFF_DEFINES_DONE) == 0
+    finally:
+        app.close()
+    assert r.stats(5)["modules"] <= 1
+
+
 def test_defines_against_a_module(mod_worker):
     """DEFINE takes the kernel from the module its mid names: a mid never
     shipped, a name not in the module, a layout other than the module's and
-    a DEFINE without a module are refused; the right one runs."""
+    a DEFINE without a module are refused (softly: in the page, the reason
+    in the log); the right one runs."""
     r = mod_worker
-    app = FakeApp(r, 5, twins=str(BIN / "vecadd.twins.so"))
+    app = FakeApp(r, 5, name="defines", twins=str(BIN / "vecadd.twins.so"))
     try:
         before = r.stats(5)["forwarded"]
         good = module_frame(3, len(r.image), fnv1a64(r.image), str(r.good).encode())
@@ -458,9 +561,15 @@ def test_defines_against_a_module(mod_worker):
         app.send(define_frame(2, VECADD, wrong, 32, 3))                     # another layout
         app.send(define_frame(3, VECADD, VECADD_PARAMS[:3], 24, 3))         # a parameter short
         app.send(define_frame(4, VECADD, VECADD_PARAMS, 28, NO_MODULE))     # by name: not here
-        errs = app.errors()
-        assert [c for c, _ in errs] == [E_MODULE] * 5, errs
-        msgs = [m for _, m in errs]
+        assert app.errors() == []
+        app.verdicts(5)
+        assert [app.refused(k) for k in range(5)] == [True] * 5
+        log = r.worker_log(5)
+        msgs = [re.search(rf"app defines .*: kernel {k} refused, the app runs it locally: (.*)$",
+                          log, re.M)
+                for k in range(5)]
+        assert all(msgs), log
+        msgs = [m.group(1) for m in msgs]
         assert "module 4 was not shipped" in msgs[0]
         assert f"_Z7missingv is not in module file {r.good}" in msgs[1]
         assert "cudaErrorSymbolNotFound" in msgs[1]
@@ -468,6 +577,8 @@ def test_defines_against_a_module(mod_worker):
         assert "parameter 3 is not what the app says" in msgs[3]
         assert "comes without a module" in msgs[4] and "COLOCATE_WORKER_BY_NAME=0" in msgs[4]
         app.send(define_frame(5, VECADD, VECADD_PARAMS, 28, 3))
+        app.verdicts(6)
+        assert not app.refused(5)
         for seq in (1, 2, 3):             # vecadd with n = 0 touches no memory
             app.send(launch_frame(seq, 5, struct.pack("<QQQi", 0, 0, 0, 0)))
         assert app.errors() == []
@@ -476,6 +587,9 @@ def test_defines_against_a_module(mod_worker):
             assert time.monotonic() < end, "launches did not complete"
             time.sleep(0.002)
         assert app.u64(OFF_EXECUTED) == 3
+        # a launch of a refused kernel is malformed: the shim never sends one
+        app.send(launch_frame(4, 1, struct.pack("<Q", 0)))
+        assert [c for c, _ in app.errors()] == [4]          # FWD_E_UNKNOWN_KERNEL
         s = r.stats(5)
         assert s["forwarded"] == before + 3 and s["modules"] >= 1
     finally:

@@ -10,7 +10,9 @@
  * only the main thread's lifetime of an app covers every heartbeat).
  *
  * Kernels: a DEFINE names the app's module (MODULE, modules.c) the kernel
- * is taken from, as a GPU needs; without one, simgpu finds it by name.
+ * is taken from, as a GPU needs; without one, simgpu finds it by name.  A
+ * kernel we cannot serve is refused softly (w_app_verdict: in the page, the
+ * app runs it itself) unless the app's page is version 4.
  *
  * Host twins (simgpu): the app names its twin libraries in HELLO; they are
  * dlopen'ed RTLD_GLOBAL, which is where simgpu looks last for a twin
@@ -30,9 +32,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#define SOFT_LOG_CAP 200   /* as frames.c: a flood must not fill a disk */
 
 static struct wapp *apps[W_MAX_APPS];
 static struct wapp *last_hit;
@@ -164,6 +170,7 @@ static int map_page(struct wapp *a, const char *path, int want_ring, char *msg, 
 	close(fd);
 	a->page = pg;
 	a->map_len = len;
+	/* read once: the app may rewrite its page, we keep what we agreed */
 	return 0;
 fail:
 	munmap(pg, FWD_PAGE_SIZE);
@@ -294,6 +301,11 @@ static void *by_name_handle(const struct wkernel *k)
 /* k->handle: from its module, or by name where this worker may. */
 static int kernel_handle(struct wapp *a, struct wkernel *k, char *why, size_t whylen)
 {
+	if (W.refuse_hook && strstr(k->name, W.refuse_hook)) {
+		snprintf(why, whylen, "kernel %s refused by COLOCATE_WORKER_REFUSE (a test hook)",
+			 k->name);
+		return FWD_E_MODULE;
+	}
 	if (k->mid != FWD_NO_MODULE)
 		return w_module_kernel(a, k, why, whylen);
 	if (!W.has_by_name) {
@@ -359,10 +371,39 @@ int w_app_define(struct wapp *a, const struct fwd_define *m, const struct fwd_pa
 		      "app's HELLO); refusing it", a->name, k->name);
 		kernel_free(k);
 		snprintf(why, whylen, "no host twin for this kernel in the worker");
-		return FWD_E_MALFORMED;
+		return FWD_E_MODULE;
 	}
 	a->kernels[m->kid] = k;
 	return 0;
+}
+
+void w_app_verdict(struct wapp *a, uint32_t kid, const char *refused)
+{
+	struct fwd_page *pg = a->page;
+	uint64_t bit = 1ull << (kid % 64);
+
+	if (refused) {
+		uint64_t n = atomic_fetch_add(&W.refused_kernels, 1) + 1;
+
+		if (n <= SOFT_LOG_CAP)
+			w_log("app %s (pid %u): kernel %u refused, the app runs it locally: %s%s",
+			      a->name, a->pid, kid, refused,
+			      n == SOFT_LOG_CAP ? " (further refusals are not logged)" : "");
+		__atomic_fetch_or(&pg->refused_kid[kid / 64], bit, __ATOMIC_RELAXED);
+	} else {
+		__atomic_fetch_and(&pg->refused_kid[kid / 64], ~bit, __ATOMIC_RELAXED);
+	}
+	/* the bit before the count; seq_cst pairs with the waiter's
+	 * increment of `waiters`, as on_mark's store of done[] does */
+	__atomic_fetch_add(&pg->defines_done, 1, __ATOMIC_SEQ_CST);
+	__atomic_fetch_add(&pg->wake, 1, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&pg->waiters, __ATOMIC_SEQ_CST))
+		syscall(SYS_futex, &pg->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+void w_app_module_refused(struct wapp *a, uint32_t mid)
+{
+	a->mod_refused[mid / 64] |= 1ull << (mid % 64);
 }
 
 void w_app_push(struct wapp *a, struct witem *it)

@@ -144,7 +144,8 @@ static void handle_json(const unsigned char *id, size_t id_len, int delim, size_
 		       "\"forwarded\":%llu,\"apps\":%d,\"state\":\"%s\",\"bad_frames\":%llu,"
 		       "\"by_name\":%s,\"modules\":%u,\"module_loads\":%llu,\"vmm\":%s,"
 		       "\"vmm_same_address\":%s,\"translated\":%llu,\"bad_mem\":%llu,"
-		       "\"vmm_mapped\":%llu,\"vmm_unmapped\":%llu,\"vmm_live\":%llu}",
+		       "\"vmm_mapped\":%llu,\"vmm_unmapped\":%llu,\"vmm_live\":%llu,"
+		       "\"refused_kernels\":%llu}",
 		       W.id, W.quota, W.pid, (unsigned long long)atomic_load(&W.executed),
 		       w_app_count(), W.closing ? "closing" : "ready",
 		       (unsigned long long)atomic_load(&W.bad_frames), W.has_by_name ? "true" : "false",
@@ -153,7 +154,8 @@ static void handle_json(const unsigned char *id, size_t id_len, int delim, size_
 		       W.vmm_ok && W.vmm_base == FWD_MEM_BASE ? "true" : "false",
 		       (unsigned long long)atomic_load(&W.translated),
 		       (unsigned long long)w_vmm_bad(), (unsigned long long)vm_mapped,
-		       (unsigned long long)vm_unmapped, (unsigned long long)vm_live);
+		       (unsigned long long)vm_unmapped, (unsigned long long)vm_live,
+		       (unsigned long long)atomic_load(&W.refused_kernels));
 	w_send(NULL, id, id_len, delim, out, (size_t)len);
 }
 
@@ -228,9 +230,13 @@ static void handle_define(struct wapp *a, size_t n)
 	memcpy(params, p, (size_t)m.nparams * sizeof(*params));
 	copy_str(name, p + (size_t)m.nparams * sizeof(*params), m.name_len);
 	code = w_app_define(a, &m, params, name, why, sizeof(why));
-	if (code)
+	if (code && code != FWD_E_MODULE) {
 		reject(a->rid, a->rid_len, a->delim, (uint32_t)code, 0, n, "DEFINE %u: %s", m.kid,
 		       why);
+		return;
+	}
+	/* the verdict goes through the page: no ERROR, the connection stays */
+	w_app_verdict(a, m.kid, code ? why : NULL);
 }
 
 /* zmq frames: the module loads on the main thread (once per module) */
@@ -244,7 +250,9 @@ static void handle_module(struct wapp *a, size_t n)
 	memcpy(&m, buf, sizeof(m));
 	copy_str(path, buf + sizeof(m), m.path_len);
 	code = w_app_module(a, &m, path, why, sizeof(why));
-	if (code)
+	if (code == FWD_E_MODULE)
+		w_app_module_refused(a, m.mid);    /* its DEFINEs say so */
+	if (code && code != FWD_E_MODULE)
 		reject(a->rid, a->rid_len, a->delim, (uint32_t)code, 0, n, "%s", why);
 }
 

@@ -84,12 +84,14 @@ static void CUDART_CB on_mark(void *arg)
 	}
 
 	atomic_store_explicit(&ws->mtail, t + 1, memory_order_release);
-	/* seq_cst pairs with the waiter's increment of `waiters` */
-	__atomic_store_n(&pg->done[ws->idx], v & W_MARK_SEQ, __ATOMIC_SEQ_CST);
+	/* counted before done[] says so: an app that saw its launch done and
+	 * asks for the stats finds it counted */
 	if (!(v & W_MARK_FAILED)) {
 		__atomic_fetch_add(&pg->executed, 1, __ATOMIC_RELAXED);
 		atomic_fetch_add_explicit(&W.executed, 1, memory_order_relaxed);
 	}
+	/* seq_cst pairs with the waiter's increment of `waiters` */
+	__atomic_store_n(&pg->done[ws->idx], v & W_MARK_SEQ, __ATOMIC_SEQ_CST);
 	__atomic_fetch_add(&pg->wake, 1, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&pg->waiters, __ATOMIC_SEQ_CST))
 		syscall(SYS_futex, &pg->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);

@@ -301,6 +301,12 @@ int main(int argc, char **argv)
 		      "taken; others are told so and run locally");
 	else if (!W.has_by_name)
 		w_log("COLOCATE_WORKER_BY_NAME=0: kernels only from the apps' modules, as on a GPU");
+	W.refuse_hook = getenv("COLOCATE_WORKER_REFUSE");
+	if (W.refuse_hook && !*W.refuse_hook)
+		W.refuse_hook = NULL;
+	if (W.refuse_hook)
+		w_log("COLOCATE_WORKER_REFUSE=%s (test hook): refusing kernels whose name holds it",
+		      W.refuse_hook);
 
 	W.sock = open_router();
 	if (!W.sock)

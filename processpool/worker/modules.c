@@ -6,7 +6,8 @@
  * A MODULE names a file the app's shim wrote into the runtime dir.  Any
  * process that reaches the worker's socket can name any path, so the file
  * is taken only as safe_file() takes twin libraries (a regular file of
- * ours or root's, not writable by others; opened O_NOFOLLOW, so never
+ * ours or root's, not writable by others) and, unlike them, not writable by
+ * its group either (as the shim's reusable() wants); opened O_NOFOLLOW, so never
  * through a symbolic link), of exactly the size the frame says, with the
  * fatbin magic and a header that adds up to that size, and whose FNV-1a
  * hash is the frame's.  It is read (not mapped: a file truncated under a
@@ -97,6 +98,9 @@ static void *read_image(const char *path, uint64_t size, uint64_t hash, char *wh
 		return NULL;
 	}
 	bad = w_file_unsafe(&st);
+	/* the shim reuses a module file on the same terms (reusable()) */
+	if (!bad && (st.st_mode & S_IWGRP))
+		bad = "writable by its group";
 	if (bad) {
 		snprintf(why, whylen, "%s", bad);
 		close(fd);
@@ -232,7 +236,7 @@ int w_app_module(struct wapp *a, const struct fwd_module *m, const char *path, c
 			return 0;
 		snprintf(why, whylen, "MODULE %u (%s): the id names another image already", m->mid,
 			 path);
-		return FWD_E_MODULE;
+		return FWD_E_MALFORMED;   /* the shim never reuses an id */
 	}
 	pthread_mutex_lock(&mu);
 	l = get_lib(path, m->size, m->hash, sub, sizeof(sub));
@@ -248,7 +252,7 @@ int w_app_module(struct wapp *a, const struct fwd_module *m, const char *path, c
 
 /*
  * The handle of kernel k (its DEFINE named module k->mid) from the app's
- * library, after checking that the library gives it the layout the app
+ * library (a refusal is logged by the caller, with the DEFINE), after checking that the library gives it the layout the app
  * sent: a kernel of that name with other parameters is another kernel (or
  * another build of it), and launching it would misread the arguments.
  */
@@ -261,8 +265,12 @@ int w_module_kernel(struct wapp *a, struct wkernel *k, char *why, size_t whylen)
 	unsigned i;
 
 	if (!l) {
-		snprintf(why, whylen, "kernel %s: module %u was not shipped before its DEFINE",
-			 k->name, k->mid);
+		if (a->mod_refused[k->mid / 64] & (1ull << (k->mid % 64)))
+			snprintf(why, whylen, "kernel %s: its module %u was refused (see above)",
+				 k->name, k->mid);
+		else
+			snprintf(why, whylen, "kernel %s: module %u was not shipped before its DEFINE",
+				 k->name, k->mid);
 		return FWD_E_MODULE;
 	}
 	e = cudaLibraryGetKernel(&h, l->lib, k->name);
@@ -270,7 +278,6 @@ int w_module_kernel(struct wapp *a, struct wkernel *k, char *why, size_t whylen)
 		cudaGetLastError();
 		snprintf(why, whylen, "kernel %s is not in module file %s (%s)", k->name, l->path,
 			 cudaGetErrorName(e));
-		log_refusal(a, why);
 		return FWD_E_MODULE;
 	}
 	if (W.param_info) {
@@ -285,7 +292,20 @@ int w_module_kernel(struct wapp *a, struct wkernel *k, char *why, size_t whylen)
 		if (i <= k->nparams) {
 			snprintf(why, whylen, "kernel %s in module file %s: parameter %u is not what "
 				 "the app says (layout mismatch)", k->name, l->path, i);
-			log_refusal(a, why);
+			return FWD_E_MODULE;
+		}
+	}
+	/* with lazy loading (CUDA_MODULE_LOADING=LAZY, the default) a kernel
+	 * is loaded at its first use: make that now, outside any timed launch,
+	 * and refuse here a kernel that does not load */
+	{
+		struct cudaFuncAttributes fa;
+
+		e = cudaFuncGetAttributes(&fa, (const void *)h);
+		if (e != cudaSuccess) {
+			cudaGetLastError();
+			snprintf(why, whylen, "kernel %s in module file %s does not load (%s)",
+				 k->name, l->path, cudaGetErrorName(e));
 			return FWD_E_MODULE;
 		}
 	}

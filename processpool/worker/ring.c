@@ -8,7 +8,9 @@
  * is what runs.  A frame that fails a check stops this app's ring for good
  * (the rest of its stream order is void); the reason goes to the log and to
  * the page (refused_seq/refused_code), where the shim's liveness check
- * finds it and replays what did not complete, locally.
+ * finds it and replays what did not complete, locally.  A MODULE or DEFINE
+ * we cannot serve does not (on a version-5 page): the DEFINE's verdict goes
+ * to the page, the shim runs that kernel itself, the ring goes on.
  */
 #define _GNU_SOURCE
 #include "worker.h"
@@ -109,10 +111,11 @@ static int run_frame(struct wapp *a, size_t n)
 		memcpy(name, buf + sizeof(m) + (size_t)m.nparams * sizeof(*params), m.name_len);
 		name[m.name_len] = 0;
 		code = w_app_define(a, &m, params, name, sub, sizeof(sub));
-		if (code) {
+		if (code && code != FWD_E_MODULE) {
 			refuse(a, 0, code, "DEFINE %u: %s", m.kid, sub);
 			return -1;
 		}
+		w_app_verdict(a, m.kid, code ? sub : NULL);
 		return 0;
 	}
 	if (h.type == FWD_T_MODULE) {
@@ -124,6 +127,11 @@ static int run_frame(struct wapp *a, size_t n)
 		memcpy(path, buf + sizeof(m), m.path_len);
 		path[m.path_len] = 0;
 		code = w_app_module(a, &m, path, sub, sizeof(sub));
+		if (code == FWD_E_MODULE) {
+			/* its kernels' DEFINEs are refused (and answered) */
+			w_app_module_refused(a, m.mid);
+			return 0;
+		}
 		if (code) {
 			refuse(a, 0, code, "%s", sub);
 			return -1;

@@ -10,6 +10,11 @@
  * prints "READY worker N quota Q pid P" once its CUDA context exists.
  * Protocol: processpool/fwd_proto.h.
  *
+ * Test hook: COLOCATE_WORKER_REFUSE=<text> refuses (softly, as a kernel
+ * missing from its module) every DEFINE whose kernel name contains <text>;
+ * tests use it to refuse one kernel of a real program.  Never set it in
+ * production.
+ *
  * Files, one job each:
  *   main.c      start-up, signals, the poll loop, heartbeats, shutdown
  *   frames.c    receiving, checking and dispatching frames; replies; stats
@@ -105,6 +110,8 @@ struct wapp {
 	uint32_t ring_size;
 	unsigned char *frame;          /* a frame copied out of the ring        */
 	int poisoned;                  /* launcher: a refused frame stopped it  */
+	uint64_t mod_refused[FWD_MAX_MODULES / 64];  /* MODULE refused softly;
+	                                  written by whoever handles frames   */
 	/* written once per id: by the main thread (zmq frames) or by the
 	 * launcher (ring); never both for one app */
 	struct wkernel *kernels[FWD_MAX_KERNELS];
@@ -165,6 +172,11 @@ struct wglobal {
 	_Atomic uint64_t vmm_moved;    /* mappings not at their app's address   */
 	_Atomic uint64_t translated;   /* launches with pointers translated     */
 	_Atomic uint64_t bad_frames;
+	_Atomic uint64_t refused_kernels; /* DEFINEs refused softly            */
+	/* COLOCATE_WORKER_REFUSE=<text> (a test hook, never for production):
+	 * every DEFINE whose kernel name contains <text> is refused softly, as
+	 * a kernel missing from its module would be */
+	const char *refuse_hook;
 };
 extern struct wglobal W;
 
@@ -193,9 +205,17 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 			 const struct fwd_hello *m, const char *page, const char *twins,
 			 const char *device, const char *name, uint32_t *status,
 			 char *msg, size_t msglen);
-/* DEFINE: 0, or a FWD_E_* code with the reason in why */
+/* DEFINE: 0, or a FWD_E_* code with the reason in why.  FWD_E_MODULE is a
+ * soft refusal (the kernel cannot be served here; see fwd_proto.h
+ * "Refusals"), any other code a malformed frame. */
 int  w_app_define(struct wapp *a, const struct fwd_define *m, const struct fwd_param *params,
 		  const char *name, char *why, size_t whylen);
+/* After a DEFINE of kid on a soft-refusal page: its verdict into the page
+ * (refused_kid, then defines_done), page waiters woken.  refused: the
+ * reason, logged (capped). */
+void w_app_verdict(struct wapp *a, uint32_t kid, const char *refused);
+/* MODULE refused softly: remembered, so DEFINEs naming it say why. */
+void w_app_module_refused(struct wapp *a, uint32_t mid);
 /* NULL when st is a file we may load (twins, modules), else why not */
 const char *w_file_unsafe(const struct stat *st);
 void w_app_push(struct wapp *a, struct witem *it);
@@ -204,7 +224,8 @@ void w_apps_tick(uint64_t now);                  /* heartbeats, deaths, reaping 
 int  w_apps_shutdown(uint64_t deadline_ns);     /* 1: every app finished */
 
 /* ---- modules.c */
-/* MODULE: 0, or a FWD_E_* code with the reason in why (logged) */
+/* MODULE: 0, or a FWD_E_* code with the reason in why (logged); FWD_E_MODULE
+ * is a soft refusal, any other code a malformed frame */
 int  w_app_module(struct wapp *a, const struct fwd_module *m, const char *path, char *why,
 		  size_t whylen);
 /* k->handle from the app's module k->mid, its layout checked: 0 or FWD_E_* */
