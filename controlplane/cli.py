@@ -420,7 +420,8 @@ def kernels(name: Optional[str] = typer.Argument(None, help="Only this app."),
 
 # --- process pool -------------------------------------------------------------
 
-POOL_KEYS = ("id", "quota_pct", "pid", "state", "forwarded", "apps", "modules", "module_loads")
+POOL_KEYS = ("id", "quota_pct", "pid", "state", "forwarded", "apps", "modules", "module_loads",
+             "refused_kernels", "translated")
 
 
 def pool_table(reply: dict) -> Table:
@@ -456,6 +457,9 @@ def pool_cmd(as_json: bool = typer.Option(False, "--json", help="Print a JSON li
              runtime_dir: Optional[Path] = RunDirOpt) -> None:
     """Show the process pool's workers: id, SM quota, pid, state, tasks forwarded, apps,
     and the apps' fat binaries each holds loaded (modules; module_loads counts every load).
+    --json adds refused_kernels (kernels a worker could not serve: they ran in their apps) and
+    translated (launches whose pointers a worker moved, because it could not map the app's
+    memory at the app's address).
 
     States: starting, ready, unresponsive (did not answer in time), dead (to be
     restarted under a new id), failed (kept dying; not restarted)."""

@@ -19,7 +19,7 @@ PROTOCOL = 1
 # that older shims keep working, and bump REVISION: 2 = "tasks" (task
 # feedback), "feed" in "registered", held apps (route CB_ROUTE_HOLD);
 # 3 = "revision" and "fwd_window" in "registered", "throughput" in records;
-# 4 = "modules" and "module_loads" in pool workers.
+# 4 = "modules", "module_loads", "refused_kernels", "translated" in pool workers.
 REVISION = 4
 MAX_BYTES = 64 * 1024
 
@@ -139,6 +139,11 @@ WORKER = {
     "routed": F("int", required=False, doc="live apps the controller routes to it"),
     "modules": F("int", required=False, doc="apps' fat binaries it holds loaded (last answer)"),
     "module_loads": F("int", required=False, doc="fat binaries it loaded since it started (last answer)"),
+    "refused_kernels": F("int", required=False,
+                         doc="kernels it could not serve; they ran in their apps (last answer)"),
+    "translated": F("int", required=False,
+                    doc="launches whose pointer arguments it moved: app memory it could not map "
+                        "at the app's address (last answer)"),
 }
 
 REQUESTS: dict[str, dict[str, F]] = {

@@ -58,7 +58,7 @@ SPEC_HELP = ("Process pool: QUOTA:COUNT pairs separated by commas, e.g. 10:4,50:
              "(10:2,20:2,...,100:2).")
 STATES = ("starting", "ready", "dead", "failed")
 # counters a worker's stats may carry beyond forwarded/apps, passed on as they are
-OPTIONAL_STATS = ("modules", "module_loads")
+OPTIONAL_STATS = ("modules", "module_loads", "refused_kernels", "translated")
 READY_RE = re.compile(rb"^READY worker (\d+) quota (\d+) pid (\d+)\s*$")
 _SUN_PATH_MAX = 107
 
