@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -259,6 +260,9 @@ class Controller:
         self.sock.close()
         self.ctx.term()
         self.rd.sock.unlink(missing_ok=True)
+        # with the pool gone no worker will read them; they would pile up in
+        # the runtime dir (often a tmpfs: memory), one per binary ever routed
+        shutil.rmtree(self.rd.modules, ignore_errors=True)
         self.cb.close()                                 # the file stays: apps keep their mapping
         log.info("controller %d stopped", os.getpid())
 

@@ -81,6 +81,11 @@ class RunDir:
     def simgpu(self) -> Path:
         return self.path / "simgpu"
 
+    @property
+    def modules(self) -> Path:
+        """Fat binaries the apps' shims ship to pool workers (one file per binary)."""
+        return self.path / "modules"
+
 
 def check(path: Path) -> None:
     """Refuse a directory another user owns or others may write to."""

@@ -222,9 +222,12 @@ def own():
 
 
 def test_stop_message_shuts_down_cleanly(own):
+    (own.rundir / "modules").mkdir(mode=0o700)        # as the apps' shims leave it
+    (own.rundir / "modules" / "0123456789abcdef-100.fatbin").write_bytes(b"\0" * 100)
     assert own.call("stop") == {"v": 1, "type": "ok"}
     assert own.proc.wait(10) == 0
     assert not (own.rundir / "ctl.sock").exists() and not (own.rundir / "serve.pid").exists()
+    assert not (own.rundir / "modules").exists()      # no worker is left to read them
     assert (own.rundir / "ctlblock").exists()         # running apps keep their mapping
 
 
