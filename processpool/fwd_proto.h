@@ -617,12 +617,18 @@ static inline const char *fwd_check_body(const void *buf, size_t n, unsigned typ
  *   ACK    worker -> shim: status FWD_MEM_S_*, waddr (MAP: where it is
  *          mapped in the worker; 0 when status is not OK).
  *
- * pid must be the peer's pid (SO_PEERCRED); addr, size nonzero and
- * multiples of FWD_MEM_ALIGN; len == sizeof(struct fwd_mem_msg).  A bad
- * message is ACKed with FWD_MEM_S_REFUSED (and logged); after a framing
- * error (magic, version, length) the worker closes the connection.  When
- * the connection closes (app gone, or its worker connection closed) the
- * worker unmaps the app's memory once the app's launches are done.
+ * The peer must run as the worker's uid and pid must be its pid
+ * (SO_PEERCRED); addr, size nonzero and multiples of FWD_MEM_ALIGN; a MAP
+ * lies inside the colocate region and overlaps no live mapping of any
+ * connection; an UNMAP names a mapping of the same connection; len ==
+ * sizeof(struct fwd_mem_msg).  A bad message is ACKed with
+ * FWD_MEM_S_REFUSED (and logged); after a framing error (magic, version,
+ * length) the worker closes the connection.  A connection belongs to the
+ * newest app entry of its pid that has none (HELLO with FWD_HF_VMM); when
+ * it closes (app gone, or its worker connection closed) that entry leaves
+ * after its queued launches and the worker unmaps the connection's memory
+ * once they are done (not when the pid goes: the app may come back at once
+ * on a new connection and map the same addresses).
  *
  * The colocate region: FWD_MEM_SLOTS slots of FWD_MEM_SLOT_SPAN bytes at
  * FWD_MEM_BASE.  An app maps its memory in its slot (its control-block

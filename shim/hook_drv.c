@@ -21,6 +21,7 @@
 #define _GNU_SOURCE
 #include "shim.h"
 #include "shim_trace.h"
+#include "shim_vmm.h"
 
 #include <dlfcn.h>
 #include <string.h>
@@ -320,15 +321,29 @@ SHIM_API CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 SHIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 	LAUNCH(H_GRAPH_PTSZ, (CUgraphExec g, CUstream s), (g, s), NULL, s, 1, GDESC(1))
 
-/* ---- memory ---------------------------------------------------------- */
+/* ---- memory ----------------------------------------------------------
+ * COLOCATE_MEM=vmm: a statically linked cudart (and cuBLAS, cuDNN inside
+ * it) allocates here, not through our cudaMalloc: the same VMM allocator
+ * and the same fallback (a native allocation marks the app unshared).
+ * From inside the runtime hooks (shim_in_runtime) the memory is the
+ * runtime's own and passes through. */
 SHIM_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
 {
 	__typeof__(&cuMemAlloc_v2) real = real_of(H_MEMALLOC);
 	CUresult r;
 
+	shim_start();
+	if (!shim_in_runtime && p && n && shim_vmm_on()) {
+		void *q;
+
+		if (shim_vmm_malloc(&q, n) == 0) {
+			*p = (CUdeviceptr)(uintptr_t)q;
+			shim_alloc_note(q, n);
+			return CUDA_SUCCESS;
+		}
+	}
 	if (!real)
 		return CUDA_ERROR_NOT_INITIALIZED;
-	shim_start();
 	r = real(p, n);
 	if (r == CUDA_SUCCESS && p && !shim_in_runtime)
 		shim_alloc_note((const void *)(uintptr_t)*p, n);
@@ -341,9 +356,21 @@ SHIM_API CUresult cuMemFree_v2(CUdeviceptr p)
 	CUresult r;
 	void *t;
 
+	shim_start();
+	/* anything in our VMM span is ours: workers unmap it first (all
+	 * forwarded work fenced, as cudaFree does); an interior pointer or a
+	 * double free is CUDA_ERROR_INVALID_VALUE, never the real free's */
+	if (!shim_in_runtime && p && shim_vmm_in_span((const void *)(uintptr_t)p)) {
+		if (shim_fwd_active() && shim_fwd_fence(NULL, 0, SHIM_FENCE_ALL))
+			return CUDA_ERROR_LAUNCH_FAILED;   /* a forwarded launch failed */
+		t = shim_free_take((const void *)(uintptr_t)p);
+		r = shim_vmm_free((void *)(uintptr_t)p) == 0 ? CUDA_SUCCESS
+								    : CUDA_ERROR_INVALID_VALUE;
+		shim_free_done(t, r == CUDA_SUCCESS);
+		return r;
+	}
 	if (!real)
 		return CUDA_ERROR_NOT_INITIALIZED;
-	shim_start();
 	t = shim_free_take((const void *)(uintptr_t)p);   /* NULL inside the runtime */
 	r = real(p);
 	shim_free_done(t, r == CUDA_SUCCESS);

@@ -313,8 +313,11 @@ SHIM_API cudaError_t cudaFree(void *p)
 	if (p)
 		FWD_FENCE(NULL, 0, SHIM_FENCE_ALL);
 	t = shim_free_take(p);
-	if (!shim_in_runtime && p && shim_vmm_owns(p))
-		r = shim_vmm_free(p);       /* workers unmap it first */
+	/* anything in our VMM span is ours to free: workers unmap it first;
+	 * an interior pointer or a double free is cudaErrorInvalidValue and
+	 * never reaches the real allocator */
+	if (!shim_in_runtime && p && shim_vmm_in_span(p))
+		r = shim_vmm_free(p);
 	else
 		r = IN_RUNTIME(real_(p));
 	shim_free_done(t, r == cudaSuccess);
@@ -327,6 +330,16 @@ SHIM_API cudaError_t cudaFree(void *p)
 		cudaError_t r;                                            \
 		void *t;                                                  \
 		REAL(name, NOSYM);                                        \
+		if (!shim_in_runtime && p && shim_vmm_in_span(p)) {       \
+			/* ours (cudaFree's rules): every worker unmaps   \
+			 * it, so all forwarded work is fenced, and the   \
+			 * free waits for the device (stream order kept) */ \
+			FWD_FENCE(NULL, 0, SHIM_FENCE_ALL);               \
+			t = shim_free_take(p);                            \
+			r = (cudaError_t)shim_vmm_free(p);                \
+			shim_free_done(t, r == cudaSuccess);              \
+			return r;                                         \
+		}                                                         \
 		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
 		t = shim_free_take(p);                                    \
 		r = IN_RUNTIME(real_(p, s));                              \

@@ -142,6 +142,7 @@ static struct {
 	uint64_t hold_accounted;        /* up to when it is in held_ns (ns)      */
 	int hold_waiting;               /* launches waiting on it                */
 	int unshared_said;              /* logged why a VMM app stays local      */
+	uint64_t voids_seen;            /* shim_vmm_voids when last looked at    */
 } F = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
 static struct fkernel not_forwardable = { .ok = 0 };
@@ -868,10 +869,43 @@ static int hold_wait(uint64_t e)
 	return gave_up == NULL;
 }
 
+/*
+ * A MAP or UNMAP to our worker was not acked (shim_vmm.c voided the
+ * connection): the worker may lack memory of ours, or still map a range we
+ * freed and may reuse.  Leave it before the next launch: drain (a stalled
+ * worker is lost at the wait's liveness test, its work replayed), close
+ * the connection (never kept: its memory view is void) and run locally
+ * until the route changes; a new connection maps everything afresh.
+ * F.mu held.
+ */
+static void leave_void(void)
+{
+	struct fconn *c = F.conn;
+	uint32_t w = c->worker;
+
+	if (drain() == 0) {
+		F.conn = NULL;
+		fconn_close(c, 1);
+		shim_log("leaving worker %u: it did not map or unmap some of the app's memory; "
+			 "running locally until the route changes", w);
+	}
+	publish();
+}
+
 /* Act on a new route epoch, at a launch boundary; a hold waits here (and
  * acts on the route that ends it).  F.mu held. */
 static void follow_route(void)
 {
+	uint64_t v = __atomic_load_n(&shim_vmm_voids, __ATOMIC_RELAXED);
+
+	/* one relaxed load per launch: the voiding thread bumped it before
+	 * its cudaMalloc/cudaFree returned, which precedes any launch that
+	 * uses that memory */
+	if (__builtin_expect(v != F.voids_seen, 0)) {
+		F.voids_seen = v;
+		if (F.conn && F.conn->memfd >= 0 && !shim_vmm_conn_ok(F.conn->memfd))
+			leave_void();
+	}
 	/* memory the worker cannot see appeared while routed (e.g. a
 	 * cudaMallocManaged): leave, as at a route change, and stay local */
 	if (F.conn && shim_vmm_unshared()) {

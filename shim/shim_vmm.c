@@ -10,7 +10,8 @@
  *   start    claim slot S of the colocate region (fwd_proto.h: 256 slots of
  *            64 GiB at FWD_MEM_BASE): the control-block slot index when
  *            registered, else pid hash (logged: two unregistered apps may
- *            collide, and a worker then maps one of them elsewhere).
+ *            collide, and a worker then refuses the second's overlapping MAPs: it
+ *            is not forwarded there).
  *            Reserve the slot's span with its address as the hint and
  *            check ptr == hint; if not, say why and stay native.
  *   malloc   cuMemCreate (POSIX fd handle, size rounded to granularity),
@@ -25,7 +26,16 @@
  * Any failure of the VMM path falls back to the real allocator for that
  * allocation; the app is then "not all shared" and is not forwarded (when
  * in doubt, run natively), as is an app that uses an allocator we do not
- * convert (cudaMallocManaged, cudaMallocAsync, cuMemAlloc).
+ * convert (cudaMallocManaged, cudaMallocAsync).  cuMemAlloc_v2 from outside
+ * the runtime hooks (a static cudart, cuBLAS/cuDNN in it) is converted
+ * (hook_drv.c); a static runtime's entry points come from libcuda.
+ *
+ * Frees: anything inside the span goes to shim_vmm_free (cudaFree,
+ * cudaFreeAsync, cuMemFree_v2); an address that is not the start of a
+ * live allocation is cudaErrorInvalidValue and never reaches the real free.
+ * A MAP or UNMAP not acked voids that connection and bumps shim_vmm_voids,
+ * which forwarding checks at every launch (it leaves the worker).  A forked
+ * child turns vmm off (shim_vmm_forget).
  *
  * One mutex covers the table and the connections; it is never held while
  * taking the forwarding lock (the forwarding code calls in here holding
@@ -75,12 +85,16 @@ static struct {
 } D;
 
 static pthread_mutex_t vm_mu = PTHREAD_MUTEX_INITIALIZER;
-static int state;                   /* 0 not set up, 1 on, -1 off        */
+/* 0 not set up, 1 on, -1 off: stored once (release), after base and
+ * granularity, so that a lock-free reader that sees 1 sees them too; a
+ * reader that sees 0 takes vm_mu and so waits for a set-up in progress */
+static int state;
 static uint64_t base, granularity;
 static struct valloc *tab;
 static size_t ntab, captab;
 static struct vconn conns[MAX_CONNS] = { [0 ... MAX_CONNS - 1] = { -1, 0, 0 } };
 static char unshared[160];          /* why not all shared ...           */
+uint64_t shim_vmm_voids;            /* connections voided so far (atomic) */
 static int unshared_set;            /* ... once this is 1 (release)      */
 
 /* ---------------------------------------------------------------- set-up */
@@ -113,12 +127,27 @@ static int load_driver(char *why, size_t whylen)
 		S(cuMemSetAccess, access), S(cuMemExportToShareableHandle, export_),
 #undef S
 	};
-	entry_fn get = (entry_fn)shim_real_rt("cudaGetDriverEntryPointByVersion");
+	/* not shim_real_rt: a static runtime having none is no error here */
+	static const char *const rt[] = { "libcudart.so.13", "libcudart.so", NULL };
+	entry_fn get = (entry_fn)shim_real_in(rt, "libcudart", ".so.13",
+					      "cudaGetDriverEntryPointByVersion");
 	size_t i;
 
 	if (!get) {
-		snprintf(why, whylen, "the runtime has no cudaGetDriverEntryPointByVersion");
-		return -1;
+		/* a statically linked runtime: libcuda exports these names
+		 * unversioned */
+		for (i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
+			void *fn = shim_real_drv(syms[i].name);
+
+			if (!fn) {
+				snprintf(why, whylen, "neither the runtime's "
+					 "cudaGetDriverEntryPointByVersion nor the driver's %s",
+					 syms[i].name);
+				return -1;
+			}
+			memcpy((char *)&D + syms[i].off, &fn, sizeof(fn));
+		}
+		return 0;
 	}
 	for (i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
 		enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
@@ -141,10 +170,15 @@ static int load_driver(char *why, size_t whylen)
 static int cur_device(void)
 {
 	static __typeof__(&cudaGetDevice) get;
+	static int looked;              /* once: a static runtime has none */
 	int d = 0;
 
-	if (!get)
-		get = (__typeof__(get))shim_real_rt("cudaGetDevice");
+	if (!__atomic_load_n(&looked, __ATOMIC_ACQUIRE)) {
+		static const char *const rt[] = { "libcudart.so.13", "libcudart.so", NULL };
+
+		get = (__typeof__(get))shim_real_in(rt, "libcudart", ".so.13", "cudaGetDevice");
+		__atomic_store_n(&looked, 1, __ATOMIC_RELEASE);
+	}
 	if (get) {
 		shim_in_runtime++;
 		if (get(&d) != cudaSuccess)
@@ -163,8 +197,9 @@ static void prop_of(CUmemAllocationProp *p, int dev)
 	p->location.id = dev;
 }
 
-/* vm_mu held */
-static void setup(void)
+/* The state to publish: 1 with base and granularity set, or -1.  vm_mu
+ * held; `state` is not touched here (see its comment). */
+static int setup(void)
 {
 	CUmemAllocationProp prop;
 	CUdeviceptr got = 0;
@@ -174,31 +209,30 @@ static void setup(void)
 	size_t g = 0;
 	CUresult r;
 
-	state = -1;
 	if (!want_vmm())
-		return;
+		return -1;
 	if (load_driver(why, sizeof(why)) < 0) {
 		shim_log("COLOCATE_MEM=vmm: %s; device memory stays native", why);
-		return;
+		return -1;
 	}
 	prop_of(&prop, cur_device());
 	r = D.gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
 	if (r != CUDA_SUCCESS || !g || g % FWD_MEM_ALIGN || FWD_MEM_SLOT_SPAN % g) {
 		shim_log("COLOCATE_MEM=vmm: allocation granularity %zu (CUresult %d) does not fit "
 			 "the colocate region; device memory stays native", g, (int)r);
-		return;
+		return -1;
 	}
 	if (slot < 0 || (uint32_t)slot >= FWD_MEM_SLOTS) {
 		slot = (int)(((uint32_t)getpid() * 2654435761u) % FWD_MEM_SLOTS);
 		shim_log("COLOCATE_MEM=vmm: not registered with a controller: memory slot %d by "
-			 "pid hash (another app may share it; a worker then translates)", slot);
+			 "pid hash (another app may share it; a worker then refuses the overlap)", slot);
 	}
 	hint = FWD_MEM_BASE + (uint64_t)slot * FWD_MEM_SLOT_SPAN;
 	r = D.reserve(&got, FWD_MEM_SLOT_SPAN, g, hint, 0);
 	if (r != CUDA_SUCCESS) {
 		shim_log("COLOCATE_MEM=vmm: cannot reserve slot %d at 0x%llx (CUresult %d); device "
 			 "memory stays native", slot, (unsigned long long)hint, (int)r);
-		return;
+		return -1;
 	}
 	if (got != hint) {
 		/* the address is only a hint: someone holds that range here */
@@ -206,13 +240,13 @@ static void setup(void)
 			 "(range in use in this process); device memory stays native", slot,
 			 (unsigned long long)got, (unsigned long long)hint);
 		D.addr_free(got, FWD_MEM_SLOT_SPAN);
-		return;
+		return -1;
 	}
 	base = hint;
 	granularity = g;
-	state = 1;
 	shim_log("COLOCATE_MEM=vmm: device memory shared from slot %d at 0x%llx", slot,
 		 (unsigned long long)base);
+	return 1;
 }
 
 int shim_vmm_on(void)
@@ -222,11 +256,22 @@ int shim_vmm_on(void)
 	if (__builtin_expect(s != 0, 1))
 		return s > 0;
 	pthread_mutex_lock(&vm_mu);
-	if (!state)
-		setup();
 	s = state;
+	if (!s) {
+		s = setup();
+		__atomic_store_n(&state, s, __ATOMIC_RELEASE);
+	}
 	pthread_mutex_unlock(&vm_mu);
 	return s > 0;
+}
+
+int shim_vmm_in_span(const void *p)
+{
+	uint64_t a = (uint64_t)(uintptr_t)p;
+
+	/* base is set before state is published (release) */
+	return __atomic_load_n(&state, __ATOMIC_ACQUIRE) > 0 && a >= base &&
+	       a - base < FWD_MEM_SLOT_SPAN;
 }
 
 /* ---------------------------------------------------------------- messages */
@@ -337,6 +382,9 @@ static void broadcast(int op, const struct valloc *v)
 			continue;
 		if (request(conns[i].fd, op, v, NULL, why, sizeof(why)) < 0) {
 			conns[i].ok = 0;
+			/* before the caller returns: the app's next launch (it
+			 * may use this memory) sees it and leaves that worker */
+			__atomic_fetch_add(&shim_vmm_voids, 1, __ATOMIC_RELEASE);
 			shim_log("worker %u: %s; its connection is void (launches replay locally)",
 				 conns[i].worker, why);
 		}
@@ -465,15 +513,24 @@ int shim_vmm_owns(const void *p)
  * find the memory unmapped under it (forwarded work: the caller fenced). */
 static void device_sync(void)
 {
+	static const char *const rt[] = { "libcudart.so.13", "libcudart.so", NULL };
 	static __typeof__(&cudaDeviceSynchronize) sync_;
+	static __typeof__(&cuCtxSynchronize) dsync;   /* a static runtime */
+	static int looked;
 
-	if (!sync_)
-		sync_ = (__typeof__(sync_))shim_real_rt("cudaDeviceSynchronize");
-	if (sync_) {
-		shim_in_runtime++;
-		sync_();
-		shim_in_runtime--;
+	if (!__atomic_load_n(&looked, __ATOMIC_ACQUIRE)) {
+		sync_ = (__typeof__(sync_))shim_real_in(rt, "libcudart", ".so.13",
+							"cudaDeviceSynchronize");
+		if (!sync_)
+			dsync = (__typeof__(dsync))shim_real_drv("cuCtxSynchronize");
+		__atomic_store_n(&looked, 1, __ATOMIC_RELEASE);
 	}
+	shim_in_runtime++;
+	if (sync_)
+		sync_();
+	else if (dsync)
+		dsync();
+	shim_in_runtime--;
 }
 
 int shim_vmm_free(void *p)
@@ -618,14 +675,29 @@ int shim_vmm_conn_ok(int fd)
 	return ok;
 }
 
+/*
+ * A forked child: the span, its mappings and the worker connections are the
+ * parent's (the child must neither free nor share them), so vmm is off here
+ * from now on and the child's allocations are native.  The table goes; the
+ * handles in it are the parent's to release.
+ */
 void shim_vmm_forget(void)
 {
-	int i;
+	int i, was = __atomic_load_n(&state, __ATOMIC_RELAXED);
 
 	pthread_mutex_init(&vm_mu, NULL);
 	for (i = 0; i < MAX_CONNS; i++) {
 		if (conns[i].fd >= 0)
 			close(conns[i].fd);   /* the parent's stays open */
 		conns[i].fd = -1;
+		conns[i].ok = 0;
 	}
+	free(tab);
+	tab = NULL;
+	ntab = captab = 0;
+	__atomic_store_n(&unshared_set, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&state, -1, __ATOMIC_RELEASE);
+	if (was > 0)
+		shim_log("COLOCATE_MEM=vmm: a forked child does not share the parent's device "
+			 "memory with workers; its own allocations are native");
 }

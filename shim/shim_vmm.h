@@ -37,7 +37,14 @@ void shim_vmm_detach(int fd);
 /* 0 once a MAP or UNMAP to this connection failed: the worker does not see
  * all of the app's memory; the connection is void. */
 int  shim_vmm_conn_ok(int fd);
-/* A forked child: the parent's connections are not ours. */
+/* A forked child: the parent's connections, span and allocations are not
+ * ours; vmm is off in the child from then on. */
 void shim_vmm_forget(void);
+/* p lies in this process's span (vmm on): only shim_vmm_free may free it. */
+int  shim_vmm_in_span(const void *p);
+/* Bumped (release) each time a connection is voided (a MAP or UNMAP not
+ * acked): forwarding compares it with one relaxed load per launch and
+ * then asks shim_vmm_conn_ok of its connection. */
+extern uint64_t shim_vmm_voids;
 
 #endif

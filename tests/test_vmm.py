@@ -17,6 +17,16 @@ the local run's bits when forwarded with shared memory, at the same address
 every launch); hotspot's cudaFree while routed unmaps in the worker; an app
 that also uses cudaMallocManaged stays local with the reason logged;
 fuzzed mem-socket messages are refused and logged and the worker survives.
+
+Review fixes: a mem connection voided mid-run (its worker stopped while a
+MAP waited) is left before the next launch; a worker's mappings belong to
+their connection (a return on a new connection maps the same range at once;
+no MAP over another connection's live range or outside the region); routes
+over more workers than the shim keeps; no allocation native during set-up
+by other threads; cuMemAlloc_v2/cuMemFree_v2 and cudaFreeAsync take the
+VMM allocator, interior pointers and double frees refused; a forked child
+allocates natively; simgpu's cuMemMap gives no access until cuMemSetAccess,
+which may span mappings.
 """
 from __future__ import annotations
 
@@ -321,12 +331,15 @@ MIDRUN_C = r"""
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 /* preloaded BEFORE libcolocate.so: at the app's 10th host-to-device copy
  * (hotspot: its 9th run, 48 launches forwarded by then) allocate and free
- * (MIDRUN=alloc) or take managed memory (MIDRUN=managed).  glibc's own
+ * (MIDRUN=alloc), the same with the worker (STALL_PID) stopped while the
+ * allocation is made, so that its MAP is not acked (MIDRUN=stall), or take
+ * managed memory (MIDRUN=managed).  glibc's own
  * dlsym: libcolocate.so overrides dlsym, and RTLD_NEXT is the caller's */
 typedef void *(*dlsym_fn)(void *, const char *);
 static int copies;
@@ -345,6 +358,14 @@ cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
     if (k == cudaMemcpyHostToDevice && ++copies == 10 && mode) {
         if (!strcmp(mode, "alloc")) {
             if (cudaMalloc(&b, n) || next(b, s, n, k) || cudaFree(b))
+                _exit(3);
+        } else if (!strcmp(mode, "stall")) {
+            pid_t w = (pid_t)atoi(getenv("STALL_PID"));
+            int r;
+            kill(w, SIGSTOP);
+            r = cudaMalloc(&b, n);
+            kill(w, SIGCONT);
+            if (r || next(b, s, n, k) || cudaFree(b))
                 _exit(3);
         } else if (cudaMallocManaged(&b, n, cudaMemAttachGlobal)) {
             _exit(3);
@@ -478,6 +499,8 @@ def check(m: bytes, nfds: int) -> str | None:
         return "fds"
     if pid != os.getpid():
         return "pid"
+    if op == MAP and not (MEM_BASE <= addr and addr + size <= MEM_BASE + MEM_SIZE):
+        return "region"
     return None
 
 
@@ -581,3 +604,319 @@ def test_worker_survives_mem_fuzzing(mem_worker):
         c.close()
     w.send_signal(signal.SIGTERM)
     assert w.wait(10) == 0
+
+
+# ---------------------------------------------------------------- review fixes
+
+# Frees, the driver allocator and fork through the shim, without a worker:
+# an unregistered app takes its slot by pid hash.  Exit code says where it
+# stopped; lines say what it saw.
+SHIMPROBE_C = r"""
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define BASE 0x300000000000ull
+#define SIZE (256ull * (64ull << 30))
+static int in_region(const void *p)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    return a >= BASE && a - BASE < SIZE;
+}
+
+#define NT 8
+static pthread_barrier_t bar;
+static void *ptrs[NT];
+static void *grab(void *arg)
+{
+    long i = (long)arg;
+    pthread_barrier_wait(&bar);
+    if (cudaMalloc(&ptrs[i], 4096))
+        ptrs[i] = NULL;
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+    typedef CUresult (*free_fn)(CUdeviceptr);
+    unsigned v[4] = {1, 2, 3, 4}, w[4] = {0};
+    CUdeviceptr d = 0;
+    void *p = NULL, *q = NULL;
+    int st, i;
+
+    if (!strcmp(argv[1], "race")) {
+        /* the first allocations of the process, from NT threads at once */
+        pthread_t t[NT];
+        int shared = 0;
+        pthread_barrier_init(&bar, NULL, NT);
+        for (i = 0; i < NT; i++)
+            pthread_create(&t[i], NULL, grab, (void *)(long)i);
+        for (i = 0; i < NT; i++)
+            pthread_join(t[i], NULL);
+        for (i = 0; i < NT; i++)
+            shared += ptrs[i] && in_region(ptrs[i]);
+        printf("RACE %d of %d shared\n", shared, NT);
+        return 0;
+    }
+    if (!strcmp(argv[1], "drv")) {
+        alloc_fn al = (alloc_fn)dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+        free_fn fr = (free_fn)dlsym(RTLD_DEFAULT, "cuMemFree_v2");
+        if (!al || !fr)
+            return 2;
+        st = (int)al(&d, 1 << 20);
+        printf("ALLOC %d %d\n", st, in_region((void *)d));
+        if (cudaMemcpy((void *)d, v, sizeof(v), cudaMemcpyHostToDevice) ||
+            cudaMemcpy(w, (void *)d, sizeof(w), cudaMemcpyDeviceToHost))
+            return 3;
+        printf("DATA %u %u %u %u\n", w[0], w[1], w[2], w[3]);
+        printf("FREE interior %d\n", (int)fr(d + 4096));
+        printf("FREE start %d\n", (int)fr(d));
+        printf("FREE again %d\n", (int)fr(d));
+        return 0;
+    }
+    if (!strcmp(argv[1], "rt")) {
+        if (cudaMalloc(&p, 1 << 20) || !in_region(p))
+            return 2;
+        printf("FREE interior %d\n", (int)cudaFree((char *)p + 4096));
+        printf("FREEASYNC start %d\n", (int)cudaFreeAsync(p, 0));
+        printf("SYNC %d\n", (int)cudaDeviceSynchronize());
+        printf("FREE again %d\n", (int)cudaFree(p));
+        printf("FREEASYNC again %d\n", (int)cudaFreeAsync(p, 0));
+        return 0;
+    }
+    /* fork */
+    if (cudaMalloc(&p, 1 << 20) || !in_region(p) ||
+        cudaMemcpy(p, v, sizeof(v), cudaMemcpyHostToDevice))
+        return 2;
+    fflush(stdout);
+    if (fork() == 0) {
+        if (cudaMalloc(&q, 4096))
+            _exit(3);
+        printf("CHILD native %d free %d\n", !in_region(q), (int)cudaFree(q));
+        fflush(stdout);
+        _exit(0);
+    }
+    if (wait(&st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+        return 4;
+    if (cudaMemcpy(w, p, sizeof(w), cudaMemcpyDeviceToHost))
+        return 5;
+    printf("PARENT %u %u %u %u free %d\n", w[0], w[1], w[2], w[3], (int)cudaFree(p));
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def shimprobe(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("shimprobe")
+    (d / "shimprobe.c").write_text(SHIMPROBE_C)
+    exe = d / "shimprobe"
+    subprocess.run(["gcc", "-O1", "-pthread", "-o", str(exe), str(d / "shimprobe.c"),
+                    f"-I{CUDA_INC}", f"-L{paths.SIMGPU_DIR}", "-l:libcudart.so.13", "-ldl",
+                    f"-Wl,-rpath,{paths.SIMGPU_DIR}"], check=True)
+    return exe
+
+
+def run_shimprobe(exe: Path, tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
+    p = run_probe(exe, tmp_path, mode, LD_PRELOAD=str(paths.LIBCOLOCATE), COLOCATE_MEM="vmm",
+                  COLOCATE_RUNTIME_DIR=str(tmp_path / "run"))
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    assert "device memory shared from slot" in p.stderr, p.stderr
+    return p
+
+
+def test_setup_race_leaves_no_allocation_native(shimprobe, tmp_path):
+    # review 3: a thread that found set-up in progress went native
+    for _ in range(5):
+        p = run_shimprobe(shimprobe, tmp_path, "race")
+        assert "RACE 8 of 8 shared" in p.stdout.splitlines(), (p.stdout, p.stderr)
+        assert "not shared with workers" not in p.stderr, p.stderr
+
+
+def test_driver_allocations_are_shared_and_bad_frees_refused(shimprobe, tmp_path):
+    # review 4 and 5: cuMemAlloc_v2 from outside the runtime takes the VMM
+    # allocator; cuMemFree_v2 of an interior pointer or twice is refused
+    # (CUDA_ERROR_INVALID_VALUE = 1) and never reaches the real free
+    p = run_shimprobe(shimprobe, tmp_path, "drv")
+    out = p.stdout.splitlines()
+    assert "ALLOC 0 1" in out and "DATA 1 2 3 4" in out, (out, p.stderr)
+    assert "FREE interior 1" in out and "FREE start 0" in out and "FREE again 1" in out, out
+    assert "not shared with workers" not in p.stderr, p.stderr
+
+
+def test_runtime_frees_of_shared_memory(shimprobe, tmp_path):
+    # review 5: cudaFreeAsync frees a VMM allocation; an interior pointer or
+    # a second free is cudaErrorInvalidValue (1)
+    p = run_shimprobe(shimprobe, tmp_path, "rt")
+    out = p.stdout.splitlines()
+    assert out == ["FREE interior 1", "FREEASYNC start 0", "SYNC 0", "FREE again 1",
+                   "FREEASYNC again 1"], (out, p.stderr)
+
+
+def test_forked_child_allocates_natively(shimprobe, tmp_path):
+    # review 6: the child does not use (or free) the parent's VMM state
+    p = run_shimprobe(shimprobe, tmp_path, "fork")
+    out = p.stdout.splitlines()
+    assert "CHILD native 1 free 0" in out, (out, p.stderr)
+    assert "PARENT 1 2 3 4 free 0" in out, (out, p.stderr)
+    assert "a forked child does not share the parent's device memory" in p.stderr, p.stderr
+
+
+ACCESS_C = r"""
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+
+#define SZ (2u << 20)
+typedef cudaError_t (*get_fn)(const char *, void **, unsigned, unsigned long long,
+                              enum cudaDriverEntryPointQueryResult *);
+static void *fn(const char *n)
+{
+    enum cudaDriverEntryPointQueryResult q;
+    void *f = NULL;
+    cudaGetDriverEntryPointByVersion(n, &f, 12000, cudaEnableDefault, &q);
+    return f;
+}
+#define D(name) ((__typeof__(&name))fn(#name))
+
+int main(void)
+{
+    CUmemAllocationProp prop = {0};
+    CUmemAccessDesc acc = {0};
+    CUmemGenericAllocationHandle h1, h2;
+    CUdeviceptr p = 0;
+    unsigned v = 5, w = 0;
+
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    if (D(cuMemAddressReserve)(&p, 4 * SZ, SZ, 0, 0) || D(cuMemCreate)(&h1, SZ, &prop, 0) ||
+        D(cuMemCreate)(&h2, SZ, &prop, 0) || D(cuMemMap)(p, SZ, 0, h1, 0) ||
+        D(cuMemMap)(p + SZ, SZ, 0, h2, 0))
+        return 2;
+    /* mapped without access: not usable, as on a GPU */
+    printf("NOACCESS copy %d\n", cudaMemcpy((void *)p, &v, 4, cudaMemcpyHostToDevice) != 0);
+    cudaGetLastError();
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    /* one call over both mappings, as the driver allows; not past them */
+    printf("ACCESS beyond %d\n", (int)D(cuMemSetAccess)(p, 3 * SZ, &acc, 1));
+    printf("ACCESS both %d\n", (int)D(cuMemSetAccess)(p, 2 * SZ, &acc, 1));
+    printf("COPY %d", (int)cudaMemcpy((void *)(p + SZ + 64), &v, 4, cudaMemcpyHostToDevice));
+    printf(" %d\n", (int)cudaMemcpy(&w, (void *)(p + SZ + 64), 4, cudaMemcpyDeviceToHost));
+    printf("VALUE %u\n", w);
+    return 0;
+}
+"""
+
+
+def test_emulated_map_needs_set_access(tmp_path):
+    # review 8: cuMemMap gives no access; cuMemSetAccess spans mappings
+    (tmp_path / "access.c").write_text(ACCESS_C)
+    exe = tmp_path / "access"
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(tmp_path / "access.c"), f"-I{CUDA_INC}",
+                    f"-L{paths.SIMGPU_DIR}", "-l:libcudart.so.13",
+                    f"-Wl,-rpath,{paths.SIMGPU_DIR}"], check=True)
+    p = run_probe(exe, tmp_path)
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    out = p.stdout.splitlines()
+    assert out == ["NOACCESS copy 1", "ACCESS beyond 1", "ACCESS both 0", "COPY 0 0",
+                   "VALUE 5"], (out, p.stderr)
+
+
+def test_void_mem_connection_is_left_before_the_next_launch(rig, midrun):
+    # review 1: the worker is stopped while the app allocates mid-run (its
+    # MAP times out: the connection is void); the app's next launch leaves
+    # that worker (before the fix, launches went on to it until the next
+    # liveness check, 64 launches on)
+    w = by_module_worker(rig, 1)
+    out, _, _ = rig.run("hotspot", *HOT, **rig.fast)
+    want = result_of(out)
+
+    out, err, fwd = rig.run("hotspot", *HOT, routes=1, COLOCATE_MEM="vmm", MIDRUN="stall",
+                            STALL_PID=str(w.pid), LD_PRELOAD=f"{midrun} {paths.LIBCOLOCATE}")
+    assert result_of(out) == want, err
+    assert "its connection is void" in err, err
+    assert "leaving worker 1: it did not map or unmap some of the app's memory" in err, err
+    # copies 2..9 started the first eight runs (48 launches); none after
+    assert fwd["launches"] == 300 and fwd["forwarded"] == 48, (fwd, err)
+    assert "lost" not in err, err
+    s = settle(rig, 1, "vmm_live", 0)
+    assert s["forwarded"] == 48 and s["vmm_live"] == 0, s
+
+
+def test_mem_mappings_belong_to_their_connection(rig):
+    # review 2 and 7, on the worker's mem socket
+    by_module_worker(rig, 1)
+    path = rig.dir / "worker-1.mem.sock"
+    addr = MEM_BASE + (9 << 30)
+    fd = memfd(2 * ALIGN)
+    c1, c2 = MemConn(path), MemConn(path)
+    try:
+        c1.send(msg(MAP, addr, 2 * ALIGN), fd)
+        a = c1.ack()
+        assert a[4] == S_OK and a[9] == addr, a
+        # another connection: not over a live mapping, even one that lies
+        # wholly inside its range (both ends outside it)
+        c2.send(msg(MAP, addr - ALIGN, 4 * ALIGN), fd)
+        assert c2.ack()[4] == S_REFUSED
+        c2.send(msg(UNMAP, addr, 2 * ALIGN))           # not its mapping
+        assert c2.ack()[4] == S_REFUSED
+        c2.send(msg(MAP, 64 * ALIGN, ALIGN), fd)        # outside the colocate region
+        assert c2.ack()[4] == S_REFUSED
+        c2.send(msg(MAP, MEM_BASE + MEM_SIZE - ALIGN, 2 * ALIGN), fd)   # across its end
+        assert c2.ack()[4] == S_REFUSED
+        # the first connection closes and the same app maps the same range
+        # again at once on a new one (a return right after an eviction):
+        # its orphans do not stand in the way, nor move it elsewhere
+        c1.close()
+        c3 = MemConn(path)
+        try:
+            c3.send(msg(MAP, addr, 2 * ALIGN), fd)
+            a = c3.ack()
+            assert a[4] == S_OK and a[9] == addr, a
+            c3.send(msg(UNMAP, addr, 2 * ALIGN))
+            assert c3.ack()[4] == S_OK
+        finally:
+            c3.close()
+    finally:
+        os.close(fd)
+        c2.close()
+    s = settle(rig, 1, "vmm_live", 0)
+    assert s["vmm_live"] == 0 and s["bad_mem"] == 4, s
+    log = rig.worker_log(1)
+    assert "overlaps a live mapping" in log and "outside the colocate region" in log, log
+
+
+def test_routes_across_more_workers_than_are_kept(rig, midrun):
+    # review 2 through the shim: routes cycle over four workers, one more
+    # than the shim keeps connections to (FWD_KEEP = 3), so a worker's
+    # connection is evicted and the app comes back to it on a new one,
+    # with memory made and freed meanwhile.  How often that happens depends
+    # on timing; what must hold is that it never fails
+    for wid in (1, 2, 3, 4):
+        by_module_worker(rig, wid)
+    args = ["--size", "64", "--iters", "6", "--repeat", "300", "--pyramid", "1", "--check"]
+    out, _, _ = rig.run("hotspot", *args, **rig.fast)
+    want = result_of(out)
+
+    out, err, fwd = rig.run("hotspot", *args, routes=[1, 2, 3, 4], period=0.002,
+                            COLOCATE_MEM="vmm", MIDRUN="alloc",
+                            LD_PRELOAD=f"{midrun} {paths.LIBCOLOCATE}")
+    assert result_of(out) == want, err
+    assert "memory not shared" not in err and "void" not in err and "lost" not in err, err
+    total = 0
+    for wid in (1, 2, 3, 4):
+        s = settle(rig, wid, "vmm_live", 0)
+        assert s["vmm_live"] == 0 and s["bad_mem"] == 0, (wid, s, rig.worker_log(wid))
+        total += s["forwarded"]
+    assert total == fwd["forwarded"], (total, fwd)

@@ -41,6 +41,7 @@
 #define SOFT_LOG_CAP 200   /* as frames.c: a flood must not fill a disk */
 
 static struct wapp *apps[W_MAX_APPS];
+static uint64_t last_serial;          /* main thread */
 static struct wapp *last_hit;
 
 struct wapp *w_app_find(const unsigned char *rid, size_t rid_len)
@@ -249,6 +250,7 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 	a->delim = delim;
 	a->pid = m->pid;
 	a->vmm = (m->h.flags & FWD_HF_VMM) != 0;
+	a->serial = ++last_serial;
 	snprintf(a->name, sizeof(a->name), "%s", *name ? name : "?");
 	if (*twins)
 		load_twins(twins, a->name);
@@ -482,6 +484,51 @@ int w_app_live_pid(uint32_t pid)
 		if (apps[i] && apps[i]->pid == pid)
 			return 1;
 	return 0;
+}
+
+uint64_t w_app_pair_mem(uint32_t pid)
+{
+	struct wapp *best = NULL;
+	int i;
+
+	for (i = 0; i < W_MAX_APPS; i++) {
+		struct wapp *a = apps[i];
+
+		if (a && a->pid == pid && a->vmm && !a->closing && !a->mem_paired &&
+		    (!best || a->serial > best->serial))
+			best = a;
+	}
+	if (!best)
+		return 0;
+	best->mem_paired = 1;
+	return best->serial;
+}
+
+static struct wapp *by_serial(uint64_t serial)
+{
+	int i;
+
+	for (i = 0; serial && i < W_MAX_APPS; i++)
+		if (apps[i] && apps[i]->serial == serial)
+			return apps[i];
+	return NULL;
+}
+
+int w_app_serial_busy(uint64_t serial)
+{
+	struct wapp *a = by_serial(serial);
+
+	/* the launcher synchronises its streams before it says finished */
+	return a && !atomic_load(&a->finished);
+}
+
+void w_app_mem_closed(uint64_t serial)
+{
+	struct wapp *a = by_serial(serial);
+
+	/* as at its BYE (which may come before or after this) */
+	if (a && !a->closing)
+		w_app_close(a, 0);
 }
 
 void w_apps_tick(uint64_t now)

@@ -15,9 +15,21 @@
  *
  * The main thread does all of this (the driver calls are short); launcher
  * threads only read the mapping table, under a read lock, and only when
- * some mapping is not at its app's address.  When an app's connection
- * closes its mappings are orphaned, and unmapped once no app of that pid is
- * left here (its launcher may still be running its last kernels).
+ * some mapping is not at its app's address.
+ *
+ * A mem connection belongs to one app entry: the newest one of its pid
+ * that said FWD_HF_VMM and has none yet (the shim connects right after its
+ * HELLO was answered).  Mappings are the connection's and are translated
+ * for that app entry only.  When the connection closes (the shim left that
+ * entry, or died) the entry leaves after its queued launches and the
+ * mappings are orphaned: unmapped once its launcher has finished (it
+ * synchronises its streams first), not when the pid goes - the same app
+ * may come back at once on a new connection and map the same addresses.
+ * A MAP over an orphan waits briefly for the orphan's launches, then takes
+ * its place.
+ *
+ * Peers must be of our uid; a MAP must lie in the colocate region and not
+ * overlap a live mapping of any connection.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -31,6 +43,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "worker.h"
@@ -43,6 +56,7 @@
 struct mconn {
 	int fd;                          /* -1: free                         */
 	uint32_t peer;                   /* SO_PEERCRED pid                  */
+	uint64_t aserial;                /* its app entry (app.c), 0: none   */
 	unsigned char buf[sizeof(struct fwd_mem_msg)];
 	size_t got;
 	int fds[MAX_FDS];
@@ -54,6 +68,7 @@ struct mconn {
 struct wmap {
 	uint32_t pid;
 	int conn;                        /* index in conns, -1: orphaned     */
+	uint64_t aserial;                /* the app entry that may use it    */
 	uint64_t addr, size, waddr;
 	uint64_t own_resv;               /* a reservation of its own, or 0   */
 	CUmemGenericAllocationHandle h;
@@ -171,15 +186,22 @@ int w_vmm_init(void)
 
 /* ---------------------------------------------------------------- mappings */
 
-/* Index of pid's mapping holding app address v, or -1; maps_mu held. */
-static long map_find(uint32_t pid, uint64_t v)
+/* Index of app entry aserial's mapping holding app address v, or -1;
+ * maps_mu held. */
+static long map_find(uint64_t aserial, uint64_t v)
 {
 	size_t i;
 
-	for (i = 0; i < nmaps; i++)
-		if (maps[i].pid == pid && v >= maps[i].addr && v - maps[i].addr < maps[i].size)
+	for (i = 0; aserial && i < nmaps; i++)
+		if (maps[i].aserial == aserial && v >= maps[i].addr &&
+		    v - maps[i].addr < maps[i].size)
 			return (long)i;
 	return -1;
+}
+
+static int overlaps(const struct wmap *w, uint64_t addr, uint64_t size)
+{
+	return addr < w->addr + w->size && w->addr < addr + size;
 }
 
 /* Unmap and forget mapping i; maps_mu held for writing. */
@@ -243,6 +265,60 @@ static CUresult place(uint64_t addr, uint64_t size, CUmemGenericAllocationHandle
 	return CUDA_SUCCESS;
 }
 
+#define ORPHAN_WAIT_NS 200000000L    /* a MAP waits this long for an orphan */
+
+/* Drop the orphans whose app entry can no longer launch (all of them when
+ * pid is 0, else that pid's); maps_mu not held. */
+static void drop_idle_orphans(uint32_t pid)
+{
+	size_t i;
+
+	pthread_rwlock_wrlock(&maps_mu);
+	for (i = 0; i < nmaps;) {
+		if (maps[i].conn < 0 && (!pid || maps[i].pid == pid) &&
+		    !w_app_serial_busy(maps[i].aserial))
+			map_drop(i);
+		else
+			i++;
+	}
+	pthread_rwlock_unlock(&maps_mu);
+}
+
+/*
+ * Orphans in [addr, addr + size) (e.g. the same app back on a new
+ * connection right after its old one closed, or a new app in a dead one's
+ * slot): their app entries are leaving (conn_close told them), so wait a
+ * little for their launchers to finish, then unmap them so that the new
+ * mapping can have the address.  One still busy after the wait stays (the
+ * new one is then placed elsewhere and translated).  Main thread.
+ */
+static void drop_orphans_over(uint64_t addr, uint64_t size)
+{
+	struct timespec nap = { 0, 1000000L };
+	uint64_t deadline = w_now_ns() + ORPHAN_WAIT_NS;
+	size_t i;
+	int busy;
+
+	for (;;) {
+		busy = 0;
+		pthread_rwlock_wrlock(&maps_mu);
+		for (i = 0; i < nmaps;) {
+			if (maps[i].conn < 0 && overlaps(&maps[i], addr, size)) {
+				if (!w_app_serial_busy(maps[i].aserial)) {
+					map_drop(i);
+					continue;
+				}
+				busy = 1;
+			}
+			i++;
+		}
+		pthread_rwlock_unlock(&maps_mu);
+		if (!busy || w_now_ns() >= deadline)
+			return;
+		nanosleep(&nap, NULL);
+	}
+}
+
 static int do_map(struct mconn *c, int ci, const struct fwd_mem_msg *m, int fd, uint64_t *waddr,
 		  char *why, size_t whylen)
 {
@@ -252,14 +328,24 @@ static int do_map(struct mconn *c, int ci, const struct fwd_mem_msg *m, int fd, 
 	CUresult r;
 	int dup_;
 
-	pthread_rwlock_rdlock(&maps_mu);
-	dup_ = map_find(m->pid, m->addr) >= 0 || map_find(m->pid, m->addr + m->size - 1) >= 0;
-	pthread_rwlock_unlock(&maps_mu);
-	if (dup_) {
-		snprintf(why, whylen, "0x%llx overlaps a mapping of this app",
-			 (unsigned long long)m->addr);
+	/* the region only (no app maps elsewhere), and no live mapping of
+	 * any connection in the range (whole ranges compared) */
+	if (m->addr < FWD_MEM_BASE || m->size > FWD_MEM_SIZE ||
+	    m->addr - FWD_MEM_BASE > FWD_MEM_SIZE - m->size) {
+		snprintf(why, whylen, "0x%llx (%llu bytes) is outside the colocate region",
+			 (unsigned long long)m->addr, (unsigned long long)m->size);
 		return FWD_MEM_S_REFUSED;
 	}
+	pthread_rwlock_rdlock(&maps_mu);
+	dup_ = 0;
+	for (size_t i = 0; i < nmaps && !dup_; i++)
+		dup_ = maps[i].conn >= 0 && overlaps(&maps[i], m->addr, m->size);
+	pthread_rwlock_unlock(&maps_mu);
+	if (dup_) {
+		snprintf(why, whylen, "0x%llx overlaps a live mapping", (unsigned long long)m->addr);
+		return FWD_MEM_S_REFUSED;
+	}
+	drop_orphans_over(m->addr, m->size);
 	r = D.import_(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 	if (r != CUDA_SUCCESS) {
 		snprintf(why, whylen, "cuMemImportFromShareableHandle: CUresult %d", (int)r);
@@ -289,7 +375,7 @@ static int do_map(struct mconn *c, int ci, const struct fwd_mem_msg *m, int fd, 
 		maps = nm;
 		capmaps = ncap;
 	}
-	maps[nmaps++] = (struct wmap){ m->pid, ci, m->addr, m->size, *waddr, own, h };
+	maps[nmaps++] = (struct wmap){ m->pid, ci, c->aserial, m->addr, m->size, *waddr, own, h };
 	if (*waddr != m->addr)
 		atomic_fetch_add(&W.vmm_moved, 1);
 	pthread_rwlock_unlock(&maps_mu);
@@ -310,8 +396,10 @@ static int do_unmap(int ci, const struct fwd_mem_msg *m, char *why, size_t whyle
 	long i;
 
 	pthread_rwlock_wrlock(&maps_mu);
-	i = map_find(m->pid, m->addr);
-	if (i < 0 || maps[i].addr != m->addr || maps[i].size != m->size || maps[i].conn != ci) {
+	for (i = 0; i < (long)nmaps; i++)
+		if (maps[i].conn == ci && maps[i].addr == m->addr)
+			break;
+	if (i == (long)nmaps || maps[i].size != m->size) {
 		pthread_rwlock_unlock(&maps_mu);
 		snprintf(why, whylen, "no mapping 0x%llx of %llu bytes from this connection",
 			 (unsigned long long)m->addr, (unsigned long long)m->size);
@@ -357,12 +445,21 @@ static void conn_close(int ci)
 	drop_fds(c);
 	close(c->fd);
 	c->fd = -1;
-	/* orphaned: unmapped by w_vmm_tick once the app has left */
+	/* orphaned: unmapped once the app entry's launcher has finished
+	 * (w_vmm_tick); that entry leaves after its queued launches */
 	pthread_rwlock_wrlock(&maps_mu);
-	for (i = 0; i < nmaps; i++)
-		if (maps[i].conn == ci)
+	for (i = 0; i < nmaps;) {
+		if (maps[i].conn == ci) {
 			maps[i].conn = -1;
+			if (!w_app_serial_busy(maps[i].aserial)) {
+				map_drop(i);     /* no launch can use it */
+				continue;
+			}
+		}
+		i++;
+	}
 	pthread_rwlock_unlock(&maps_mu);
+	w_app_mem_closed(c->aserial);
 }
 
 static void ack(struct mconn *c, const struct fwd_mem_msg *m, uint32_t status, uint64_t waddr)
@@ -490,6 +587,11 @@ static void accept_all(void)
 			close(fd);
 			continue;
 		}
+		if (cr.uid != geteuid()) {   /* the socket is 0600; be sure */
+			bad("peer pid %d runs as uid %u, not ours", (int)cr.pid, (unsigned)cr.uid);
+			close(fd);
+			continue;
+		}
 		for (i = 0; i < MAX_MCONN && conns[i].fd >= 0; i++)
 			;
 		if (i == MAX_MCONN) {
@@ -497,9 +599,12 @@ static void accept_all(void)
 			close(fd);
 			continue;
 		}
+		/* the pid's orphans whose launches are done go first */
+		drop_idle_orphans((uint32_t)cr.pid);
 		memset(&conns[i], 0, sizeof(conns[i]));
 		conns[i].fd = fd;
 		conns[i].peer = (uint32_t)cr.pid;
+		conns[i].aserial = w_app_pair_mem((uint32_t)cr.pid);
 	}
 }
 
@@ -534,16 +639,7 @@ void w_vmm_serve(const struct zmqdl_pollitem *it, int n)
 
 void w_vmm_tick(void)
 {
-	size_t i;
-
-	pthread_rwlock_wrlock(&maps_mu);
-	for (i = 0; i < nmaps;) {
-		if (maps[i].conn < 0 && !w_app_live_pid(maps[i].pid))
-			map_drop(i);
-		else
-			i++;
-	}
-	pthread_rwlock_unlock(&maps_mu);
+	drop_idle_orphans(0);
 }
 
 void w_vmm_close(void)
@@ -591,7 +687,7 @@ int w_vmm_translate(struct wapp *a, const unsigned char *args, uint32_t argbytes
 		if (k->params[i].size != 8 || off % 8 || (uint64_t)off + 8 > argbytes)
 			continue;
 		memcpy(&v, args + off, 8);
-		j = map_find(a->pid, v);
+		j = map_find(a->serial, v);
 		if (j < 0 || maps[j].waddr == maps[j].addr)
 			continue;
 		if (!changed)

@@ -142,6 +142,8 @@ struct wapp {
 	int closing;                   /* main thread: no longer routable       */
 	uint64_t last_alive_check_ns;
 	int vmm;                       /* HELLO said FWD_HF_VMM                 */
+	uint64_t serial;               /* unique per app entry (main thread)    */
+	int mem_paired;                /* main thread: its mem connection came  */
 	_Atomic uint64_t translated;   /* launches with pointers translated     */
 	int translate_said;            /* launcher thread: logged once          */
 };
@@ -274,6 +276,14 @@ int  w_vmm_translate(struct wapp *a, const unsigned char *args, uint32_t argbyte
 		     const struct wkernel *k, unsigned char *out);
 /* app.c: an app of that pid is still here (its launcher may run) */
 int  w_app_live_pid(uint32_t pid);
+/* The mem socket's view of apps (main thread): the newest app entry of pid
+ * with FWD_HF_VMM and no mem connection yet takes this one (its serial, or
+ * 0: none); an app entry that may still launch (exists, launcher not
+ * finished); a paired app whose mem connection closed leaves after its
+ * queued launches (its shim closed that connection). */
+uint64_t w_app_pair_mem(uint32_t pid);
+int  w_app_serial_busy(uint64_t serial);
+void w_app_mem_closed(uint64_t serial);
 
 /* ---- ring.c */
 /* Run what the ring holds: >0 frames taken, 0 empty, -1 refused (poisoned). */

@@ -19,7 +19,12 @@
  *                               SIMGPU_VMM_IGNORE_HINT=1 never honours it,
  *                               so that callers' fallbacks can be tested
  *   cuMemMap / cuMemUnmap       the memfd MAP_SHARED|MAP_FIXED over the
- *                               reservation, and back to PROT_NONE
+ *                               reservation, PROT_NONE until cuMemSetAccess
+ *                               (a GPU faults on a mapping without access,
+ *                               so a missing call must fail here too), and
+ *                               back to a PROT_NONE reservation
+ *   cuMemSetAccess              read-write (or read) over a range of one or
+ *                               more adjacent mappings, as the driver allows
  *
  * Mapped ranges are registered: copies, memsets, pointer attributes and
  * kernels treat them as device memory (sg_vmm_range_ok), as the arena's.
@@ -55,6 +60,7 @@ struct vmh {                            /* a CUmemGenericAllocationHandle   */
 struct vrange {
 	uintptr_t base;
 	size_t    size;
+	int       access;               /* maps: cuMemSetAccess made it usable */
 };
 
 /* reservations and mappings, each sorted by base; vmu guards both */
@@ -112,6 +118,7 @@ static int range_add(struct vrange **r, size_t *n, size_t *cap, uintptr_t a, siz
 	memmove(&(*r)[i + 1], &(*r)[i], (*n - i) * sizeof(**r));
 	(*r)[i].base = a;
 	(*r)[i].size = len;
+	(*r)[i].access = 0;
 	(*n)++;
 	return 0;
 }
@@ -130,6 +137,8 @@ int sg_vmm_find(const void *p, void **base, size_t *size)
 		return 0;
 	pthread_rwlock_rdlock(&vmu);
 	i = range_find(maps, nmaps, (uintptr_t)p);
+	if (i >= 0 && !maps[i].access)
+		i = -1;                 /* mapped, not accessible: not usable */
 	if (i >= 0) {
 		if (base)
 			*base = (void *)maps[i].base;
@@ -313,7 +322,7 @@ static CUresult CUDAAPI sg_cuMemMap(CUdeviceptr ptr, size_t size, size_t off,
 		pthread_rwlock_unlock(&vmu);
 		return CUDA_ERROR_ALREADY_MAPPED;
 	}
-	if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+	if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED,
 		 v->fd, 0) == MAP_FAILED) {
 		pthread_rwlock_unlock(&vmu);
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -349,15 +358,38 @@ static CUresult CUDAAPI sg_cuMemUnmap(CUdeviceptr ptr, size_t size)
 static CUresult CUDAAPI sg_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *d,
 					  size_t n)
 {
-	void *b;
-	size_t sz;
+	uintptr_t a = (uintptr_t)ptr, end = a + size;
+	int prot;
+	long i;
 
-	if (!d || !n)
+	if (!d || !n || !size || end < a || ptr % VMM_GRAN || size % VMM_GRAN)
 		return CUDA_ERROR_INVALID_VALUE;
-	/* already read-write: only check the range is mapped */
-	if (!sg_vmm_find((void *)(uintptr_t)ptr, &b, &sz) ||
-	    ptr + size > (uintptr_t)b + sz)
+	/* the last descriptor for our (only) device decides */
+	switch (d[n - 1].flags) {
+	case CU_MEM_ACCESS_FLAGS_PROT_READWRITE: prot = PROT_READ | PROT_WRITE; break;
+	case CU_MEM_ACCESS_FLAGS_PROT_READ:      prot = PROT_READ; break;
+	case CU_MEM_ACCESS_FLAGS_PROT_NONE:      prot = PROT_NONE; break;
+	default:                                 return CUDA_ERROR_INVALID_VALUE;
+	}
+	pthread_rwlock_wrlock(&vmu);
+	/* every byte mapped, through adjacent mappings */
+	while (a < end) {
+		i = range_find(maps, nmaps, a);
+		if (i < 0) {
+			pthread_rwlock_unlock(&vmu);
+			return CUDA_ERROR_INVALID_VALUE;
+		}
+		a = maps[i].base + maps[i].size;
+	}
+	if (mprotect((void *)(uintptr_t)ptr, size, prot) < 0) {
+		pthread_rwlock_unlock(&vmu);
 		return CUDA_ERROR_INVALID_VALUE;
+	}
+	for (a = (uintptr_t)ptr; a < end; a = maps[i].base + maps[i].size) {
+		i = range_find(maps, nmaps, a);
+		maps[i].access = prot != PROT_NONE;
+	}
+	pthread_rwlock_unlock(&vmu);
 	return CUDA_SUCCESS;
 }
 
