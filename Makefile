@@ -19,7 +19,7 @@ STATIC  := bench/bin/vecadd-static
 # real-GPU probes of issue 3 (bench/gpu_pool.py runs them): no simgpu twins
 GPUPROBES := $(patsubst bench/gpu/%.cu,bench/bin/gpu-%,$(wildcard bench/gpu/*.cu))
 
-.PHONY: all build native progs test demo clean
+.PHONY: all build native progs test demo clean gpu-wheels
 all: build
 
 build: $(VENV)/.installed native progs
@@ -65,6 +65,13 @@ bench/bin/vecadd-static: bench/progs/vecadd/main.cu
 bench/bin/gpu-%: bench/gpu/%.cu $(wildcard bench/gpu/*.h)
 	@mkdir -p bench/bin
 	$(NVCC) $(NVCCFLAGS) -o $@ $< -ldl
+
+# wheels a lent GPU machine (no network, the image's Python 3.12) lacks, for
+# bench/gpu_session.sh build: carry .whl there (git-ignored)
+gpu-wheels: $(VENV)/.installed
+	$(BIN)/pip download -q -d .whl --only-binary=:all: --implementation cp --python-version 3.12 \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    pyzmq cffi pycparser pytest hypothesis
 
 bench/bin/test-%: tests/progs/%.c
 	@mkdir -p bench/bin

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# gpu_session.sh - the real-GPU checks of the process pool (issue 3), for a
+# lent GPU machine with no network (the device tool), in one or two calls.
+#
+# Here, with the package registry (once; .whl/ is git-ignored):
+#     make gpu-wheels        # pyzmq, cffi, pytest, hypothesis wheels for the GPU
+#                            # image's Python (3.12) into .whl/
+# There (device tool: carry [".whl"], timeout_s 600), from the repository root:
+#     OUT=$OUT bash bench/gpu_session.sh build pool fwd demo
+# Steps, each optional, in this order; everything goes to $OUT (default
+# bench/out/gpu): a log per step and session.log with each step's exit code.
+#   build   a .venv on the image's python3 (its numpy, scikit-learn, rich,
+#           typer, ... via --system-site-packages) plus the carried wheels;
+#           then `make native progs` on every core
+#   pool    bench/gpu_pool.py: MPS quota curve and VMM same-address probes
+#   fwd     bench/forwarding.py --device cuda: forwarding to MPS workers with
+#           COLOCATE_MEM=vmm (launch latency, pipelined rate, malloc cost)
+#   demo    `colocate demo` on the real GPU (the README's main job)
+#   vmmapp  hotspot run locally and forwarded to a 50 % MPS worker with
+#           COLOCATE_MEM=vmm through `colocate serve`; the two CHECK lines
+#           must be equal
+# Not yet run on a GPU: read session.log first.
+set -u
+OUT=${OUT:-bench/out/gpu}
+mkdir -p "$OUT"
+JOBS=$(nproc 2>/dev/null || echo 4)
+PY=.venv/bin/python
+DEV=${DEV:-cuda}          # sim: try the steps that allow it on simgpu
+REPEAT=${REPEAT:-2000}    # hotspot iterations in the vmmapp step
+
+step() {        # step NAME TIMEOUT_S CMD...: run, log, record the exit code
+	local name=$1 limit=$2
+	shift 2
+	local t0=$SECONDS
+	# through bash: a step may be one of the functions below (exported)
+	timeout "$limit" bash -c '"$@"' _ "$@" >"$OUT/$name.log" 2>&1
+	local rc=$?
+	echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/session.log"
+	return $rc
+}
+
+build() {
+	python3 -m venv --system-site-packages .venv &&
+	$PY -m pip install -q --no-index --find-links .whl pyzmq cffi pytest hypothesis &&
+	$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . &&
+	touch .venv/.installed &&
+	make -j"$JOBS" native progs
+}
+
+vmmapp() {
+	# hotspot alone, then again with COLOCATE_MEM=vmm moved to the 50 % worker
+	# as soon as it registers (`colocate set-quota`); equal CHECK lines and a
+	# nonzero forwarded count say the pool ran its kernels on shared memory
+	local rd ref fwd pid n
+	rd=$(mktemp -d /tmp/cgpu-XXXXXX)
+	.venv/bin/colocate serve --runtime-dir "$rd" --device "$DEV" --pool 50:1 --detach || return 1
+	ref=$(.venv/bin/colocate run --runtime-dir "$rd" --device "$DEV" --name hotlocal -- \
+		bench/bin/hotspot --check --repeat "$REPEAT" | grep '^CHECK')
+	COLOCATE_MEM=vmm .venv/bin/colocate run --runtime-dir "$rd" --device "$DEV" --name hotvmm -- \
+		bench/bin/hotspot --check --repeat "$REPEAT" >"$rd/hotvmm.out" 2>&1 &
+	pid=$!
+	for n in $(seq 200); do
+		.venv/bin/colocate set-quota --runtime-dir "$rd" hotvmm 50 >/dev/null 2>&1 && break
+		sleep 0.05
+	done
+	wait $pid
+	fwd=$(grep '^CHECK' "$rd/hotvmm.out")
+	cat "$rd/hotvmm.out"
+	.venv/bin/colocate quotas --runtime-dir "$rd" --all || true
+	.venv/bin/colocate pool --json --runtime-dir "$rd" || true
+	.venv/bin/colocate stop --runtime-dir "$rd"
+	cp "$rd"/*.log "$OUT"/ 2>/dev/null
+	echo "local:     $ref"
+	echo "forwarded: $fwd"
+	[ -n "$ref" ] && [ "$ref" = "$fwd" ]
+}
+
+export -f build vmmapp
+export OUT JOBS PY DEV REPEAT
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+echo "session $(date -u +%FT%TZ) on $(head -n 12 "$OUT/nvidia-smi.txt" | grep -m1 -o 'NVIDIA [A-Z0-9][^|]*' || echo 'no GPU')" \
+	>>"$OUT/session.log"
+for s in "$@"; do
+	case $s in
+	build) step build 420 build ;;
+	pool) step pool 480 python3 bench/gpu_pool.py --out "$OUT/gpu_pool.json" ;;
+	fwd) step fwd 300 $PY bench/forwarding.py --device cuda --n 2000 --launches 50000 ;;
+	demo) step demo 180 .venv/bin/colocate demo ;;
+	vmmapp) step vmmapp 240 vmmapp ;;
+	*) echo "unknown step $s (build pool fwd demo vmmapp)" | tee -a "$OUT/session.log"; exit 2 ;;
+	esac
+done

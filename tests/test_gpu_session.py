@@ -1,0 +1,39 @@
+"""bench/gpu_session.sh, the one-command GPU session, on simgpu: its vmmapp
+step is the whole path a GPU user takes - `colocate serve` with a pool,
+`colocate run` with COLOCATE_MEM=vmm, `colocate set-quota` to a worker - and
+must give the local run's result with the kernels run by the worker."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "bench" / "gpu_session.sh"
+
+
+def session(tmp_path: Path, *steps: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DEV": "sim", "REPEAT": "60", "OUT": str(tmp_path)}
+    env = {k: v for k, v in env.items() if not k.startswith(("COLOCATE_", "SIMGPU_"))}
+    return subprocess.run(["bash", str(SCRIPT), *steps], cwd=REPO, env=env, text=True,
+                          capture_output=True, timeout=240)
+
+
+def test_vmm_app_forwarded_through_the_controller(tmp_path):
+    r = session(tmp_path, "vmmapp")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^vmmapp rc=0 ", (tmp_path / "session.log").read_text(), re.M)
+    log = (tmp_path / "vmmapp.log").read_text()
+    local = re.search(r"^local: +(CHECK \S+)$", log, re.M)
+    fwd = re.search(r"^forwarded: +(CHECK \S+)$", log, re.M)
+    assert local and fwd and local.group(1) == fwd.group(1), log
+    assert "COLOCATE_MEM=vmm: device memory shared from slot" in log
+    workers = json.loads(log[log.index("[\n"):log.index("\n]\n") + 2])
+    assert workers[0]["quota_pct"] == 50 and workers[0]["forwarded"] > 0, workers
+
+
+def test_unknown_step_is_refused(tmp_path):
+    r = session(tmp_path, "nonsense")
+    assert r.returncode == 2 and "unknown step nonsense" in r.stdout
