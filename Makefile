@@ -71,7 +71,7 @@ bench/bin/gpu-%: bench/gpu/%.cu $(wildcard bench/gpu/*.h)
 gpu-wheels: $(VENV)/.installed
 	$(BIN)/pip download -q -d .whl --only-binary=:all: --implementation cp --python-version 3.12 \
 	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-	    pyzmq cffi pycparser pytest hypothesis
+	    setuptools wheel pyzmq cffi pycparser pytest hypothesis
 
 bench/bin/test-%: tests/progs/%.c
 	@mkdir -p bench/bin

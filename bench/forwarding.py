@@ -78,12 +78,14 @@ class Rig:
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("COLOCATE_", "SIMGPU_", "CUDA_MPS_")) and k != "LD_PRELOAD"}
         self.env.update(COLOCATE_LIBZMQ=libzmq_path() or "", COLOCATE_RUNTIME_DIR=str(self.dir))
+        self.worker_env: dict[str, str] = {}
         if device == "cuda":
-            # workers are MPS clients; a GPU worker takes only apps whose
-            # memory is VMM-shared with it
+            # workers are MPS clients, apps are not (as under `colocate
+            # run`); a GPU worker takes only apps whose memory is VMM-shared
             self.mps = Mps(self.dir)
             print(f"forwarding: {self.mps.ensure()}", file=sys.stderr)
-            self.env.update(self.mps.env(), COLOCATE_MEM="vmm")
+            self.worker_env = self.mps.env()
+            self.env.update(COLOCATE_MEM="vmm")
             self.fast: dict[str, str] = {}
         else:
             self.env.update(LD_LIBRARY_PATH=str(paths.SIMGPU_DIR), SIMGPU_DIR=str(self.dir / "sim"),
@@ -123,7 +125,7 @@ class Rig:
             self._router.send_multipart([frames[0], b"", json.dumps(reply).encode()])
 
     def start_worker(self, wid: int, quota: int) -> subprocess.Popen:
-        env = {**self.env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(quota)}
+        env = {**self.env, **self.worker_env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(quota)}
         p = subprocess.Popen([str(WORKER), "--id", str(wid), "--quota", str(quota),
                               "--runtime-dir", str(self.dir)], env=env, stdout=subprocess.PIPE,
                              stderr=open(self.dir / f"worker-{wid}.err", "wb"))
@@ -337,6 +339,15 @@ def main() -> int:
                "memory": memory(rig)}
     finally:
         rig.close()
+    # a routed side that ran locally (every HELLO refused, say) is no figure
+    # of forwarding: say so rather than print it as one
+    unforwarded = [name for name, side in (("latency", res["latency"]["forwarded"]),
+                                           ("throughput", res["throughput"]["forwarded"]))
+                   if side["forwarded"] == 0]
+    if unforwarded:
+        print(f"nothing was forwarded in the {' and '.join(unforwarded)} runs: no forwarding "
+              "figures (see the workers' logs: rerun with a kept rig dir)", file=sys.stderr)
+        return 1
     if a.json:
         print(json.dumps(res, indent=1))
         return 0

@@ -5,8 +5,10 @@
 # Here, with the package registry (once; .whl/ is git-ignored):
 #     make gpu-wheels        # pyzmq, cffi, pytest, hypothesis wheels for the GPU
 #                            # image's Python (3.12) into .whl/
-# There (device tool: carry [".whl"], timeout_s 600), from the repository root:
-#     OUT=$OUT bash bench/gpu_session.sh build pool fwd demo
+# There (device tool: carry [".whl"], timeout_s 600), from the repository root,
+# in two calls (one call may run 10 minutes; the machine stays warm between):
+#     OUT=$OUT bash bench/gpu_session.sh build pool
+#     OUT=$OUT bash bench/gpu_session.sh fwd demo vmmapp
 # Steps, each optional, in this order; everything goes to $OUT (default
 # bench/out/gpu): a log per step and session.log with each step's exit code.
 #   build   a .venv on the image's python3 (its numpy, scikit-learn, rich,
@@ -18,7 +20,7 @@
 #   demo    `colocate demo` on the real GPU (the README's main job)
 #   vmmapp  hotspot run locally and forwarded to a 50 % MPS worker with
 #           COLOCATE_MEM=vmm through `colocate serve`; the two CHECK lines
-#           must be equal
+#           must be equal and the worker must have run its kernels
 # Not yet run on a GPU: read session.log first.
 set -u
 OUT=${OUT:-bench/out/gpu}
@@ -26,7 +28,10 @@ mkdir -p "$OUT"
 JOBS=$(nproc 2>/dev/null || echo 4)
 PY=.venv/bin/python
 DEV=${DEV:-cuda}          # sim: try the steps that allow it on simgpu
-REPEAT=${REPEAT:-2000}    # hotspot iterations in the vmmapp step
+SECS=${SECS:-5}           # how long hotspot runs in the vmmapp step (the
+                          # route must land while it runs; its CHECK does not
+                          # depend on how many times it repeated)
+export PATH=/usr/local/cuda/bin:$PATH
 
 step() {        # step NAME TIMEOUT_S CMD...: run, log, record the exit code
 	local name=$1 limit=$2
@@ -41,7 +46,7 @@ step() {        # step NAME TIMEOUT_S CMD...: run, log, record the exit code
 
 build() {
 	python3 -m venv --system-site-packages .venv &&
-	$PY -m pip install -q --no-index --find-links .whl pyzmq cffi pytest hypothesis &&
+	$PY -m pip install -q --no-index --find-links .whl setuptools wheel pyzmq cffi pytest hypothesis &&
 	$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . &&
 	touch .venv/.installed &&
 	make -j"$JOBS" native progs
@@ -51,13 +56,14 @@ vmmapp() {
 	# hotspot alone, then again with COLOCATE_MEM=vmm moved to the 50 % worker
 	# as soon as it registers (`colocate set-quota`); equal CHECK lines and a
 	# nonzero forwarded count say the pool ran its kernels on shared memory
-	local rd ref fwd pid n
+	local rd ref fwd pid n ran
 	rd=$(mktemp -d /tmp/cgpu-XXXXXX)
 	.venv/bin/colocate serve --runtime-dir "$rd" --device "$DEV" --pool 50:1 --detach || return 1
+	trap '.venv/bin/colocate stop --runtime-dir "$rd" >/dev/null 2>&1' EXIT
 	ref=$(.venv/bin/colocate run --runtime-dir "$rd" --device "$DEV" --name hotlocal -- \
-		bench/bin/hotspot --check --repeat "$REPEAT" | grep '^CHECK')
+		bench/bin/hotspot --check --duration "$SECS" | grep '^CHECK')
 	COLOCATE_MEM=vmm .venv/bin/colocate run --runtime-dir "$rd" --device "$DEV" --name hotvmm -- \
-		bench/bin/hotspot --check --repeat "$REPEAT" >"$rd/hotvmm.out" 2>&1 &
+		bench/bin/hotspot --check --duration "$SECS" >"$rd/hotvmm.out" 2>&1 &
 	pid=$!
 	for n in $(seq 200); do
 		.venv/bin/colocate set-quota --runtime-dir "$rd" hotvmm 50 >/dev/null 2>&1 && break
@@ -67,16 +73,18 @@ vmmapp() {
 	fwd=$(grep '^CHECK' "$rd/hotvmm.out")
 	cat "$rd/hotvmm.out"
 	.venv/bin/colocate quotas --runtime-dir "$rd" --all || true
-	.venv/bin/colocate pool --json --runtime-dir "$rd" || true
+	.venv/bin/colocate pool --json --runtime-dir "$rd" | tee "$rd/pool.json" || true
+	ran=$(grep -o '"forwarded": [0-9]*' "$rd/pool.json" | grep -o '[0-9]*$' | head -n 1)
 	.venv/bin/colocate stop --runtime-dir "$rd"
 	cp "$rd"/*.log "$OUT"/ 2>/dev/null
 	echo "local:     $ref"
 	echo "forwarded: $fwd"
-	[ -n "$ref" ] && [ "$ref" = "$fwd" ]
+	echo "worker ran ${ran:-0} launches"
+	[ -n "$ref" ] && [ "$ref" = "$fwd" ] && [ "${ran:-0}" -gt 0 ]
 }
 
 export -f build vmmapp
-export OUT JOBS PY DEV REPEAT
+export OUT JOBS PY DEV SECS
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 echo "session $(date -u +%FT%TZ) on $(head -n 12 "$OUT/nvidia-smi.txt" | grep -m1 -o 'NVIDIA [A-Z0-9][^|]*' || echo 'no GPU')" \
 	>>"$OUT/session.log"

@@ -15,7 +15,7 @@ SCRIPT = REPO / "bench" / "gpu_session.sh"
 
 
 def session(tmp_path: Path, *steps: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DEV": "sim", "REPEAT": "60", "OUT": str(tmp_path)}
+    env = {**os.environ, "DEV": "sim", "SECS": "3", "OUT": str(tmp_path)}
     env = {k: v for k, v in env.items() if not k.startswith(("COLOCATE_", "SIMGPU_"))}
     return subprocess.run(["bash", str(SCRIPT), *steps], cwd=REPO, env=env, text=True,
                           capture_output=True, timeout=240)
@@ -30,6 +30,7 @@ def test_vmm_app_forwarded_through_the_controller(tmp_path):
     fwd = re.search(r"^forwarded: +(CHECK \S+)$", log, re.M)
     assert local and fwd and local.group(1) == fwd.group(1), log
     assert "COLOCATE_MEM=vmm: device memory shared from slot" in log
+    assert re.search(r"^worker ran [1-9][0-9]* launches$", log, re.M), log
     workers = json.loads(log[log.index("[\n"):log.index("\n]\n") + 2])
     assert workers[0]["quota_pct"] == 50 and workers[0]["forwarded"] > 0, workers
 

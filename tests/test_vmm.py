@@ -842,8 +842,11 @@ def test_void_mem_connection_is_left_before_the_next_launch(rig, midrun):
     out, _, _ = rig.run("hotspot", *HOT, **rig.fast)
     want = result_of(out)
 
+    # the heartbeat's limit well above the MAP's 2 s: the stalled worker must
+    # be left for its void connection, not found dead first (a race)
     out, err, fwd = rig.run("hotspot", *HOT, routes=1, COLOCATE_MEM="vmm", MIDRUN="stall",
-                            STALL_PID=str(w.pid), LD_PRELOAD=f"{midrun} {paths.LIBCOLOCATE}")
+                            STALL_PID=str(w.pid), LD_PRELOAD=f"{midrun} {paths.LIBCOLOCATE}",
+                            COLOCATE_WORKER_TIMEOUT_MS="10000")
     assert result_of(out) == want, err
     assert "its connection is void" in err, err
     assert "leaving worker 1: it did not map or unmap some of the app's memory" in err, err
