@@ -117,8 +117,9 @@ SHIM_API void __cudaRegisterFunction(void **h, const char *hostFun, char *device
 {
 	FIND_REAL(__cudaRegisterFunction, );
 	/* deviceFun is the mangled device name: what a launch is called; h
-	 * says which fat binary (module) holds its code */
-	shim_kernel_set_module(shim_kernel_add(hostFun, deviceFun), shim_module_of(h));
+	 * says which fat binary (module) holds its code; a stub registered
+	 * again (dlclose, dlopen) follows its newer module */
+	shim_kernel_register(hostFun, deviceFun, shim_module_of(h));
 	real_(h, hostFun, deviceFun, deviceName, thread_limit, tid, bid, bDim, gDim, wSize);
 }
 

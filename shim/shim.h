@@ -86,6 +86,9 @@ struct shim_kernel {
 	uint64_t launches;
 	void *fwd;              /* forwarding's view (shim_fwd.c), under its lock */
 	int32_t module;         /* its fat binary's id (below), -1 none     */
+	uint32_t gen;           /* bumped when a re-registration changes its
+	                           module or name: forwarding's view is then
+	                           stale and rebuilt (a new kernel id)       */
 };
 
 /* --- modules (shim_names.c): the fat binaries the app registered ------ */
@@ -103,8 +106,11 @@ int  shim_module_of(void **handle);
 /* Module mid's image and its bytes (fatbin header included): 0, or -1
  * when there is none (never registered, or unregistered since). */
 int  shim_module_image(int mid, const void **image, uint64_t *size);
-/* Tie k to module mid (-1: none) unless it has one. */
-void shim_kernel_set_module(struct shim_kernel *k, int mid);
+/* __cudaRegisterFunction: key's entry (made if new), tied to module mid
+ * (-1: none) and named name.  A key registered again under another module
+ * or name (its library unloaded and loaded again, maybe another one at the
+ * same address) takes them, and its gen moves on. */
+struct shim_kernel *shim_kernel_register(const void *key, const char *name, int mid);
 
 /* Register key (host stub, cudaKernel_t, CUfunction) under a device name. */
 struct shim_kernel *shim_kernel_add(const void *key, const char *name);

@@ -97,6 +97,7 @@ struct fkernel {
 	size_t define_len;
 	uint32_t refused_by;            /* the last worker whose refusal of it
 	                                   was logged (once per worker)         */
+	uint32_t gen;                   /* shim_kernel.gen it was built from    */
 };
 
 struct fstream {
@@ -426,7 +427,8 @@ static struct fkernel *kernel_info(const void *key)
 	struct fwd_define m;
 	struct fkernel *k;
 	size_t nlen, o;
-	uint32_t n = 0, total = 0;
+	uint32_t n = 0, total = 0, gen;
+	const char *name;
 	int mid;
 	REAL_FN(param_info, "cudaFuncGetParamInfo");
 
@@ -434,8 +436,14 @@ static struct fkernel *kernel_info(const void *key)
 		sk = shim_kernel_learn(key);
 	if (!sk || !sk->name || !strcmp(sk->name, "?"))
 		return &not_forwardable;
-	if (sk->fwd)
+	gen = __atomic_load_n(&sk->gen, __ATOMIC_ACQUIRE);
+	/* a stale view (the key registered again under another module or
+	 * name) is left as is, never freed: its kid is not reused, so every
+	 * connection's defined[] and shipped[] stay right, and the next DEFINE
+	 * is built anew */
+	if (sk->fwd && ((struct fkernel *)sk->fwd)->gen == gen)
 		return sk->fwd;
+	name = __atomic_load_n(&sk->name, __ATOMIC_ACQUIRE);
 	if (!param_info) {
 		if (!warned_probe++)
 			shim_log("the CUDA runtime has no cudaFuncGetParamInfo (CUDA < 12.4): "
@@ -464,13 +472,14 @@ static struct fkernel *kernel_info(const void *key)
 		n++;
 	}
 	real_clear_error();
-	nlen = strlen(sk->name);
+	nlen = strlen(name);
 	k = calloc(1, sizeof(*k));
 	if (!k)
 		return NULL;
-	k->name = sk->name;             /* the names table is never freed */
+	k->name = name;                 /* the names table is never freed */
+	k->gen = gen;
 	if (n == 0 || n > FWD_MAX_PARAMS || nlen > FWD_MAX_STR || F.nkernels >= FWD_MAX_KERNELS) {
-		shim_log("kernel %s runs locally even when routed to a worker: %s", sk->name,
+		shim_log("kernel %s runs locally even when routed to a worker: %s", name,
 			 n == 0 ? "its parameter layout is unknown (or it has none)"
 				: F.nkernels >= FWD_MAX_KERNELS ? "too many kernels"
 								 : "parameters beyond the protocol's limits");
@@ -503,7 +512,7 @@ static struct fkernel *kernel_info(const void *key)
 	o = sizeof(m);
 	memcpy(k->define + o, params, n * sizeof(*params));
 	o += n * sizeof(*params);
-	memcpy(k->define + o, sk->name, nlen);
+	memcpy(k->define + o, name, nlen);
 	k->ok = 1;
 	sk->fwd = k;
 	return k;

@@ -30,7 +30,7 @@
  * looking at liveness every 10 ms.
  *
  * Module files (fconn_module_file): the fat binaries a worker loads are
- * files <runtime dir>/modules/<fnv1a64>-<size>.fatbin (0600 in a 0700
+ * files <runtime dir>/modules/<fwd_image_hash64>-<size>.fatbin (0600 in a 0700
  * folder), written once per process per module (temp file, rename) and
  * shared by the apps of one binary: an existing one of the right size,
  * ours and closed to others, is taken without reading it back (the worker
@@ -841,7 +841,7 @@ int fconn_module_file(const void *image, uint64_t size, uint64_t *hash, char *pa
 
 	if (modules_dir(dir, sizeof(dir), why, whylen) < 0)
 		return -1;
-	*hash = fwd_fnv1a64(image, size);
+	*hash = fwd_image_hash64(image, size);
 	if ((size_t)snprintf(path, pathlen, "%s/%016llx-%llu.fatbin", dir,
 			     (unsigned long long)*hash, (unsigned long long)size) >= pathlen ||
 	    strlen(path) > FWD_MAX_STR) {

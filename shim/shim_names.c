@@ -273,10 +273,33 @@ int shim_module_image(int mid, const void **image, uint64_t *size)
 	return 0;
 }
 
-void shim_kernel_set_module(struct shim_kernel *k, int mid)
+struct shim_kernel *shim_kernel_register(const void *key, const char *name, int mid)
 {
-	if (k && mid >= 0 && k->module < 0)
+	struct shim_kernel *k = shim_kernel_add(key, name);
+	int moved, renamed;
+
+	if (!k || !name)
+		return k;
+	pthread_mutex_lock(&names_lock);
+	/* a module id is never reused (shim_module_register appends), so a
+	 * new id means a new registration: the entry follows it, or its
+	 * launches would name an unregistered module (and run locally for
+	 * good) or, after another library took the address, another kernel */
+	moved = mid >= 0 && mid != k->module;
+	renamed = strcmp(k->name, name) != 0;
+	if (renamed) {
+		char *n = strdup(name);
+
+		/* the old name stays: forwarding's stale view may still use it */
+		if (n)
+			__atomic_store_n(&k->name, n, __ATOMIC_RELEASE);
+	}
+	if (moved)
 		__atomic_store_n(&k->module, mid, __ATOMIC_RELEASE);
+	if (moved || renamed)
+		__atomic_add_fetch(&k->gen, 1, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&names_lock);
+	return k;
 }
 
 /* ------------------------------------------------------------------ */

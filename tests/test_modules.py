@@ -1,8 +1,8 @@
-"""Kernels shipped to pool workers as fat binaries (forwarding protocol v3:
+"""Kernels shipped to pool workers as fat binaries (forwarding protocol v4:
 MODULE frames, DEFINE.mid), on simgpu, through the CUDA calls a GPU gets.
 
 The shim captures each fat binary at __cudaRegisterFatBinary, writes it once
-to <runtime dir>/modules/<fnv1a64>-<size>.fatbin and sends a MODULE frame
+to <runtime dir>/modules/<image hash>-<size>.fatbin and sends a MODULE frame
 before the first DEFINE of one of its kernels; the worker checks the file,
 loads it with cudaLibraryLoadData (cached by hash and size), and takes each
 kernel with cudaLibraryGetKernel, its layout checked with
@@ -15,7 +15,10 @@ apps of one binary load one library; damaged module files (planted where
 the shim looks, or named by a fake shim) are refused with a log line naming
 the file and the reason, and the app completes locally; kernels without a
 module are refused by such a worker; simgpu's cudaLibrary* API directly;
-fuzzing of MODULE frames and DEFINE's module id.
+fuzzing of MODULE frames and DEFINE's module id; a slow module load
+(COLOCATE_WORKER_LOAD_DELAY_MS) stalls neither the worker's main thread nor
+other apps; a fat binary registered again (dlclose, dlopen) is followed by
+its kernels.
 
 Refusals are soft (page version 5): a MODULE or DEFINE the worker cannot
 serve costs that kernel, not the connection.  The verdict of each DEFINE
@@ -54,8 +57,8 @@ pytestmark = pytest.mark.skipif(
     or not paths.SIMGPU_CUDART.exists(),
     reason="bench programs, simgpu or colocate-worker not built (make build)")
 
-# wire constants of processpool/fwd_proto.h (protocol v3)
-MAGIC, VERSION = 0xC0, 3
+# wire constants of processpool/fwd_proto.h (protocol v4)
+MAGIC, VERSION = 0xC0, 4
 T_HELLO, T_HELLO_REPLY, T_DEFINE, T_LAUNCH, T_BYE, T_ERROR, T_MODULE = 1, 2, 3, 4, 5, 6, 7
 E_MALFORMED, E_MODULE = 1, 8
 NO_MODULE, MAX_MODULES = 0xFFFFFFFF, 1024
@@ -70,10 +73,32 @@ LUD = ["--size", "64", "--repeat", "20", "--check"]
 # ---------------------------------------------------------------- helpers
 
 
-def fnv1a64(data: bytes) -> int:
-    h = 0xcbf29ce484222325
-    for b in data:
-        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+M64 = 0xFFFFFFFFFFFFFFFF
+HASH_SEED, HASH_K = 0xcbf29ce484222325, 0x9e3779b97f4a7c15
+
+
+def _step(h: int, w: int) -> int:
+    h = ((h ^ w) * HASH_K) & M64
+    return h ^ (h >> 32)
+
+
+def image_hash(data: bytes) -> int:
+    """fwd_image_hash64 (fwd_proto.h): four lanes of 8-byte words, the
+    words after the last 32-byte block into lane 0, then the tail bytes
+    zero-padded, then the length and the lanes mixed."""
+    n, v = len(data), [HASH_SEED + j for j in range(4)]
+    blocks = n // 32 * 32
+    for i, w in enumerate(struct.unpack_from(f"<{blocks // 8}Q", data)):
+        v[i % 4] = _step(v[i % 4], w)
+    i = blocks
+    while n - i >= 8:
+        v[0] = _step(v[0], struct.unpack_from("<Q", data, i)[0])
+        i += 8
+    if i < n:
+        v[0] = _step(v[0], int.from_bytes(data[i:], "little"))
+    h = _step(HASH_SEED, n)
+    for x in v:
+        h = _step(h, x)
     return h
 
 
@@ -240,7 +265,7 @@ def test_multi_kernel_app_runs_in_the_worker_from_its_module(rig, ring_kb):
     # one file, private, named after the image nvcc embedded
     files = list((rig.dir / "modules").iterdir())
     image = module_of(BIN / "lud", b"_Z12lud_diagonalPfii")
-    assert [f.name for f in files] == [f"{fnv1a64(image):016x}-{len(image)}.fatbin"]
+    assert [f.name for f in files] == [f"{image_hash(image):016x}-{len(image)}.fatbin"]
     assert files[0].read_bytes() == image
     assert stat.S_IMODE(files[0].stat().st_mode) == 0o600
     assert stat.S_IMODE((rig.dir / "modules").stat().st_mode) == 0o700
@@ -282,11 +307,55 @@ def test_two_apps_of_one_binary_load_one_library(rig):
     assert len(list((rig.dir / "modules").iterdir())) == 1
 
 
+LOAD_DELAY_MS = 3000      # longer than the apps' 2 s heartbeat timeout
+
+
+def test_a_slow_module_load_stalls_nothing(rig):
+    """Loads run outside the module table's mutex and never on the main
+    thread (COLOCATE_WORKER_LOAD_DELAY_MS makes each take 3 s, as a big or
+    JIT-compiled image would): during them the worker answers stats at once
+    and heartbeats go on (no app drops it), a second app of the same binary
+    (zmq path: its DEFINE is resolved by its launcher) waits for the load
+    under way instead of loading again, and an app of another binary loads
+    its own module meanwhile; all three forward everything and finish."""
+    by_module_worker(rig, 1, 50, COLOCATE_WORKER_LOAD_DELAY_MS=str(LOAD_DELAY_MS))
+    want_hot = result_of(rig.run("hotspot", *HOT, **rig.fast)[0])
+    want_lud = lud_result(rig.run("lud", *LUD, **rig.fast)[0])
+    rig.route_every = 1
+    apps = [(rig.app("hotspot", *HOT), 300), (rig.app("hotspot", *HOT, COLOCATE_FWD_RING_KB="0"), 300),
+            (rig.app("lud", *LUD, COLOCATE_FWD_RING_KB="0"), 200)]
+    slowest, during = 0.0, 0
+    try:
+        end = time.monotonic() + 60
+        while any(p.poll() is None for p, _ in apps):
+            assert time.monotonic() < end, "apps did not finish"
+            t0 = time.monotonic()
+            s = rig.stats(1)
+            slowest = max(slowest, time.monotonic() - t0)
+            during += s["apps"] > 0 and s["module_loads"] < 2
+            time.sleep(0.05)
+    finally:
+        rig.route_every = None
+    for p, n in apps:
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, out + err
+        assert (lud_result(out) == want_lud) if n == 200 else (result_of(out) == want_hot), err
+        c = rig.cb.counters(rig.slots[p.pid])
+        assert c["launches"] == c["forwarded"] == n, (c, err)
+        assert "lost" not in err and "heartbeat" not in err and "runs locally" not in err, err
+    # stats were asked many times while the loads ran, and never waited for one
+    assert during >= 10, during
+    assert slowest < 1.0, slowest
+    s = rig.stats(1)
+    assert s["modules"] == 2 and s["module_loads"] == 2 and s["forwarded"] == 800
+    assert rig.worker_log(1).count("loaded module") == 2
+
+
 def planted(rig: Rig, exe: str, kernel: bytes) -> Path:
     """Where the shim looks for (or writes) exe's module of kernel."""
     image = module_of(BIN / exe, kernel)
     (rig.dir / "modules").mkdir(mode=0o700, exist_ok=True)
-    return rig.dir / "modules" / f"{fnv1a64(image):016x}-{len(image)}.fatbin"
+    return rig.dir / "modules" / f"{image_hash(image):016x}-{len(image)}.fatbin"
 
 
 @pytest.mark.parametrize("damage,reason,ring_kb", [
@@ -369,6 +438,43 @@ def test_module_that_cannot_be_shipped_leaves_its_kernels_local(rig):
     assert "is not a folder of ours closed to others" in err
     assert list((rig.dir / "modules").iterdir()) == []
     assert rig.stats(1)["module_loads"] == 0
+
+
+def test_a_kernel_registered_again_follows_its_new_module(rig, tmp_path):
+    """A fat binary unregistered and registered again under the same host
+    stub (a CUDA library dlclose'd and dlopen'ed at the same address; made
+    by hand by test-reregister): the kernel takes the new module (a new id:
+    the old one is gone for good) and a DEFINE built anew.  The first round
+    runs locally, the app is routed to the worker only after the first image
+    was unregistered: still naming module 0, every launch of the second
+    round would run locally ("its fat binary was unregistered")."""
+    prog = BIN / "test-reregister"
+    if not prog.exists():
+        pytest.skip("test-reregister not built (make build)")
+    image = tmp_path / "vecadd.fatbin"
+    image.write_bytes(module_of(BIN / "vecadd", VECADD))
+    by_module_worker(rig, 1)
+    p = subprocess.Popen([str(prog), str(image), "10", "wait"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**rig.env, "LD_PRELOAD": str(paths.LIBCOLOCATE),
+                              "SIMGPU_TWINS": str(BIN / "vecadd.twins.so")})
+    try:
+        assert p.stdout.readline() == "REREG round=0 launches=10 PASS\n"
+        slot = rig.slot_of(p)
+        assert rig.cb.counters(slot)["forwarded"] == 0
+        rig.cb.set_route(slot, 1, 50)
+        out, err = p.communicate("go\n", timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out + err
+    assert out == "REREG round=1 launches=10 PASS\nPASS reregister\n", out + err
+    c = rig.cb.counters(slot)
+    assert c["launches"] == 20 and c["forwarded"] == 10, (c, err)
+    assert "unregistered" not in err and "runs locally" not in err, err
+    s = rig.stats(1)
+    assert s["forwarded"] == 10 and s["modules"] == 1 and s["module_loads"] == 1, s
+    assert s["refused_kernels"] == 0 and s["bad_frames"] == 0, s
 
 
 def test_kernels_without_a_module_are_refused_by_a_gpu_like_worker(rig):
@@ -462,7 +568,7 @@ def bad_files(r: Rig) -> dict[str, tuple[Path, int, int, str]]:
     made once per worker fixture."""
     if getattr(r, "bad", None):
         return r.bad
-    img, h = r.image, fnv1a64(r.image)
+    img, h = r.image, image_hash(r.image)
     d = r.files
 
     def put(name: str, data: bytes, mode: int = 0o600) -> Path:
@@ -488,9 +594,9 @@ def bad_files(r: Rig) -> dict[str, tuple[Path, int, int, str]]:
                   f"{len(img) - 64} bytes, the app says"),
         "missing": (d / "none.fatbin", len(img), h, "No such file"),
         "directory": (d / "dir.fatbin", len(img), h, "not a regular file"),
-        "magic": (put("magic.fatbin", bytes(magic)), len(img), fnv1a64(bytes(magic)),
+        "magic": (put("magic.fatbin", bytes(magic)), len(img), image_hash(bytes(magic)),
                   "no fatbin magic"),
-        "header": (put("header.fatbin", bytes(header)), len(img), fnv1a64(bytes(header)),
+        "header": (put("header.fatbin", bytes(header)), len(img), image_hash(bytes(header)),
                    "its header says"),
         "hash": (put("hash.fatbin", bytes(flipped)), len(img), h, "does not match the app's hash"),
     }
@@ -530,7 +636,7 @@ def test_module_path_with_a_nul_byte_is_malformed(mod_worker):
     r = mod_worker
     app = FakeApp(r, 5, name="nulpath")
     try:
-        app.send(module_frame(0, len(r.image), fnv1a64(r.image), str(r.good).encode() + b"\0/x"))
+        app.send(module_frame(0, len(r.image), image_hash(r.image), str(r.good).encode() + b"\0/x"))
         errs = app.errors()
         assert [c for c, _ in errs] == [E_MALFORMED] and "NUL byte in the module path" in errs[0][1]
         app.send(define_frame(0, VECADD + b"\0x", VECADD_PARAMS, 28, 0))
@@ -551,7 +657,7 @@ def test_defines_against_a_module(mod_worker):
     app = FakeApp(r, 5, name="defines", twins=str(BIN / "vecadd.twins.so"))
     try:
         before = r.stats(5)["forwarded"]
-        good = module_frame(3, len(r.image), fnv1a64(r.image), str(r.good).encode())
+        good = module_frame(3, len(r.image), image_hash(r.image), str(r.good).encode())
         app.send(good)
         app.send(good)                    # the same module again: fine
         assert app.errors() == []
@@ -596,6 +702,53 @@ def test_defines_against_a_module(mod_worker):
         app.close()
 
 
+def test_defines_while_their_module_loads_zmq(rig):
+    """zmq path, module loads slowed down to 1 s: the main thread hands
+    the load and the DEFINEs that need it to the app's launcher and answers
+    stats meanwhile; the verdicts come through the page once the load ended
+    (a kernel missing from the module, every kernel of a refused file), a
+    launch of a kernel refused that way is an unknown kernel, and the good
+    kernel runs."""
+    by_module_worker(rig, 5, 20, COLOCATE_WORKER_LOAD_DELAY_MS="1000")
+    img = module_of(BIN / "vecadd", VECADD)
+    files = rig.dir / "files"
+    files.mkdir(mode=0o700)
+    good, bad = files / "vecadd.fatbin", files / "bad.fatbin"
+    good.write_bytes(img)
+    bad.write_bytes(img[:-1] + bytes([img[-1] ^ 1]))
+    for f in (good, bad):
+        f.chmod(0o600)
+    app = FakeApp(rig, 5, name="slowdefs", twins=str(BIN / "vecadd.twins.so"))
+    try:
+        app.send(module_frame(0, len(img), image_hash(img), str(good).encode()))
+        app.send(module_frame(1, len(img), image_hash(img), str(bad).encode()))
+        app.send(define_frame(0, b"_Z7missingv", [(0, 8)], 8, 0))
+        app.send(define_frame(1, VECADD, VECADD_PARAMS, 28, 0))
+        app.send(define_frame(2, VECADD, VECADD_PARAMS, 28, 1))
+        assert app.errors() == []         # a stats request, answered after them
+        assert app.u64(OFF_DEFINES_DONE) == 0             # and before the load ended
+        app.verdicts(3)
+        assert [app.refused(k) for k in range(3)] == [True, False, True]
+        log = rig.worker_log(5)
+        assert "_Z7missingv is not in module file" in log, log
+        assert re.search(rf"module file {re.escape(str(bad))} refused: .*does not match", log), log
+        assert "kernel 2 refused, the app runs it locally: kernel _Z6vecaddPKfS0_Pfi: its " \
+               "module 1 was refused" in log, log
+        app.send(launch_frame(1, 0, struct.pack("<Q", 0)))
+        assert [c for c, _ in app.errors()] == [4]          # FWD_E_UNKNOWN_KERNEL
+        for seq in (1, 2):                # vecadd with n = 0 touches no memory
+            app.send(launch_frame(seq, 1, struct.pack("<QQQi", 0, 0, 0, 0)))
+        end = time.monotonic() + 5
+        while app.u64(OFF_DONE) != 2:
+            assert time.monotonic() < end, "launches did not complete"
+            time.sleep(0.002)
+        assert app.u64(OFF_EXECUTED) == 2
+    finally:
+        app.close()
+    s = rig.stats(5)
+    assert s["modules"] == 1 and s["module_loads"] == 1 and s["refused_kernels"] == 2, s
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mid=st.one_of(st.integers(0, MAX_MODULES + 2), st.just(NO_MODULE), st.integers(0, 2**32 - 1)),
        size=st.one_of(st.just(-1), st.integers(0, 2**64 - 1), st.integers(0, 1 << 20)),
@@ -619,7 +772,7 @@ def test_fuzz_module_and_define_frames(mod_worker, mid, size, hash_, path, skew,
     files = {k: str(v[0]) for k, v in bad_files(r).items()} | {"good": str(r.good)}
     p = files.get(path, path).encode("latin-1")
     size = len(r.image) if size < 0 else size
-    hash_ = fnv1a64(r.image) if hash_ < 0 else hash_
+    hash_ = image_hash(r.image) if hash_ < 0 else hash_
     app.send(module_frame(mid, size, hash_, p, skew))
     argbytes = max([o + n for o, n in params] + [0])
     app.send(define_frame(kid, name, params, argbytes, dmid))

@@ -12,7 +12,11 @@
  * Kernels: a DEFINE names the app's module (MODULE, modules.c) the kernel
  * is taken from, as a GPU needs; without one, simgpu finds it by name.  A
  * kernel we cannot serve is refused softly (w_app_verdict: in the page, the
- * app runs it itself) unless the app's page is version 4.
+ * app runs it itself) unless the app's page is version 4.  A DEFINE the
+ * main thread handles (zmq path) whose module is still loading is not
+ * waited for: its kernel is published pending and the app's launcher
+ * resolves it after the load (W_JOB_DEFINE), then gives the verdict; a
+ * kernel refused there stays in the table, marked refused.
  *
  * Host twins (simgpu): the app names its twin libraries in HELLO; they are
  * dlopen'ed RTLD_GLOBAL, which is where simgpu looks last for a twin
@@ -329,6 +333,27 @@ static void kernel_free(struct wkernel *k)
 	free(k);
 }
 
+/* k->handle, and the twin check: 0, FWD_E_* or W_E_DEFER (main thread,
+ * its module still loading). */
+static int kernel_resolve(struct wapp *a, struct wkernel *k, char *why, size_t whylen)
+{
+	int code = kernel_handle(a, k, why, whylen);
+
+	if (code)
+		return code;
+	/* simgpu runs a kernel without a host twin as a timed no-op: here that
+	 * would silently drop the app's work, so refuse it (the app replays
+	 * locally, where its own libraries provide the twin) */
+	if (k->handle && W.has_twin && W.has_twin(k->name) == 0) {
+		w_log("app %s: no host twin for %s in this worker (twin libraries come from the "
+		      "app's HELLO); refusing it", a->name, k->name);
+		k->handle = NULL;
+		snprintf(why, whylen, "no host twin for this kernel in the worker");
+		return FWD_E_MODULE;
+	}
+	return 0;
+}
+
 int w_app_define(struct wapp *a, const struct fwd_define *m, const struct fwd_param *params,
 		 const char *name, char *why, size_t whylen)
 {
@@ -339,8 +364,15 @@ int w_app_define(struct wapp *a, const struct fwd_define *m, const struct fwd_pa
 		/* idempotent: the same definition again is fine */
 		if (k->nparams == m->nparams && k->argbytes == m->argbytes && k->mid == m->mid &&
 		    !strcmp(k->name, name) &&
-		    !memcmp(k->params, params, (size_t)m->nparams * sizeof(*params)))
+		    !memcmp(k->params, params, (size_t)m->nparams * sizeof(*params))) {
+			if (__atomic_load_n(&k->pending, __ATOMIC_ACQUIRE))
+				return W_E_DEFER;  /* its verdict comes from the launcher */
+			if (__atomic_load_n(&k->refused, __ATOMIC_ACQUIRE)) {
+				snprintf(why, whylen, "kernel %s was refused before", k->name);
+				return FWD_E_MODULE;
+			}
 			return 0;
+		}
 		snprintf(why, whylen, "kernel id already defined differently");
 		return FWD_E_MALFORMED;
 	}
@@ -360,23 +392,60 @@ int w_app_define(struct wapp *a, const struct fwd_define *m, const struct fwd_pa
 	k->nparams = m->nparams;
 	k->argbytes = m->argbytes;
 	k->mid = m->mid;
-	code = kernel_handle(a, k, why, whylen);
+	code = kernel_resolve(a, k, why, whylen);
+	if (code == W_E_DEFER) {
+		/* published now, so that its launches (queued after the job)
+		 * find it; the launcher gives it a handle or refuses it */
+		k->pending = 1;
+		a->kernels[m->kid] = k;
+		return W_E_DEFER;
+	}
 	if (code) {
 		kernel_free(k);
 		return code;
 	}
-	/* simgpu runs a kernel without a host twin as a timed no-op: here that
-	 * would silently drop the app's work, so refuse it (the app replays
-	 * locally, where its own libraries provide the twin) */
-	if (k->handle && W.has_twin && W.has_twin(k->name) == 0) {
-		w_log("app %s: no host twin for %s in this worker (twin libraries come from the "
-		      "app's HELLO); refusing it", a->name, k->name);
-		kernel_free(k);
-		snprintf(why, whylen, "no host twin for this kernel in the worker");
-		return FWD_E_MODULE;
-	}
 	a->kernels[m->kid] = k;
 	return 0;
+}
+
+int w_app_push_job(struct wapp *a, int job, uint32_t kid, struct wlib *lib)
+{
+	struct witem *it = calloc(1, sizeof(*it));
+
+	if (!it)
+		return -1;
+	it->job = job;
+	it->kid = kid;
+	it->lib = lib;
+	w_app_push(a, it);
+	return 0;
+}
+
+/* Launcher thread: a load, or a deferred DEFINE resolved (waiting for its
+ * module if need be) and its verdict given, as handle_define would have. */
+void w_app_run_job(struct wapp *a, const struct witem *it)
+{
+	struct wkernel *k;
+	char why[240];
+	int code = 0;
+
+	if (it->job == W_JOB_LOAD) {
+		w_module_load(a, it->lib);
+		return;
+	}
+	k = a->kernels[it->kid];
+	if (!k)
+		return;
+	snprintf(why, sizeof(why), "kernel %s was refused before", k->name);
+	if (__atomic_load_n(&k->pending, __ATOMIC_ACQUIRE)) {
+		code = kernel_resolve(a, k, why, sizeof(why));
+		if (code)
+			__atomic_store_n(&k->refused, 1, __ATOMIC_RELEASE);
+		__atomic_store_n(&k->pending, 0, __ATOMIC_RELEASE);
+	} else if (__atomic_load_n(&k->refused, __ATOMIC_ACQUIRE)) {
+		code = FWD_E_MODULE;
+	}
+	w_app_verdict(a, it->kid, code ? why : NULL);
 }
 
 void w_app_verdict(struct wapp *a, uint32_t kid, const char *refused)

@@ -230,6 +230,14 @@ static void handle_define(struct wapp *a, size_t n)
 	memcpy(params, p, (size_t)m.nparams * sizeof(*params));
 	copy_str(name, p + (size_t)m.nparams * sizeof(*params), m.name_len);
 	code = w_app_define(a, &m, params, name, why, sizeof(why));
+	if (code == W_E_DEFER) {
+		/* its module is loading: the launcher resolves it, then answers */
+		if (w_app_push_job(a, W_JOB_DEFINE, m.kid, NULL) == 0)
+			return;
+		/* k stays pending: a later DEFINE of it asks again */
+		code = FWD_E_MODULE;
+		snprintf(why, sizeof(why), "out of memory");
+	}
 	if (code && code != FWD_E_MODULE) {
 		reject(a->rid, a->rid_len, a->delim, (uint32_t)code, 0, n, "DEFINE %u: %s", m.kid,
 		       why);
@@ -239,7 +247,8 @@ static void handle_define(struct wapp *a, size_t n)
 	w_app_verdict(a, m.kid, code ? why : NULL);
 }
 
-/* zmq frames: the module loads on the main thread (once per module) */
+/* zmq frames: the module is looked up here, and loaded (once per module)
+ * by the app's launcher thread: the main thread never waits for a load */
 static void handle_module(struct wapp *a, size_t n)
 {
 	static char path[FWD_MAX_STR + 1];
@@ -264,7 +273,9 @@ static void handle_launch(struct wapp *a, size_t n)
 
 	memcpy(&m, buf, sizeof(m));
 	k = a->kernels[m.kid];
-	if (!k) {
+	/* a kernel refused after a deferred DEFINE is kept (refused) but is
+	 * as unknown as one refused at once: the shim never launches it */
+	if (!k || __atomic_load_n(&k->refused, __ATOMIC_ACQUIRE)) {
 		reject(a->rid, a->rid_len, a->delim, FWD_E_UNKNOWN_KERNEL, m.seq, n,
 		       "LAUNCH %llu of kernel %u, which was not defined",
 		       (unsigned long long)m.seq, m.kid);
@@ -284,6 +295,7 @@ static void handle_launch(struct wapp *a, size_t n)
 		return;
 	}
 	it->next = NULL;
+	it->job = W_JOB_LAUNCH;
 	it->k = k;
 	it->m = m;
 	memcpy(it->args, buf + sizeof(m), m.argbytes);

@@ -313,7 +313,11 @@ static void queue_loop(struct wapp *a)
 
 		for (; list; list = next) {
 			next = list->next;
-			if (!__atomic_load_n(&a->abandon, __ATOMIC_RELAXED))
+			/* jobs run even for an app that is gone: another app
+			 * may wait for the load */
+			if (list->job != W_JOB_LAUNCH)
+				w_app_run_job(a, list);
+			else if (!__atomic_load_n(&a->abandon, __ATOMIC_RELAXED))
 				w_launch(a, &list->m, list->k, list->args);
 			free(list);
 		}
@@ -361,6 +365,7 @@ void *w_launcher(void *arg)
 	struct wapp *a = arg;
 	unsigned i;
 
+	w_is_launcher = 1;         /* may wait for a module load (modules.c) */
 	if (a->ring)
 		ring_loop(a);
 	else

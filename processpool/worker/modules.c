@@ -9,7 +9,7 @@
  * ours or root's, not writable by others) and, unlike them, not writable by
  * its group either (as the shim's reusable() wants); opened O_NOFOLLOW, so never
  * through a symbolic link), of exactly the size the frame says, with the
- * fatbin magic and a header that adds up to that size, and whose FNV-1a
+ * fatbin magic and a header that adds up to that size, and whose fwd_image_hash64
  * hash is the frame's.  It is read (not mapped: a file truncated under a
  * mapping would kill the worker with SIGBUS) and the copy is kept while
  * the library is loaded: with lazy loading (CUDA_MODULE_LOADING=LAZY, the
@@ -23,8 +23,22 @@
  * every one is held the MODULE is refused.
  *
  * Threads: MODULE and DEFINE frames come from an app's launcher thread
- * (ring) or the main thread (zmq frames), so the table has a mutex; the
- * load happens under it, so two apps of one binary never load it twice.
+ * (ring) or the main thread (zmq frames), and the main thread drops
+ * references when it frees an app, so the table has a mutex (mu).  It is
+ * held only to find, insert and reference entries, never across a read,
+ * hash or cudaLibraryLoadData: a big or JIT-compiled image takes seconds,
+ * and the main thread stamps every app's heartbeat (2 s without one and
+ * the apps drop the worker).  An entry being loaded is in state L_LOADING,
+ * with a reference for its loader; a second app of the same (hash, size)
+ * takes a reference and, on a launcher thread, waits on loaded_cv.  The
+ * main thread never waits for a load (w_is_launcher is 0 there): a MODULE
+ * it handles (zmq path) inserts the entry and hands the load to the app's
+ * own launcher thread (W_JOB_LOAD, queued before the app's next frames), and
+ * a DEFINE whose module is not loaded yet is resolved there too
+ * (W_JOB_DEFINE, app.c), its verdict then going to the page as usual.
+ * Dropping references never waits: an entry is evicted only when loaded
+ * (or failed) and unreferenced.  Test hook: COLOCATE_WORKER_LOAD_DELAY_MS
+ * (worker.h) makes every load that long.
  */
 #define _GNU_SOURCE
 #include "worker.h"
@@ -40,17 +54,23 @@
 
 #define W_MAX_LIBS 256
 
+enum { L_FREE, L_LOADING, L_LOADED, L_FAILED };
+
 struct wlib {
-	uint64_t hash, size;
-	cudaLibrary_t lib;             /* NULL: a free entry                    */
+	uint64_t hash, size;           /* fixed while the entry is not free     */
+	int state;                     /* L_*; mu                               */
+	cudaLibrary_t lib;             /* L_LOADED                              */
 	void *image;                   /* kept while loaded (see above)         */
-	unsigned refs;                 /* app module ids mapped to it           */
+	unsigned refs;                 /* app module ids mapped to it, and its
+	                                  loader while L_LOADING; mu            */
 	char *path;                    /* the file it was read from, for logs   */
+	char why[200];                 /* L_FAILED: the refusal                 */
 };
 
 #define REFUSAL_LOG_CAP 200   /* as frames.c: garbage must not fill a disk */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t loaded_cv = PTHREAD_COND_INITIALIZER;   /* a load ended */
 static struct wlib libs[W_MAX_LIBS];
 static unsigned nloaded;
 static uint64_t nloads;
@@ -143,7 +163,7 @@ static void *read_image(const char *path, uint64_t size, uint64_t hash, char *wh
 			 fat, size);
 		goto fail;
 	}
-	if (fwd_fnv1a64(buf, size) != hash) {
+	if (fwd_image_hash64(buf, size) != hash) {
 		snprintf(why, whylen, "its content does not match the app's hash %016" PRIx64
 			 " (damaged, or replaced by another image)", hash);
 		goto fail;
@@ -154,74 +174,174 @@ fail:
 	return NULL;
 }
 
-/* A free entry, unloading an unheld library if need be; mu held. */
+__thread int w_is_launcher;
+
+/* COLOCATE_WORKER_LOAD_DELAY_MS (test hook): every load takes that long
+ * more, outside the mutex, as a big or JIT-compiled image would. */
+static unsigned load_delay_ms(void)
+{
+	static int said = -1;
+	const char *v = getenv("COLOCATE_WORKER_LOAD_DELAY_MS");
+	unsigned ms = v ? (unsigned)strtoul(v, NULL, 10) : 0;
+
+	if (ms > 60000)
+		ms = 60000;
+	if (ms && __atomic_exchange_n(&said, 1, __ATOMIC_RELAXED) != 1)
+		w_log("COLOCATE_WORKER_LOAD_DELAY_MS=%u: every module load is delayed (a test "
+		      "hook)", ms);
+	return ms;
+}
+
+/* An entry back to free; mu held. */
+static void entry_clear(struct wlib *l)
+{
+	if (l->state == L_LOADED) {
+		if (cudaLibraryUnload(l->lib) != cudaSuccess)
+			cudaGetLastError();
+		__atomic_sub_fetch(&nloaded, 1, __ATOMIC_RELAXED);
+	}
+	free(l->image);
+	free(l->path);
+	memset(l, 0, sizeof(*l));
+}
+
+/* One reference less; a failed entry nobody holds is freed (a loaded one
+ * stays cached).  Never waits.  mu held. */
+static void entry_put(struct wlib *l)
+{
+	if (l->refs)
+		l->refs--;
+	if (!l->refs && l->state == L_FAILED)
+		entry_clear(l);
+}
+
+/* A free entry, unloading an unheld library if need be; mu held.  An
+ * entry being loaded is always held (by its loader), so never taken. */
 static struct wlib *free_entry(void)
 {
 	struct wlib *victim = NULL;
 	unsigned i;
 
 	for (i = 0; i < W_MAX_LIBS; i++) {
-		if (!libs[i].lib)
+		if (libs[i].state == L_FREE)
 			return &libs[i];
-		if (!libs[i].refs && !victim)
+		if (!libs[i].refs && libs[i].state != L_LOADING && !victim)
 			victim = &libs[i];
 	}
 	if (!victim)
 		return NULL;
 	w_log("unloading module %s (no app uses it) to make room", victim->path);
-	if (cudaLibraryUnload(victim->lib) != cudaSuccess)
-		cudaGetLastError();
-	free(victim->image);
-	free(victim->path);
-	memset(victim, 0, sizeof(*victim));
-	__atomic_sub_fetch(&nloaded, 1, __ATOMIC_RELAXED);
+	entry_clear(victim);
 	return victim;
 }
 
-/* The cached library of (hash, size), loaded from path if need be, with a
- * reference taken; NULL with a reason.  mu held. */
-static struct wlib *get_lib(const char *path, uint64_t size, uint64_t hash, char *why,
-			    size_t whylen)
+/*
+ * The entry of (hash, size) with a reference taken: a loaded one, or one
+ * loading from the same path, or a new one in L_LOADING whose load is the caller's (*mine = 1).
+ * A failed entry is not reused: the next MODULE reads the file again.
+ * NULL with a reason when the table is full of held entries.  mu held.
+ */
+static struct wlib *entry_get(const char *path, uint64_t size, uint64_t hash, int *mine,
+			      char *why, size_t whylen)
 {
 	struct wlib *l;
-	cudaLibrary_t lib;
-	cudaError_t e;
-	void *image;
 	unsigned i;
 
+	*mine = 0;
 	for (i = 0; i < W_MAX_LIBS; i++) {
 		l = &libs[i];
-		if (l->lib && l->hash == hash && l->size == size) {
+		/* a load under way is joined only for the same file: another
+		 * path may hold a good copy where this one is refused */
+		if (l->hash == hash && l->size == size &&
+		    (l->state == L_LOADED || (l->state == L_LOADING && !strcmp(l->path, path)))) {
 			l->refs++;
 			return l;
 		}
 	}
-	image = read_image(path, size, hash, why, whylen);
-	if (!image)
-		return NULL;
 	l = free_entry();
 	if (!l) {
 		snprintf(why, whylen, "this worker holds %d modules in use already", W_MAX_LIBS);
-		free(image);
 		return NULL;
 	}
-	e = cudaLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
-	if (e != cudaSuccess) {
-		cudaGetLastError();
-		snprintf(why, whylen, "cudaLibraryLoadData: %s", cudaGetErrorName(e));
-		free(image);
+	l->path = strdup(path);
+	if (!l->path) {
+		snprintf(why, whylen, "out of memory");
 		return NULL;
 	}
 	l->hash = hash;
 	l->size = size;
-	l->lib = lib;
-	l->image = image;
+	l->state = L_LOADING;
 	l->refs = 1;
-	l->path = strdup(path);
-	__atomic_add_fetch(&nloaded, 1, __ATOMIC_RELAXED);
-	__atomic_add_fetch(&nloads, 1, __ATOMIC_RELAXED);
-	w_log("loaded module %s (%" PRIu64 " bytes)", path, size);
+	*mine = 1;
 	return l;
+}
+
+/*
+ * Read, check and load the entry's image, without mu (the entry is ours
+ * while L_LOADING: nobody else writes it or frees it), then publish the
+ * outcome and wake the waiters.  a: the app it is loaded for (its refusal
+ * is logged under its name).
+ */
+void w_module_load(struct wapp *a, struct wlib *l)
+{
+	cudaLibrary_t lib = NULL;
+	unsigned delay = load_delay_ms();
+	char why[200] = "";
+	cudaError_t e;
+	void *image;
+
+	image = read_image(l->path, l->size, l->hash, why, sizeof(why));
+	if (image && delay)
+		usleep(delay * 1000u);
+	if (image) {
+		e = cudaLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
+		if (e != cudaSuccess) {
+			cudaGetLastError();
+			snprintf(why, sizeof(why), "cudaLibraryLoadData: %s", cudaGetErrorName(e));
+			free(image);
+			image = NULL;
+		}
+	}
+	pthread_mutex_lock(&mu);
+	if (image) {
+		l->lib = lib;
+		l->image = image;
+		l->state = L_LOADED;
+		__atomic_add_fetch(&nloaded, 1, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&nloads, 1, __ATOMIC_RELAXED);
+	} else {
+		l->state = L_FAILED;
+		snprintf(l->why, sizeof(l->why), "%s", why);
+	}
+	pthread_cond_broadcast(&loaded_cv);
+	pthread_mutex_unlock(&mu);
+	if (image) {
+		w_log("loaded module %s (%" PRIu64 " bytes)", l->path, l->size);
+	} else {
+		char msg[sizeof(why) + 600];
+
+		snprintf(msg, sizeof(msg), "module file %s refused: %s", l->path, why);
+		log_refusal(a, msg);
+	}
+}
+
+/* The load that job (W_JOB_LOAD, from w_app_module on the main thread) is
+ * for could not be queued: the entry fails now, waking any waiter. */
+static void load_not_queued(struct wlib *l)
+{
+	pthread_mutex_lock(&mu);
+	l->state = L_FAILED;
+	snprintf(l->why, sizeof(l->why), "out of memory for the load");
+	pthread_cond_broadcast(&loaded_cv);
+	pthread_mutex_unlock(&mu);
+}
+
+/* Wait (launcher threads only) until l is not loading; its state.  mu held. */
+static int entry_wait(struct wlib *l)
+{
+	while (l->state == L_LOADING)
+		pthread_cond_wait(&loaded_cv, &mu);
+	return l->state;
 }
 
 int w_app_module(struct wapp *a, const struct fwd_module *m, const char *path, char *why,
@@ -229,6 +349,7 @@ int w_app_module(struct wapp *a, const struct fwd_module *m, const char *path, c
 {
 	struct wlib *l = a->mods[m->mid];
 	char sub[200];
+	int mine, state;
 
 	if (l) {
 		/* idempotent: the same image again is fine */
@@ -239,13 +360,35 @@ int w_app_module(struct wapp *a, const struct fwd_module *m, const char *path, c
 		return FWD_E_MALFORMED;   /* the shim never reuses an id */
 	}
 	pthread_mutex_lock(&mu);
-	l = get_lib(path, m->size, m->hash, sub, sizeof(sub));
+	l = entry_get(path, m->size, m->hash, &mine, sub, sizeof(sub));
 	pthread_mutex_unlock(&mu);
 	if (!l) {
 		snprintf(why, whylen, "module file %s refused: %s", path, sub);
 		log_refusal(a, why);
 		return FWD_E_MODULE;
 	}
+	if (!w_is_launcher) {
+		/* main thread: never waits.  The app's launcher loads it (its
+		 * queue is in frame order, so before anything of this app that
+		 * follows); a DEFINE meanwhile is resolved there (app.c). */
+		if (mine && w_app_push_job(a, W_JOB_LOAD, 0, l) < 0)
+			load_not_queued(l);
+		a->mods[m->mid] = l;
+		return 0;
+	}
+	if (mine)
+		w_module_load(a, l);
+	pthread_mutex_lock(&mu);
+	state = entry_wait(l);
+	if (state != L_LOADED) {
+		snprintf(why, whylen, "module file %s refused: %s", path, l->why);
+		if (!mine)                 /* the loader logged it already */
+			log_refusal(a, why);
+		entry_put(l);
+	}
+	pthread_mutex_unlock(&mu);
+	if (state != L_LOADED)
+		return FWD_E_MODULE;
 	a->mods[m->mid] = l;
 	return 0;
 }
@@ -273,6 +416,18 @@ int w_module_kernel(struct wapp *a, struct wkernel *k, char *why, size_t whylen)
 				 k->name, k->mid);
 		return FWD_E_MODULE;
 	}
+	pthread_mutex_lock(&mu);
+	if (l->state == L_LOADING && !w_is_launcher) {
+		pthread_mutex_unlock(&mu);
+		return W_E_DEFER;          /* the main thread never waits */
+	}
+	if (entry_wait(l) != L_LOADED) {
+		snprintf(why, whylen, "kernel %s: its module %u was refused (see above): %s",
+			 k->name, k->mid, l->why);
+		pthread_mutex_unlock(&mu);
+		return FWD_E_MODULE;
+	}
+	pthread_mutex_unlock(&mu);
 	e = cudaLibraryGetKernel(&h, l->lib, k->name);
 	if (e != cudaSuccess) {
 		cudaGetLastError();
@@ -313,15 +468,16 @@ int w_module_kernel(struct wapp *a, struct wkernel *k, char *why, size_t whylen)
 	return 0;
 }
 
-/* The app is being freed: its references go (the libraries stay cached). */
+/* The app is being freed: its references go (the libraries stay cached).
+ * Never waits: its launcher has finished, so no load of its is running. */
 void w_app_modules_drop(struct wapp *a)
 {
 	unsigned i;
 
 	pthread_mutex_lock(&mu);
 	for (i = 0; i < FWD_MAX_MODULES; i++) {
-		if (a->mods[i] && a->mods[i]->refs)
-			a->mods[i]->refs--;
+		if (a->mods[i])
+			entry_put(a->mods[i]);
 		a->mods[i] = NULL;
 	}
 	pthread_mutex_unlock(&mu);

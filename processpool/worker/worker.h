@@ -15,6 +15,11 @@
  * tests use it to refuse one kernel of a real program.  Never set it in
  * production.
  *
+ * Test hook: COLOCATE_WORKER_LOAD_DELAY_MS=<ms> makes every module load
+ * (modules.c) take that much longer, as a big or JIT-compiled fat binary
+ * would; tests use it to show that heartbeats, stats and other apps go on
+ * during a load.  Never set it in production.
+ *
  * Files, one job each:
  *   main.c      start-up, signals, the poll loop, heartbeats, shutdown
  *   frames.c    receiving, checking and dispatching frames; replies; stats
@@ -71,6 +76,11 @@ struct wkernel {
 	uint32_t argbytes;
 	struct fwd_param *params;
 	char *name;
+	/* zmq path: its DEFINE came while its module was loading, and is
+	 * resolved by the launcher (W_JOB_DEFINE); refused there (atomics:
+	 * the main thread reads them for a repeated DEFINE) */
+	int pending;
+	int refused;
 };
 
 /* A worker stream serving one stream index of one app. */
@@ -90,13 +100,23 @@ struct wstream {
 	uint64_t thead, ttail;         /* launcher thread only                  */
 };
 
-/* A launch handed to an app's launcher thread, in arrival order. */
+/* What the main thread hands an app's launcher thread, in arrival order:
+ * a launch, or (zmq path) work that may wait for a module load, which the
+ * main thread never does (modules.c). */
+enum { W_JOB_LAUNCH, W_JOB_LOAD, W_JOB_DEFINE };
 struct witem {
 	struct witem *next;
+	int job;                       /* W_JOB_*                               */
+	uint32_t kid;                  /* W_JOB_DEFINE: the kernel to resolve   */
+	struct wlib *lib;              /* W_JOB_LOAD: the entry to load         */
 	struct wkernel *k;
 	struct fwd_launch m;
 	unsigned char args[];          /* m.argbytes */
 };
+
+/* Not a FWD_E_* code: a DEFINE on the main thread whose module is still
+ * loading; the launcher resolves it (W_JOB_DEFINE) and gives the verdict. */
+#define W_E_DEFER 1000
 
 struct wapp {
 	unsigned char rid[W_MAX_RID];
@@ -221,6 +241,10 @@ void w_app_module_refused(struct wapp *a, uint32_t mid);
 /* NULL when st is a file we may load (twins, modules), else why not */
 const char *w_file_unsafe(const struct stat *st);
 void w_app_push(struct wapp *a, struct witem *it);
+/* Queue a W_JOB_LOAD or W_JOB_DEFINE for the app's launcher: 0 or -1 */
+int  w_app_push_job(struct wapp *a, int job, uint32_t kid, struct wlib *lib);
+/* The launcher runs a queued job */
+void w_app_run_job(struct wapp *a, const struct witem *it);
 void w_app_close(struct wapp *a, int abandon);   /* BYE / app death / shutdown */
 void w_apps_tick(uint64_t now);                  /* heartbeats, deaths, reaping */
 int  w_apps_shutdown(uint64_t deadline_ns);     /* 1: every app finished */
@@ -233,6 +257,11 @@ int  w_app_module(struct wapp *a, const struct fwd_module *m, const char *path, 
 /* k->handle from the app's module k->mid, its layout checked: 0 or FWD_E_* */
 int  w_module_kernel(struct wapp *a, struct wkernel *k, char *why, size_t whylen);
 void w_app_modules_drop(struct wapp *a);
+/* Read, check and load an entry inserted in L_LOADING (its loader only,
+ * never the main thread), waking whoever waits for it */
+void w_module_load(struct wapp *a, struct wlib *l);
+/* This thread is a launcher: it may wait for another app's load */
+extern __thread int w_is_launcher;
 unsigned w_modules_loaded(void);           /* libraries loaded now          */
 uint64_t w_module_loads(void);             /* cudaLibraryLoadData calls made */
 
