@@ -48,6 +48,7 @@
  *                    mem socket (a shim that asked and gets no echo leaves)
  *   MODULE       shim -> worker, once per module per connection, before
  *                the first DEFINE of a kernel of that module
+ *     flags: FWD_MF_VARS = the module has device variables (see there)
  *     u32 mid        the shim's module id (< FWD_MAX_MODULES): one fat
  *                    binary the app registered (__cudaRegisterFatBinary)
  *     u32 pad
@@ -193,9 +194,10 @@
 #endif
 
 #define FWD_MAGIC         0xC0u
-#define FWD_VERSION       4u      /* 2: FWD_LF_TIMED, page times;
+#define FWD_VERSION       5u      /* 2: FWD_LF_TIMED, page times;
                                      3: MODULE, DEFINE.mid;
-                                     4: MODULE.hash is fwd_image_hash64 */
+                                     4: MODULE.hash is fwd_image_hash64;
+                                     5: FWD_MF_VARS */
 
 #define FWD_MAX_STREAMS   64u      /* stream indexes per application       */
 #define FWD_MAX_KERNELS   4096u    /* kernel ids per application           */
@@ -222,6 +224,14 @@ enum fwd_type {
 /* LAUNCH flags */
 #define FWD_LF_COOP 0x01u
 #define FWD_LF_TIMED 0x02u       /* time it on the device (see "times")    */
+/* MODULE flags */
+#define FWD_MF_VARS 0x01u        /* the module registers __device__ or
+                                    __constant__ variables: a worker's own
+                                    copy of them would not hold the values
+                                    the app gave them, so a worker that runs
+                                    kernels as a GPU does refuses the module
+                                    (softly); on simgpu twins never read them */
+
 /* HELLO flags */
 #define FWD_HF_RING 0x01u        /* DEFINE/LAUNCH come through the page's ring:
                                     frames back to back from any byte offset,

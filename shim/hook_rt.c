@@ -29,6 +29,11 @@ void __cudaUnregisterFatBinary(void **fatCubinHandle);
 void __cudaRegisterFunction(void **fatCubinHandle, const char *hostFun, char *deviceFun,
 			    const char *deviceName, int thread_limit, uint3 *tid, uint3 *bid,
 			    dim3 *bDim, dim3 *gDim, int *wSize);
+void __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *deviceAddress,
+		       const char *deviceName, int ext, size_t size, int constant, int global);
+void __cudaRegisterManagedVar(void **fatCubinHandle, void **hostVarPtrAddress,
+			      char *deviceAddress, const char *deviceName, int ext, size_t size,
+			      int constant, int global);
 cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun);
 cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args,
 			       size_t sharedMem, cudaStream_t stream);
@@ -121,6 +126,26 @@ SHIM_API void __cudaRegisterFunction(void **h, const char *hostFun, char *device
 	 * again (dlclose, dlopen) follows its newer module */
 	shim_kernel_register(hostFun, deviceFun, shim_module_of(h));
 	real_(h, hostFun, deviceFun, deviceName, thread_limit, tid, bid, bDim, gDim, wSize);
+}
+
+/* Device variables: the worker would run the module's kernels against its
+ * own copy of them (fwd_proto.h, FWD_MF_VARS). */
+SHIM_API void __cudaRegisterVar(void **h, char *hostVar, char *deviceAddress,
+				const char *deviceName, int ext, size_t size, int constant,
+				int global)
+{
+	FIND_REAL(__cudaRegisterVar, );
+	shim_module_note_vars(h);
+	real_(h, hostVar, deviceAddress, deviceName, ext, size, constant, global);
+}
+
+SHIM_API void __cudaRegisterManagedVar(void **h, void **hostVarPtrAddress, char *deviceAddress,
+				       const char *deviceName, int ext, size_t size, int constant,
+				       int global)
+{
+	FIND_REAL(__cudaRegisterManagedVar, );
+	shim_module_note_vars(h);
+	real_(h, hostVarPtrAddress, deviceAddress, deviceName, ext, size, constant, global);
 }
 
 SHIM_API cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun)

@@ -99,6 +99,11 @@ struct shim_kernel {
  * it points to when it is a sound fat binary (no copy, no CUDA call, no
  * allocation: this runs in static constructors, under the loader lock). */
 void shim_module_register(void **handle, const void *wrapper);
+/* __cudaRegisterVar/__cudaRegisterManagedVar under handle: its module has
+ * device variables (a worker's copy of them would not be the app's). */
+void shim_module_note_vars(void **handle);
+/* 1 when module mid registered device variables. */
+int  shim_module_has_vars(int mid);
 /* __cudaUnregisterFatBinary: the image may go; its module is gone. */
 void shim_module_unregister(void **handle);
 /* The module registered under handle (the newest), or -1. */

@@ -553,7 +553,9 @@ static int module_ready(uint32_t mid, const char *kname)
 		return -1;
 	}
 	memset(&m, 0, sizeof(m));
-	fwd_hdr_init(&m.h, FWD_T_MODULE, 0, fmods[mid].len);
+	/* registration is over by the first launch: has_vars is final */
+	fwd_hdr_init(&m.h, FWD_T_MODULE, shim_module_has_vars((int)mid) ? FWD_MF_VARS : 0,
+		     fmods[mid].len);
 	m.mid = mid;
 	m.size = size;
 	m.hash = hash;

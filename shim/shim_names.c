@@ -185,6 +185,7 @@ struct shim_module {
 	void **handle;                   /* NULL once unregistered             */
 	const void *image;               /* published last, with release       */
 	uint64_t size;
+	int has_vars;                    /* device variables registered (atomic) */
 };
 
 static struct shim_module modules[SHIM_MAX_MODULES];
@@ -257,6 +258,21 @@ int shim_module_of(void **handle)
 	mid = find_module(handle);
 	pthread_mutex_unlock(&names_lock);
 	return mid;
+}
+
+void shim_module_note_vars(void **handle)
+{
+	int mid = shim_module_of(handle);
+
+	if (mid >= 0)
+		__atomic_store_n(&modules[mid].has_vars, 1, __ATOMIC_RELEASE);
+}
+
+int shim_module_has_vars(int mid)
+{
+	if (mid < 0 || (uint32_t)mid >= __atomic_load_n(&nmodules, __ATOMIC_ACQUIRE))
+		return 0;
+	return __atomic_load_n(&modules[mid].has_vars, __ATOMIC_ACQUIRE);
 }
 
 int shim_module_image(int mid, const void **image, uint64_t *size)

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(
     reason="bench programs, simgpu or colocate-worker not built (make build)")
 
 # wire constants of processpool/fwd_proto.h
-MAGIC, VERSION = 0xC0, 4
+MAGIC, VERSION = 0xC0, 5
 T_HELLO, T_HELLO_REPLY, T_DEFINE, T_LAUNCH, T_BYE, T_ERROR = 1, 2, 3, 4, 5, 6
 
 # hotspot: launches spread over time (a copy, i.e. a fence, every 6 launches),

@@ -58,7 +58,7 @@ pytestmark = pytest.mark.skipif(
     reason="bench programs, simgpu or colocate-worker not built (make build)")
 
 # wire constants of processpool/fwd_proto.h (protocol v4)
-MAGIC, VERSION = 0xC0, 4
+MAGIC, VERSION = 0xC0, 5
 T_HELLO, T_HELLO_REPLY, T_DEFINE, T_LAUNCH, T_BYE, T_ERROR, T_MODULE = 1, 2, 3, 4, 5, 6, 7
 E_MALFORMED, E_MODULE = 1, 8
 NO_MODULE, MAX_MODULES = 0xFFFFFFFF, 1024
@@ -947,3 +947,19 @@ def test_simgpu_library_api(tmp_path):
     damaged = dict(re.findall(r"^DAMAGED (\w+) (\d+)$", res.stdout, re.M))
     # cudaErrorInvalidKernelImage for each
     assert damaged == {k: "200" for k in ("magic", "entry", "elf", "sections")}
+
+
+def test_a_module_with_device_variables_stays_in_the_app(rig):
+    """vecadd's module defines a __device__ variable: a worker that runs
+    kernels as a GPU does would use its own copy of it, so it refuses the
+    module (softly: the app's kernels run locally, correctly); a simgpu
+    worker (twins never read device variables) takes it."""
+    by_module_worker(rig, 1)
+    rig.start_worker(2, 40)
+    out, err, c = rig.run("vecadd", "--symbol", "--repeat", "5", routes=1)
+    assert "PASS vecadd" in out, out + err
+    assert c["launches"] == 5 and c["forwarded"] == 0, c
+    assert "has __device__/__constant__ variables" in rig.worker_log(1)
+    assert "lost" not in err and "failure" not in err, err
+    out, err, c = rig.run("vecadd", "--symbol", "--repeat", "5", routes=2)
+    assert "PASS vecadd" in out and c["forwarded"] == 5, (c, err)

@@ -359,6 +359,13 @@ int w_app_module(struct wapp *a, const struct fwd_module *m, const char *path, c
 			 path);
 		return FWD_E_MALFORMED;   /* the shim never reuses an id */
 	}
+	if ((m->h.flags & FWD_MF_VARS) && !W.has_by_name) {
+		/* a GPU (or a simgpu worker told to act as one) */
+		snprintf(why, whylen, "module %u (%s) has __device__/__constant__ variables: this "
+			 "worker's copy of them would not hold the app's values", m->mid, path);
+		log_refusal(a, why);
+		return FWD_E_MODULE;
+	}
 	pthread_mutex_lock(&mu);
 	l = entry_get(path, m->size, m->hash, &mine, sub, sizeof(sub));
 	pthread_mutex_unlock(&mu);
