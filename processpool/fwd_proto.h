@@ -100,8 +100,7 @@
  *     worker brackets it with two events and writes the time into the
  *     page's time slots (below).  Untimed launches cost no event.
  *   BYE          shim -> worker: the app leaves; it has drained first
- *   ERROR        worker -> shim (and answer to any malformed frame, or to a
- *                refused MODULE or DEFINE on a version-4 page); to a
+ *   ERROR        worker -> shim (and answer to any malformed frame); to a
  *                shim it means the connection lost work: it replays
  *                locally what did not complete.  FWD_E_CLOSING (seq 0)
  *                comes after a SIGTERM, once the worker has finished

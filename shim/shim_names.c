@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "fwd_proto.h"     /* the fat binary header and its cap */
 #include "shim_vmm.h"
 
 #include <cuda_runtime_api.h>
@@ -171,8 +172,6 @@ struct shim_kernel *shim_kernel_learn(const void *key)
 /* ------------------------------------------------------------------ modules */
 
 #define WRAPPER_MAGIC  0x466243b1u      /* __cudaRegisterFatBinary's argument */
-#define FATBIN_MAGIC   0xBA55ED50u      /* the image it points to            */
-#define MAX_IMAGE      (1ull << 30)     /* a sanity cap, not a real limit     */
 
 struct fat_wrapper {
 	uint32_t magic;
@@ -208,7 +207,7 @@ void shim_module_register(void **handle, const void *wrapper)
 	memcpy(&magic, img, sizeof(magic));
 	memcpy(&hdr, img + 6, sizeof(hdr));
 	memcpy(&fat, img + 8, sizeof(fat));
-	if (magic != FATBIN_MAGIC || hdr < 16 || fat > MAX_IMAGE - hdr)
+	if (magic != FWD_FATBIN_MAGIC || hdr < 16 || fat > FWD_MAX_MODULE_BYTES - hdr)
 		return;
 	pthread_mutex_lock(&names_lock);
 	if (nmodules < SHIM_MAX_MODULES) {

@@ -7,9 +7,9 @@
  * its signature in 13.0): no -lcuda, the probes link only the shared cudart
  * like every bench program, and they still load where no libcuda.so.1
  * exists.  cudaGetDriverEntryPointByVersion itself is looked up with dlsym
- * rather than linked, because simgpu's libcudart.so.13 has no such symbol: a
- * direct reference would make the loader kill the probe on simgpu before it
- * could say why (the tests run the probes there).
+ * rather than linked, so that a runtime without it (an older simgpu, a
+ * stub) fails with a reason instead of a loader error; simgpu's hands out
+ * only its VMM emulation, and gpu_absent() says "simgpu" there.
  *
  * Define `static const char *NAME` (the probe's name, for stderr) first.
  */

@@ -12,7 +12,7 @@
  * Kernels: a DEFINE names the app's module (MODULE, modules.c) the kernel
  * is taken from, as a GPU needs; without one, simgpu finds it by name.  A
  * kernel we cannot serve is refused softly (w_app_verdict: in the page, the
- * app runs it itself) unless the app's page is version 4.  A DEFINE the
+ * app runs it itself).  A DEFINE the
  * main thread handles (zmq path) whose module is still loading is not
  * waited for: its kernel is published pending and the app's launcher
  * resolves it after the load (W_JOB_DEFINE), then gives the verdict; a
@@ -543,16 +543,6 @@ static int reap(void)
 		app_free(a);
 	}
 	return left;
-}
-
-int w_app_live_pid(uint32_t pid)
-{
-	int i;
-
-	for (i = 0; i < W_MAX_APPS; i++)
-		if (apps[i] && apps[i]->pid == pid)
-			return 1;
-	return 0;
 }
 
 uint64_t w_app_pair_mem(uint32_t pid)

@@ -304,7 +304,6 @@ void w_vmm_counts(uint64_t *mapped, uint64_t *unmapped, uint64_t *live);
 int  w_vmm_translate(struct wapp *a, const unsigned char *args, uint32_t argbytes,
 		     const struct wkernel *k, unsigned char *out);
 /* app.c: an app of that pid is still here (its launcher may run) */
-int  w_app_live_pid(uint32_t pid);
 /* The mem socket's view of apps (main thread): the newest app entry of pid
  * with FWD_HF_VMM and no mem connection yet takes this one (its serial, or
  * 0: none); an app entry that may still launch (exists, launcher not
