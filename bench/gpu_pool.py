@@ -30,7 +30,9 @@ What it does, in this order:
     100/100.
  2. Starts the MPS control daemon through processpool/mps.py under a private
     runtime directory (or uses one that already answers, and says which).
- 3. gpu-vmm_probe for each --pairs PARENT/CHILD percentage pair.
+ 3. gpu-vmm_probe for each --pairs PARENT/CHILD percentage pair, then once
+    with the parent outside MPS and the child a 50 % MPS client ("app->worker":
+    how an app under `colocate run` shares memory with a pool worker).
  4. gpu-quota_probe at each --quotas value, each its own MPS client, from
     100 down; then the memory-bound variant likewise (unless --no-mem).
  5. Stops the daemon if it started it (also on errors and Ctrl-C), prints
@@ -246,8 +248,10 @@ def quota_cmd(reps: int, warmup: int, fixed: dict[str, int] | None, target_ms: i
     return cmd
 
 
-def vmm_cmd(child_pct: int, reps: int, mb: int) -> list[str]:
-    return [str(VMM_PROBE), "--child-pct", str(child_pct), "--reps", str(reps), "--mb", str(mb)]
+def vmm_cmd(child_pct: int, reps: int, mb: int, child_pipe: str | None = None) -> list[str]:
+    """child_pipe: the child's own MPS pipe dir (the parent stays outside MPS)."""
+    return [str(VMM_PROBE), "--child-pct", str(child_pct), "--reps", str(reps), "--mb", str(mb),
+            *(["--child-mps-pipe", child_pipe] if child_pipe else [])]
 
 
 # ---------------------------------------------------------------- running
@@ -477,6 +481,12 @@ def measure(plan: Plan, res: Results, runner: Runner, mps_factory: Callable[[], 
         for p, c in plan.pairs:
             _timed(budget, res, "vmm", runner, vmm_cmd(c, plan.vmm_reps, plan.vmm_mb),
                    probe_env(base_env, p, mps_env, None), parent_pct=p, child_pct=c, mps=True)
+        # what colocate does: an app outside MPS hands its memory to a pool
+        # worker inside it (mps "app->worker")
+        _timed(budget, res, "vmm", runner,
+               vmm_cmd(50, plan.vmm_reps, plan.vmm_mb, mps_env.get(PIPE_ENV)),
+               probe_env(base_env, 100, None, no_mps_dir), parent_pct=100, child_pct=50,
+               mps="app->worker")
         for q in plan.quotas:
             run = _timed(budget, res, "quota", runner,
                          quota_cmd(plan.reps, plan.warmup, fixed, plan.target_ms),
@@ -538,7 +548,8 @@ def table_rows(res: Results) -> tuple[list[list[str]], list[list[str]]]:
     v = []
     for r in res.data.get("vmm", []):
         d = r.get("result") or {}
-        v.append([f"{r['parent_pct']}/{r['child_pct']}", "yes" if r["mps"] else "no",
+        v.append([f"{r['parent_pct']}/{r['child_pct']}",
+                  r["mps"] if isinstance(r["mps"], str) else "yes" if r["mps"] else "no",
                   f"{_f(d.get('mps_enabled'))}/{_f(d.get('child_mps_enabled'))}",
                   _f(d.get("same_address")), _f(d.get("data_ok")), _f(d.get("arena_same_address")),
                   _f(d.get("arena_data_ok")), _f(d.get("setup_us_first"), "{:.0f}"),

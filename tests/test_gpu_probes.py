@@ -389,10 +389,15 @@ def test_gpu_pool_whole_plan_on_simgpu(tmp_path, testdrv, monkeypatch, capsys):
     assert nomps[0]["result"]["calibrated"] is True
     assert {(r["result"]["iters"], r["result"]["grid"]) for r in nomps + q} == \
         {(data["calibration"]["iters"], data["calibration"]["grid"])}
-    assert [(r["parent_pct"], r["child_pct"], r["mps"]) for r in vmm_runs] == [(100, 100, False), (30, 70, True)]
+    assert [(r["parent_pct"], r["child_pct"], r["mps"]) for r in vmm_runs] == [
+        (100, 100, False), (30, 70, True), (100, 50, "app->worker")]
+    # the app outside MPS (our empty pipe dir), the worker inside (the daemon's)
+    aw = vmm_runs[2]
+    assert aw["cmd"][aw["cmd"].index("--child-mps-pipe") + 1] == str(mps.pipe_dir), aw["cmd"]
+    assert aw["result"]["child_pct"] == "50" and aw["result"]["mps_enabled"] is False
     assert vmm_runs[1]["result"]["child_pct"] == "70" and vmm_runs[1]["result"]["parent_pct"] == "30"
     assert all(r["result"]["same_address"] is True for r in vmm_runs)
-    assert data["verdicts"]["vmm"].startswith("same address in 1/1 MPS pairs")
+    assert data["verdicts"]["vmm"].startswith("same address in 2/2 MPS pairs")
     curve = {(c["quota"], c["mps"], c["kind"]): c for c in data["curve"]}
     assert curve[(100, True, "compute")]["rel"] == 1.0 and curve[(50, True, "compute")]["rel"] > 1
     assert "x t(100)" in capsys.readouterr().out
@@ -437,4 +442,4 @@ def test_gpu_pool_flags_wrong_data(tmp_path):
         return gpu_pool.ProbeRun(cmd, 0, 0.1, {"probe": "quota", "median_ms": 1.0, "grid": 8, "iters": 4})
     rc, data, _ = _pool(tmp_path, ["--quotas", "50", "--no-mem", "--pairs", "30/70"], runner)
     assert rc == 1 and any("data mismatch (12 words)" in f for f in data["failed"])
-    assert data["verdicts"]["vmm"].startswith("same address in 1/1 MPS pairs, data ok in 0/1")
+    assert data["verdicts"]["vmm"].startswith("same address in 2/2 MPS pairs, data ok in 0/2")

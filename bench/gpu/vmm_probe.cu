@@ -3,12 +3,14 @@
 // bench/gpu_pool.py runs it for several percentage pairs, with and without
 // MPS.)
 //
-//   gpu-vmm_probe [--child-pct Q] [--mb M] [--reps R] [--arena-hint ADDR]
+//   gpu-vmm_probe [--child-pct Q] [--child-mps-pipe DIR] [--mb M] [--reps R] [--arena-hint ADDR]
 //                 [--arena-gb G] [--timeout-s T]
 //
 // The process's own SM percentage is CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, as
 // for every MPS client; --child-pct Q gives the child another one (default:
-// the same environment).  The production plan of ARCHITECTURE.md, step by
+// the same environment), and --child-mps-pipe DIR its own MPS pipe
+// directory (so that a parent outside MPS hands memory to an MPS client, as
+// an app under `colocate run` does to a pool worker).  The production plan of ARCHITECTURE.md, step by
 // step:
 //
 //   parent  context; CU_DEVICE_ATTRIBUTE_MPS_ENABLED; reserve the arena
@@ -64,6 +66,7 @@ static const char *NAME = "vmm_probe";
 #include "jsonline.h"
 
 #define PCT_ENV "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+#define PIPE_ENV "CUDA_MPS_PIPE_DIRECTORY"
 #define MAGIC 0x766d6d70u        /* "vmmp": both messages start with it */
 #define MAX_REPS 1000
 
@@ -88,6 +91,7 @@ static const char *NAME = "vmm_probe";
 struct opts {
 	int child_fd;                    /* >= 0: we are the child */
 	int child_pct;                   /* 0: the child inherits our environment */
+	const char *child_pipe;          /* NULL: the child inherits our MPS pipe dir */
 	long mb;
 	int reps;
 	unsigned long long arena_hint, arena_gb;
@@ -521,7 +525,10 @@ static int report(int absent_rc, const char *absent_why)
 }
 
 /* The child's environment: ours, with its own SM percentage if asked. */
-static char **child_env(int pct, char *buf, size_t n)
+/* Our environment, with the child's own percentage and, when given, its
+ * own MPS pipe directory (a parent outside MPS, a child inside: an app and
+ * a pool worker). */
+static char **child_env(int pct, char *buf, size_t n, const char *pipe, char *pbuf, size_t pn)
 {
 	extern char **environ;
 	size_t k = 0, cnt = 0;
@@ -529,15 +536,23 @@ static char **child_env(int pct, char *buf, size_t n)
 
 	while (environ[cnt])
 		cnt++;
-	env = (char **)calloc(cnt + 2, sizeof(char *));
+	env = (char **)calloc(cnt + 3, sizeof(char *));
 	if (!env)
 		return NULL;
-	for (size_t i = 0; i < cnt; i++)
-		if (pct <= 0 || strncmp(environ[i], PCT_ENV "=", sizeof(PCT_ENV)) != 0)
-			env[k++] = environ[i];
+	for (size_t i = 0; i < cnt; i++) {
+		if (pct > 0 && !strncmp(environ[i], PCT_ENV "=", sizeof(PCT_ENV)))
+			continue;
+		if (pipe && !strncmp(environ[i], PIPE_ENV "=", sizeof(PIPE_ENV)))
+			continue;
+		env[k++] = environ[i];
+	}
 	if (pct > 0) {
 		snprintf(buf, n, "%s=%d", PCT_ENV, pct);
 		env[k++] = buf;
+	}
+	if (pipe) {
+		snprintf(pbuf, pn, "%s=%s", PIPE_ENV, pipe);
+		env[k++] = pbuf;
 	}
 	env[k] = NULL;
 	return env;
@@ -553,7 +568,7 @@ static int run_parent(const struct opts *o)
 	int reaped = 0;
 	pid_t pid = -1;
 	struct vmm_msg msg;
-	char why[256], pctbuf[64], fdarg[16], hintarg[32], gbarg[32], toarg[16];
+	char why[256], pctbuf[64], fdarg[16], hintarg[32], gbarg[32], toarg[16], pipebuf[4200];
 	char **env = NULL;
 	uint32_t *host = NULL, *alias = NULL;
 	void *probe = NULL;
@@ -628,7 +643,8 @@ static int run_parent(const struct opts *o)
 		fail_note(F, "fcntl", errno, strerror(errno));
 		goto out;
 	}
-	env = child_env(o->child_pct, pctbuf, sizeof(pctbuf));
+	env = child_env(o->child_pct, pctbuf, sizeof(pctbuf), o->child_pipe, pipebuf,
+			sizeof(pipebuf));
 	if (!env) {
 		fail_note(F, "calloc", ENOMEM, "no memory for the child's environment");
 		goto out;
@@ -776,7 +792,7 @@ out:
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: gpu-vmm_probe [--child-pct Q] [--mb M] [--reps R] "
+	fprintf(stderr, "usage: gpu-vmm_probe [--child-pct Q] [--child-mps-pipe DIR] [--mb M] [--reps R] "
 			"[--arena-hint ADDR] [--arena-gb G] [--timeout-s T]\n"
 			"  one JSON line on stdout; exit 0 verdict, 1 a call failed, "
 			"2 no device (or simgpu)\n");
@@ -819,6 +835,8 @@ int main(int argc, char **argv)
 			bad = arg_ull(argc, argv, &i, 0, 1 << 20, &v), o.child_fd = (int)v;
 		else if (!strcmp(a, "--child-pct"))
 			bad = arg_ull(argc, argv, &i, 1, 100, &v), o.child_pct = (int)v;
+		else if (!strcmp(a, "--child-mps-pipe") && i + 1 < argc && strlen(argv[i + 1]) < 4096)
+			o.child_pipe = argv[++i];
 		else if (!strcmp(a, "--mb"))
 			bad = arg_ull(argc, argv, &i, 1, 4095, &v), o.mb = (long)v;
 		else if (!strcmp(a, "--reps"))
