@@ -199,6 +199,29 @@ static void prop_of(CUmemAllocationProp *p, int dev)
 
 /* The state to publish: 1 with base and granularity set, or -1.  vm_mu
  * held; `state` is not touched here (see its comment). */
+/*
+ * The runtime's context, before the first VMM call: set-up usually runs at
+ * the app's first cudaMalloc, before anything made one, and the VMM calls
+ * are driver calls (the driver's VMM sample makes a context first too).
+ * cudaFree(NULL) is how the runtime is asked for it; a statically linked
+ * runtime has none to ask, and its own context already exists by the time
+ * it allocates.
+ */
+static void primary_context(void)
+{
+	static const char *const rt[] = { "libcudart.so.13", "libcudart.so", NULL };
+	__typeof__(&cudaFree) fr = (__typeof__(fr))shim_real_in(rt, "libcudart", ".so.13",
+								"cudaFree");
+
+	if (!fr)
+		return;
+	shim_in_runtime++;
+	if (fr(NULL) != cudaSuccess)
+		shim_log("COLOCATE_MEM=vmm: cudaFree(NULL) could not make the context; the VMM "
+			 "calls will say what is wrong");
+	shim_in_runtime--;
+}
+
 static int setup(void)
 {
 	CUmemAllocationProp prop;
@@ -215,6 +238,7 @@ static int setup(void)
 		shim_log("COLOCATE_MEM=vmm: %s; device memory stays native", why);
 		return -1;
 	}
+	primary_context();
 	prop_of(&prop, cur_device());
 	r = D.gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
 	if (r != CUDA_SUCCESS || !g || g % FWD_MEM_ALIGN || FWD_MEM_SLOT_SPAN % g) {
