@@ -180,15 +180,22 @@ int main(int argc, char **argv)
 """
 
 
+SIMGPU_LINK = (f"-L{paths.SIMGPU_DIR}", "-l:libcudart.so.13", f"-Wl,-rpath,{paths.SIMGPU_DIR}")
+PRELOAD_LIB = ("-shared", "-fPIC")
+
+
+def build_c(d: Path, name: str, source: str, *flags: str) -> Path:
+    """source compiled against the CUDA headers into d/name (flags: how it links)."""
+    (d / f"{name}.c").write_text(source)
+    out = d / name
+    subprocess.run(["gcc", "-O1", "-o", str(out), str(d / f"{name}.c"), f"-I{CUDA_INC}", *flags],
+                   check=True)
+    return out
+
+
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("vmmprobe")
-    (d / "probe.c").write_text(PROBE_C)
-    exe = d / "probe"
-    subprocess.run(["gcc", "-O1", "-o", str(exe), str(d / "probe.c"), f"-I{CUDA_INC}",
-                    f"-L{paths.SIMGPU_DIR}", "-l:libcudart.so.13",
-                    f"-Wl,-rpath,{paths.SIMGPU_DIR}"], check=True)
-    return exe
+    return build_c(tmp_path_factory.mktemp("vmmprobe"), "probe", PROBE_C, *SIMGPU_LINK)
 
 
 def run_probe(exe: Path, tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -309,10 +316,7 @@ __attribute__((constructor)) static void grab(void)
 
 
 def test_app_with_managed_memory_stays_local(rig, tmp_path):
-    (tmp_path / "managed.c").write_text(MANAGED_C)
-    lib = tmp_path / "libmanaged.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "managed.c"),
-                    f"-I{CUDA_INC}"], check=True)
+    lib = build_c(tmp_path, "libmanaged.so", MANAGED_C, *PRELOAD_LIB)
     by_module_worker(rig, 1)
     out, _, _ = rig.run("hotspot", *HOT, **rig.fast)
     want = result_of(out)
@@ -378,12 +382,7 @@ cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 
 @pytest.fixture(scope="module")
 def midrun(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("midrun")
-    (d / "midrun.c").write_text(MIDRUN_C)
-    lib = d / "libmidrun.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(d / "midrun.c"),
-                    f"-I{CUDA_INC}", "-ldl"], check=True)
-    return lib
+    return build_c(tmp_path_factory.mktemp("midrun"), "libmidrun.so", MIDRUN_C, *PRELOAD_LIB, "-ldl")
 
 
 def test_malloc_and_free_while_routed_reach_the_worker(rig, midrun):
@@ -717,13 +716,8 @@ int main(int argc, char **argv)
 
 @pytest.fixture(scope="module")
 def shimprobe(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("shimprobe")
-    (d / "shimprobe.c").write_text(SHIMPROBE_C)
-    exe = d / "shimprobe"
-    subprocess.run(["gcc", "-O1", "-pthread", "-o", str(exe), str(d / "shimprobe.c"),
-                    f"-I{CUDA_INC}", f"-L{paths.SIMGPU_DIR}", "-l:libcudart.so.13", "-ldl",
-                    f"-Wl,-rpath,{paths.SIMGPU_DIR}"], check=True)
-    return exe
+    return build_c(tmp_path_factory.mktemp("shimprobe"), "shimprobe", SHIMPROBE_C, "-pthread",
+                   *SIMGPU_LINK, "-ldl")
 
 
 def run_shimprobe(exe: Path, tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
@@ -821,11 +815,7 @@ int main(void)
 
 def test_emulated_map_needs_set_access(tmp_path):
     # review 8: cuMemMap gives no access; cuMemSetAccess spans mappings
-    (tmp_path / "access.c").write_text(ACCESS_C)
-    exe = tmp_path / "access"
-    subprocess.run(["gcc", "-O1", "-o", str(exe), str(tmp_path / "access.c"), f"-I{CUDA_INC}",
-                    f"-L{paths.SIMGPU_DIR}", "-l:libcudart.so.13",
-                    f"-Wl,-rpath,{paths.SIMGPU_DIR}"], check=True)
+    exe = build_c(tmp_path, "access", ACCESS_C, *SIMGPU_LINK)
     p = run_probe(exe, tmp_path)
     assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
     out = p.stdout.splitlines()

@@ -380,9 +380,22 @@ static int kparams(const struct image *im, const Elf64_Shdr *s, struct sg_params
 	return 0;
 }
 
-int sg_fatbin_params(struct sg_fatbin *fb, const char *name, struct sg_params *p)
+/* The kernel a sound section ".nv.info.<kernel>" describes, or NULL. */
+static const char *info_kernel(const struct image *im, const Elf64_Shdr *s)
 {
 	static const char pre[] = ".nv.info.";
+	const char *nm;
+
+	if (!s || !sec_ok(im, s) || s->sh_type == SHT_NOBITS)
+		return NULL;
+	nm = sec_name(im, s);
+	if (!nm || strncmp(nm, pre, sizeof(pre) - 1) != 0 || !nm[sizeof(pre) - 1])
+		return NULL;
+	return nm + sizeof(pre) - 1;
+}
+
+int sg_fatbin_params(struct sg_fatbin *fb, const char *name, struct sg_params *p)
+{
 	int i;
 
 	p->n = -1;
@@ -396,15 +409,9 @@ int sg_fatbin_params(struct sg_fatbin *fb, const char *name, struct sg_params *p
 
 		for (k = 1; k < eh->e_shnum; k++) {
 			const Elf64_Shdr *s = shdr(im, k);
-			const char *nm;
+			const char *nm = info_kernel(im, s);
 
-			if (!s || !sec_ok(im, s) || s->sh_type == SHT_NOBITS)
-				continue;
-			nm = sec_name(im, s);
-			if (!nm || strncmp(nm, pre, sizeof(pre) - 1) != 0 ||
-			    strcmp(nm + sizeof(pre) - 1, name) != 0)
-				continue;
-			if (kparams(im, s, p) == 0)
+			if (nm && !strcmp(nm, name) && kparams(im, s, p) == 0)
 				return 0;
 		}
 	}
@@ -421,7 +428,6 @@ int sg_fatbin_params(struct sg_fatbin *fb, const char *name, struct sg_params *p
 int sg_fatbin_each_kernel(struct sg_fatbin *fb, int (*fn)(const char *, struct sg_params *, void *),
 			  void *arg)
 {
-	static const char pre[] = ".nv.info.";
 	int i, n = 0;
 
 	if (!fb)
@@ -435,14 +441,10 @@ int sg_fatbin_each_kernel(struct sg_fatbin *fb, int (*fn)(const char *, struct s
 		for (k = 1; k < eh->e_shnum; k++) {
 			const Elf64_Shdr *s = shdr(im, k);
 			struct sg_params p = { -1, 0, NULL, NULL };
-			const char *nm;
+			const char *nm = info_kernel(im, s);
 
-			if (!s || !sec_ok(im, s) || s->sh_type == SHT_NOBITS)
+			if (!nm)
 				continue;
-			nm = sec_name(im, s);
-			if (!nm || strncmp(nm, pre, sizeof(pre) - 1) != 0 || !nm[sizeof(pre) - 1])
-				continue;
-			nm += sizeof(pre) - 1;
 			if (kparams(im, s, &p) < 0)
 				p.n = -1;
 			if (fn(nm, &p, arg) < 0)
