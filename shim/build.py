@@ -20,7 +20,7 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 LIB = HERE / "lib"
 ROOT = HERE.parent
-POOL = ROOT / "processpool"        # fwd_proto.h, shared by the shim and the worker
+POOL = ROOT / "processpool"        # fwd_proto.h, vmm_drv.h: shared by the shim and the worker
 WORKER_SRC = POOL / "worker"
 
 CFLAGS = ["-O2", "-g", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
@@ -121,7 +121,7 @@ def build_native() -> None:
     vs = _version_script(LIB / "libcolocate.map", None, exported_names())
     _link(LIB / "libcolocate.so", shim_src,
           ["-Wl,-z,defs", f"-Wl,--version-script={vs}", "-Wl,-soname,libcolocate.so", "-ldl", "-lpthread"],
-          headers + [HERE / "exports.txt", POOL / "fwd_proto.h"])
+          headers + [HERE / "exports.txt", *sorted(POOL.glob("*.h"))])
 
     # the process-pool worker: linked against the toolkit's libcudart without
     # an rpath, so LD_LIBRARY_PATH picks simgpu's libcudart.so.13 or the real one.
@@ -129,7 +129,7 @@ def build_native() -> None:
     if worker_src:
         _link(LIB / "colocate-worker", worker_src + [HERE / "zmqdl.c", HERE / "unixutil.c"],
               [f"-L{cuda_home() / 'lib64'}", "-lcudart", "-ldl", "-lpthread"],
-              headers + [POOL / "fwd_proto.h", *sorted(WORKER_SRC.glob("*.h"))], shared=False)
+              headers + [*sorted(POOL.glob("*.h")), *sorted(WORKER_SRC.glob("*.h"))], shared=False)
 
     # simgpu: the CPU test device, installed as libcudart.so.13 with its version node.
     sim_src = sorted((HERE / "simgpu").glob("*.c"))

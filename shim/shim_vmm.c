@@ -45,6 +45,7 @@
 #include "shim_vmm.h"
 #include "shim.h"
 #include "fwd_proto.h"
+#include "vmm_drv.h"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -111,15 +112,9 @@ static int want_vmm(void)
 	return 0;
 }
 
-typedef cudaError_t (*entry_fn)(const char *, void **, unsigned int, unsigned long long,
-				enum cudaDriverEntryPointQueryResult *);
-
 static int load_driver(char *why, size_t whylen)
 {
-	static const struct {
-		const char *name;
-		size_t off;
-	} syms[] = {
+	static const struct vmm_sym syms[] = {
 #define S(n, f) { #n, offsetof(__typeof__(D), f) }
 		S(cuMemGetAllocationGranularity, gran), S(cuMemCreate, create),
 		S(cuMemRelease, release), S(cuMemAddressReserve, reserve),
@@ -129,9 +124,10 @@ static int load_driver(char *why, size_t whylen)
 	};
 	/* not shim_real_rt: a static runtime having none is no error here */
 	static const char *const rt[] = { "libcudart.so.13", "libcudart.so", NULL };
-	entry_fn get = (entry_fn)shim_real_in(rt, "libcudart", ".so.13",
-					      "cudaGetDriverEntryPointByVersion");
+	vmm_entry_fn get = (vmm_entry_fn)shim_real_in(rt, "libcudart", ".so.13",
+						      "cudaGetDriverEntryPointByVersion");
 	size_t i;
+	int r;
 
 	if (!get) {
 		/* a statically linked runtime: libcuda exports these names
@@ -149,22 +145,10 @@ static int load_driver(char *why, size_t whylen)
 		}
 		return 0;
 	}
-	for (i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
-		enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-		void *fn = NULL;
-		cudaError_t e;
-
-		shim_in_runtime++;
-		e = get(syms[i].name, &fn, 12000, cudaEnableDefault, &q);
-		shim_in_runtime--;
-		if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) {
-			snprintf(why, whylen, "driver entry point %s not found (error %d, status %d)",
-				 syms[i].name, (int)e, (int)q);
-			return -1;
-		}
-		memcpy((char *)&D + syms[i].off, &fn, sizeof(fn));
-	}
-	return 0;
+	shim_in_runtime++;
+	r = vmm_entry_points(get, syms, sizeof(syms) / sizeof(syms[0]), &D, why, whylen);
+	shim_in_runtime--;
+	return r;
 }
 
 static int cur_device(void)

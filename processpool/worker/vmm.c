@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "worker.h"
+#include "../vmm_drv.h"
 #include "zmqdl.h"
 
 #define MAX_MCONN   W_VMM_MAX_CONNS
@@ -94,39 +95,24 @@ static int device;
 static _Atomic uint64_t nbad;
 static uint64_t nmapped, nunmapped;  /* MAP / UNMAP requests done (main thread) */
 
-typedef cudaError_t (*entry_fn)(const char *, void **, unsigned int, unsigned long long,
-				enum cudaDriverEntryPointQueryResult *);
-
 static int load_driver(char *why, size_t whylen)
 {
-	static const struct {
-		const char *name;
-		size_t off;
-	} syms[] = {
+	static const struct vmm_sym syms[] = {
 #define S(n, f) { #n, offsetof(__typeof__(D), f) }
 		S(cuMemImportFromShareableHandle, import_), S(cuMemRelease, release),
 		S(cuMemAddressReserve, reserve), S(cuMemAddressFree, addr_free),
 		S(cuMemMap, map), S(cuMemUnmap, unmap), S(cuMemSetAccess, access),
 #undef S
 	};
-	entry_fn get = (entry_fn)dlsym(RTLD_DEFAULT, "cudaGetDriverEntryPointByVersion");
-	size_t i;
+	vmm_entry_fn get = (vmm_entry_fn)dlsym(RTLD_DEFAULT, "cudaGetDriverEntryPointByVersion");
 
 	if (!get) {
 		snprintf(why, whylen, "the runtime has no cudaGetDriverEntryPointByVersion");
 		return -1;
 	}
-	for (i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
-		enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-		void *fn = NULL;
-		cudaError_t e = get(syms[i].name, &fn, 12000, cudaEnableDefault, &q);
-
-		if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) {
-			cudaGetLastError();
-			snprintf(why, whylen, "driver entry point %s not found", syms[i].name);
-			return -1;
-		}
-		memcpy((char *)&D + syms[i].off, &fn, sizeof(fn));
+	if (vmm_entry_points(get, syms, sizeof(syms) / sizeof(syms[0]), &D, why, whylen) < 0) {
+		cudaGetLastError();      /* the worker's own context: clear it */
+		return -1;
 	}
 	return 0;
 }
