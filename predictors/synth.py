@@ -2,8 +2,9 @@
 
 Every sample written here has src "synthetic", and the report says so.
 
-Task durations follow shim/simgpu/model.c and exec.c exactly (tested against
-simgpu itself): a kernel of F flops and B bytes that can use s SMs (its quota,
+Task durations follow simgpu's fluid model (SIMGPU_MODEL=fluid:
+shim/simgpu/engine.c with every mechanism off) exactly (tested against simgpu
+itself; the default block-level model adds waves, warps and queueing): a kernel of F flops and B bytes that can use s SMs (its quota,
 and no more SMs than its blocks fill) takes
 
     launch + max(F / (s * sm_flops), B / min(s * sm_bw, bw))
@@ -81,7 +82,7 @@ def quota_sms(dev: Device, pct: float) -> int:
 
 def kernel_sms(dev: Device, grid: tuple[int, int, int], block: tuple[int, int, int],
                pct: float) -> int:
-    """model.c sg_kernel_sms: the quota, and no more SMs than the blocks fill."""
+    """The fluid model's SMs: the quota, and no more SMs than the blocks fill."""
     tpb = max(1.0, float(block[0] * block[1] * block[2]))
     bps = min(32.0, max(1.0, math.floor(2048.0 / tpb)))
     need = max(1.0, math.ceil(float(grid[0] * grid[1] * grid[2]) / bps))
@@ -90,7 +91,7 @@ def kernel_sms(dev: Device, grid: tuple[int, int, int], block: tuple[int, int, i
 
 
 def solo_s(dev: Device, flops: float, nbytes: float, sms: float) -> float:
-    """model.c sg_model_solo: seconds of work for a kernel alone on s SMs."""
+    """The fluid model: seconds of work for a kernel alone on s SMs."""
     s = sms if sms > 0 else 1
     mbw = min(s * dev.sm_bw, dev.bw)
     return max(flops / (s * dev.sm_flops), nbytes / mbw)

@@ -91,10 +91,17 @@ def _link(out: Path, sources: list[Path], extra: list[str], deps: list[Path],
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     cc = os.environ.get("CC", "cc")
+    # link beside it, then rename: a process running the old library keeps
+    # its file (writing into a mapped library in place kills it with SIGBUS)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     cmd = [cc, *CFLAGS, f"-I{HERE}", f"-I{POOL}", f"-I{cuda_home() / 'include'}",
-           *(["-shared"] if shared else []), "-o", str(out), *map(str, sources), *extra]
+           *(["-shared"] if shared else []), "-o", str(tmp), *map(str, sources), *extra]
     print(" ".join(cmd), file=sys.stderr)
-    subprocess.run(cmd, check=True)
+    try:
+        subprocess.run(cmd, check=True)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _version_script(path: Path, node: str | None, names: list[str]) -> Path:

@@ -210,7 +210,9 @@ def test_compute_bound_at_the_default_input(tmp_path):
     t20, t100 = (modelled_us(tmp_path, q) for q in (20, 100))
     assert set(t20) == set(t100) == {PYRAMID}
     assert t100[PYRAMID] > 0
-    assert t20[PYRAMID] / t100[PYRAMID] >= 2.5, (t20, t100)     # memory-bound: 1.69
+    # memory-bound: 1.69 on the fluid model, less with DRAM queueing; the
+    # block model's last waves and warps keep this one below 5
+    assert t20[PYRAMID] / t100[PYRAMID] >= 2.1, (t20, t100)
 
 
 def test_without_the_pyramid_it_is_memory_bound(tmp_path):

@@ -410,7 +410,8 @@ def test_cost_model_scales_with_the_work(tmp_path):
         report = tmp_path / f"r{k}.jsonl"
         res = subprocess.run([sys.executable, "-c", script, str(paths.SIMGPU_DIR), str(k)], capture_output=True,
                              text=True, timeout=120,
-                             env=sim_env(tmp_path / f"dev{k}", SIMGPU_REPORT=str(report)))
+                             env=sim_env(tmp_path / f"dev{k}", SIMGPU_REPORT=str(report),
+                                         SIMGPU_MODEL="fluid"))   # the cost function, in closed form
         assert res.returncode == 0, res.stderr
         (row,) = [json.loads(ln) for ln in report.read_text().splitlines()]
         assert row["name"] == "sgpu_sgemm"

@@ -376,7 +376,8 @@ def test_simgpu_profile_matches_synth_then_train_report(tmp_path):
                 rep = tmp_path / f"r{n}-{block}-{q}.jsonl"
                 env = {"PATH": os.environ.get("PATH", ""), "LD_LIBRARY_PATH": str(SIMGPU_LIB),
                        "SIMGPU_DIR": str(tmp_path / "dev"), "SIMGPU_TIMESCALE": "0",
-                       "SIMGPU_REPORT": str(rep), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(q)}
+                       "SIMGPU_REPORT": str(rep), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(q),
+                       "SIMGPU_MODEL": "fluid"}        # synth's equations are the fluid model's
                 r = subprocess.run([str(VECADD), "--n", str(n), "--block", str(block),
                                     "--repeat", "2"], env=env, capture_output=True, text=True,
                                    timeout=60)

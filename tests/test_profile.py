@@ -88,8 +88,9 @@ def test_compute_bound_kernel_is_faster_at_a_higher_quota(profiled):
         if k.startswith(f"hotspot|{HOT[1]}|") and k.endswith("|0#r0"):
             dur[r["quota"]] = d
     assert sorted(dur) == [10, 50, 100]
-    # 10 % of the SMs: the stencil's blocks wait for SMs (a 3 us launch overhead included)
-    assert dur[10] > 1.3 * dur[50] and dur[50] >= dur[100] > 0
+    # 10 % of the SMs: the stencil's blocks wait for SMs (a 3 us launch overhead included);
+    # from 50 % on it is DRAM-bound: the same modelled time, within the trace's noise
+    assert dur[10] > 1.3 * dur[50] and dur[50] >= 0.97 * dur[100] > 0
 
 
 def test_query_samples(profiled):

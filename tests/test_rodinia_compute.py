@@ -181,11 +181,12 @@ def test_device_model_shows_the_class(app, simdir, tmp_path):
 
 def test_lavamd_cost_is_its_per_pair_traffic(simdir, tmp_path):
     # --accum global reads and writes a particle's 4 double sums per pair:
-    # at 100 % the kernel takes that traffic's time at the full 3350 GB/s
-    # (plus ~2 % for staging the boxes); a B^3 grid has (3B - 2)^3
-    # (home, neighbour) box pairs of P^2 particle pairs each
+    # at 100 % the kernel takes that traffic's time at the achievable
+    # 3350 / (1 + SIMGPU_BW_BETA 0.15) GB/s (plus ~2 % for staging the
+    # boxes); a B^3 grid has (3B - 2)^3 (home, neighbour) box pairs of P^2
+    # particle pairs each
     b, p = 12, 32
-    floor_us = (3 * b - 2) ** 3 * p * p * 64 / 3350e9 * 1e6
+    floor_us = (3 * b - 2) ** 3 * p * p * 64 / (3350e9 / 1.15) * 1e6
     t100 = modelled_us("lavamd", 100, simdir, tmp_path)
     assert 1.0 <= t100 / floor_us <= 1.1, (t100, floor_us)
 
@@ -206,7 +207,8 @@ def test_sweep_tabulates_time_and_ratio_per_quota(tmp_path):
             ratio = lines[i + 1].split()         # "ratio <t20/t100> 1.00"
             assert ratio[0] == "ratio" and ratio[2] == "1.00", res.stdout
             got[words[0]] = (words[1], float(ratio[1]))
-    # the whole app: lud's diagonal and perimeter kernels do not scale
-    assert got["lud"][0] == "compute" and got["lud"][1] > 2.5, res.stdout
+    # the whole app: lud's diagonal and perimeter kernels do not scale (and
+    # their few blocks have too few warps to fill an SM)
+    assert got["lud"][0] == "compute" and got["lud"][1] > 2.2, res.stdout
     assert got["lavamd"][0] == "memory" and got["lavamd"][1] < 2.0, res.stdout
     assert png.stat().st_size > 1000

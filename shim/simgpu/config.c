@@ -2,14 +2,30 @@
  * config.c - the simulated device's parameters, read once from the
  * environment, and device time.
  *
- * Environment (H100-like defaults):
+ * Device parameters: the compiled-in preset below (the same values, with
+ * their sources, in presets/h100.env and bench/RESULTS.md), then the file
+ * $SIMGPU_PRESET (KEY=VALUE lines, # comments), then the environment.
  *   SIMGPU_SMS=132            streaming multiprocessors
  *   SIMGPU_MEM_GIB=80         device memory capacity
  *   SIMGPU_BW_GBS=3350        device memory bandwidth
  *   SIMGPU_SM_GFLOPS=500      compute rate of one SM
  *   SIMGPU_SM_BW_GBS          bandwidth one SM can pull (3*BW/SMS)
  *   SIMGPU_LAUNCH_US=3        fixed cost of one kernel
- *   SIMGPU_PCIE_GBS=25        host<->device copy rate
+ *   SIMGPU_PCIE_H2D_GBS=54.8, SIMGPU_PCIE_D2H_GBS=46.8   copy rates
+ *                             (SIMGPU_PCIE_GBS sets both; fluid model: 25)
+ *   SIMGPU_SM_THREADS=2048, SIMGPU_SM_BLOCKS=32, SIMGPU_SM_REGS=65536,
+ *   SIMGPU_SM_SMEM_KIB=228, SIMGPU_BLOCK_SMEM_RESERVED=1024,
+ *   SIMGPU_REGS_DEFAULT=32    occupancy rules of one SM
+ *   SIMGPU_SAT_WARPS=16       warps an SM needs to reach its peak
+ *   SIMGPU_L1_GAMMA=0.2       L1 contention of memory-intense co-residents
+ *   SIMGPU_BW_KNEE=0.85, SIMGPU_BW_BETA=0.15   DRAM queueing
+ *   SIMGPU_TIMESLICE_US=1024, SIMGPU_CTX_SWITCH_US=25   no-MPS time slicing
+ *   SIMGPU_MODEL=full|fluid   the device model (simgpu_model.h); fluid is
+ *                             the model before block dispatch (all of the
+ *                             mechanisms below off)
+ *   SIMGPU_MODEL_OFF=LIST     mechanisms off: blocks,cores,bwq,slice,pcie
+ *   SIMGPU_MPS=1              0: no MPS daemon: processes are time-sliced
+ *   SIMGPU_DEVICE_TRACE=FILE  one JSON line per stretch a kernel executed
  *   SIMGPU_TIMESCALE=1.0      wall seconds per modelled second; 0 = never wait
  *   SIMGPU_DEFAULT_FLOPS_PER_THREAD=16, SIMGPU_DEFAULT_BYTES_PER_THREAD=8
  *   SIMGPU_NAME               device name
@@ -73,11 +89,69 @@ void sg_log(const char *fmt, ...)
 	va_end(ap);
 }
 
-/* A number from the environment; a bad value falls back to the default
+/* $SIMGPU_PRESET, parsed once: KEY=VALUE lines. */
+#define PRESET_MAX 64
+static struct {
+	char key[48];
+	char val[80];
+} preset[PRESET_MAX];
+static int npreset;
+
+static void read_preset(void)
+{
+	const char *path = getenv("SIMGPU_PRESET");
+	char line[256];
+	FILE *f;
+
+	if (!path || !*path)
+		return;
+	f = fopen(path, "re");
+	if (!f) {
+		fprintf(stderr, "simgpu: cannot read SIMGPU_PRESET %s: %s\n", path, strerror(errno));
+		return;
+	}
+	while (fgets(line, sizeof(line), f) && npreset < PRESET_MAX) {
+		char *p = line, *eq, *e;
+
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (*p == '#' || *p == '\n' || !*p)
+			continue;
+		eq = strchr(p, '=');
+		e = p + strcspn(p, "#\n");
+		while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
+			e--;
+		if (!eq || eq > e || eq == p || (size_t)(eq - p) >= sizeof(preset[0].key) ||
+		    (size_t)(e - eq - 1) >= sizeof(preset[0].val)) {
+			fprintf(stderr, "simgpu: %s: ignoring line %.60s", path, line);
+			continue;
+		}
+		memcpy(preset[npreset].key, p, (size_t)(eq - p));
+		memcpy(preset[npreset].val, eq + 1, (size_t)(e - eq - 1));
+		npreset++;
+	}
+	fclose(f);
+}
+
+/* A setting: the environment's, else the preset file's, else NULL. */
+static const char *setting(const char *name)
+{
+	const char *v = getenv(name);
+	int i;
+
+	if (v && *v)
+		return v;
+	for (i = 0; i < npreset; i++)
+		if (!strcmp(preset[i].key, name))
+			return preset[i].val;
+	return NULL;
+}
+
+/* A number from the settings; a bad value falls back to the default
  * (with a diagnostic) rather than producing a nonsense device. */
 static double env_num(const char *name, double def, double lo, double hi)
 {
-	const char *v = getenv(name);
+	const char *v = setting(name);
 	char *end;
 	double x;
 
@@ -114,13 +188,81 @@ static void make_dir(const char *path)
 	mkdir(buf, 0700);
 }
 
+/* SIMGPU_MODEL_OFF: the mechanisms a comma list names, as bits. */
+static unsigned mech_off(const char *v)
+{
+	static const struct {
+		const char *name;
+		unsigned    bit;
+	} names[] = {
+		{ "blocks", SIMGPU_M_BLOCKS }, { "cores", SIMGPU_M_CORES },
+		{ "bwq", SIMGPU_M_BWQ },       { "slice", SIMGPU_M_SLICE },
+		{ "pcie", SIMGPU_M_PCIE },     { "all", SIMGPU_M_ALL },
+	};
+	unsigned off = 0, i;
+
+	while (v && *v) {
+		size_t n = strcspn(v, ", ");
+
+		for (i = 0; n && i < sizeof(names) / sizeof(names[0]); i++)
+			if (strlen(names[i].name) == n && !strncmp(v, names[i].name, n))
+				break;
+		if (n && i == sizeof(names) / sizeof(names[0]))
+			fprintf(stderr, "simgpu: SIMGPU_MODEL_OFF: unknown mechanism %.*s "
+				"(blocks, cores, bwq, slice, pcie, all)\n", (int)n, v);
+		else if (n)
+			off |= names[i].bit;
+		v += n;
+		v += strspn(v, ", ");
+	}
+	return off;
+}
+
+/* The device model's parameters (simgpu_model.h): preset, file, environment. */
+static void read_model(struct sg_config *c)
+{
+	struct simgpu_model_params *m = &c->mp;
+	const char *v = setting("SIMGPU_MODEL");
+	int fluid = v && !strcmp(v, "fluid");
+	double pcie;
+
+	if (v && strcmp(v, "fluid") && strcmp(v, "full"))
+		fprintf(stderr, "simgpu: ignoring SIMGPU_MODEL=%s (want full or fluid)\n", v);
+	memset(m, 0, sizeof(*m));
+	m->abi = SIMGPU_MODEL_ABI;
+	m->mech = fluid ? 0 : SIMGPU_M_ALL & ~mech_off(setting("SIMGPU_MODEL_OFF"));
+	m->mps = env_num("SIMGPU_MPS", 1, 0, 1) != 0;
+	m->sms = c->sms;
+	m->bw = c->bw;
+	m->sm_flops = c->sm_flops;
+	m->sm_bw = c->sm_bw;
+	m->sm_threads = env_num("SIMGPU_SM_THREADS", 2048, 32, 1 << 20);
+	m->sm_blocks = env_num("SIMGPU_SM_BLOCKS", 32, 1, 1 << 20);
+	m->sm_regs = env_num("SIMGPU_SM_REGS", 65536, 256, 1 << 30);
+	m->sm_smem = env_num("SIMGPU_SM_SMEM_KIB", 228, 1, 1 << 20) * 1024;
+	m->block_smem = env_num("SIMGPU_BLOCK_SMEM_RESERVED", 1024, 0, 1 << 20);
+	m->regs_default = env_num("SIMGPU_REGS_DEFAULT", 32, 0, 255);
+	m->sat_warps = env_num("SIMGPU_SAT_WARPS", 16, 0, 1 << 20);
+	m->l1_gamma = env_num("SIMGPU_L1_GAMMA", 0.2, 0, 100);
+	m->bw_knee = env_num("SIMGPU_BW_KNEE", 0.85, 0, 0.999);
+	m->bw_beta = env_num("SIMGPU_BW_BETA", 0.15, 0, 100);
+	m->slice_s = env_num("SIMGPU_TIMESLICE_US", 1024, 1, 1e9) * 1e-6;
+	m->switch_s = env_num("SIMGPU_CTX_SWITCH_US", 25, 0, 1e9) * 1e-6;
+	/* the fluid model copied at 25 GB/s both ways: keep its results */
+	pcie = env_num("SIMGPU_PCIE_GBS", fluid ? 25 : 0, 0, 1e9);
+	m->pcie_h2d = env_num("SIMGPU_PCIE_H2D_GBS", pcie > 0 ? pcie : 54.8, 1e-6, 1e9) * 1e9;
+	m->pcie_d2h = env_num("SIMGPU_PCIE_D2H_GBS", pcie > 0 ? pcie : 46.8, 1e-6, 1e9) * 1e9;
+	c->pcie = m->pcie_h2d;
+}
+
 static void read_config(void)
 {
 	struct sg_config *c = &sg_cfg;
 	const char *v;
 
-	c->debug = getenv("SIMGPU_DEBUG") && *getenv("SIMGPU_DEBUG") &&
-		   strcmp(getenv("SIMGPU_DEBUG"), "0") != 0;
+	read_preset();
+	v = setting("SIMGPU_DEBUG");
+	c->debug = v && *v && strcmp(v, "0") != 0;
 	c->sync = env_num("SIMGPU_SYNC", 0, 0, 1) != 0;
 	c->timing_only = env_num("SIMGPU_TIMING_ONLY", 0, 0, 1) != 0;
 	c->sms = (int)env_num("SIMGPU_SMS", 132, 1, 100000);
@@ -129,10 +271,10 @@ static void read_config(void)
 	c->sm_flops = env_num("SIMGPU_SM_GFLOPS", 500, 1e-6, 1e12) * 1e9;
 	c->sm_bw = env_num("SIMGPU_SM_BW_GBS", 3.0 * c->bw / 1e9 / c->sms, 1e-6, 1e9) * 1e9;
 	c->launch_s = env_num("SIMGPU_LAUNCH_US", 3, 0, 1e9) * 1e-6;
-	c->pcie = env_num("SIMGPU_PCIE_GBS", 25, 1e-6, 1e9) * 1e9;
 	c->timescale = env_num("SIMGPU_TIMESCALE", 1.0, 0, 1e6);
 	c->flops_per_thread = env_num("SIMGPU_DEFAULT_FLOPS_PER_THREAD", 16, 0, 1e15);
 	c->bytes_per_thread = env_num("SIMGPU_DEFAULT_BYTES_PER_THREAD", 8, 0, 1e15);
+	read_model(c);
 
 	/* MPS reads the percentage once, at context creation; so do we. */
 	c->quota_pct = env_num("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", 100, 1e-9, 100);
@@ -142,9 +284,9 @@ static void read_config(void)
 	if (c->quota_sms > c->sms)
 		c->quota_sms = c->sms;
 
-	v = getenv("SIMGPU_NAME");
+	v = setting("SIMGPU_NAME");
 	snprintf(c->name, sizeof(c->name), "%s", v && *v ? v : "simgpu H100-like (CPU model)");
-	v = getenv("SIMGPU_DIR");
+	v = setting("SIMGPU_DIR");
 	if (v && *v)
 		snprintf(c->dir, sizeof(c->dir), "%s", v);
 	else
@@ -152,18 +294,30 @@ static void read_config(void)
 	make_dir(c->dir);
 }
 
+static pthread_once_t read_once = PTHREAD_ONCE_INIT;
+
 static void init_once(void)
 {
-	read_config();
+	pthread_once(&read_once, read_config);
 	epoch = sg_mono();
 	/* The shared model overrides the epoch so that processes agree. */
 	if (sg_cfg.timescale > 0)
 		sg_model_open();
 	atomic_store_explicit(&sg_ready, 1, memory_order_release);
 	sg_arena_init();
-	sg_log("%d SMs, quota %.1f%% = %d SMs, %.0f GB/s, timescale %g, dir %s",
-	       sg_cfg.sms, sg_cfg.quota_pct, sg_cfg.quota_sms, sg_cfg.bw / 1e9,
-	       sg_cfg.timescale, sg_cfg.dir);
+	sg_log("%d SMs, quota %.1f%% = %d SMs, %.0f GB/s, timescale %g, model mechanisms %#x, "
+	       "mps %u, dir %s", sg_cfg.sms, sg_cfg.quota_pct, sg_cfg.quota_sms, sg_cfg.bw / 1e9,
+	       sg_cfg.timescale, sg_cfg.mp.mech, sg_cfg.mp.mps, sg_cfg.dir);
+}
+
+/* The parameters without starting the device (a fitter loads simgpu only
+ * to ask its model questions). */
+SG_API int simgpu_model_params_get(struct simgpu_model_params *p)
+{
+	pthread_once(&read_once, read_config);
+	if (p)
+		*p = sg_cfg.mp;
+	return 0;
 }
 
 void sg_init_slow(void)

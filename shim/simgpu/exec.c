@@ -9,14 +9,19 @@
  *
  *   kernel   twin on the CPU (its CPU time overlaps the modelled time),
  *            then SIMGPU_LAUNCH_US, then the work in the device model
+ *            (its blocks, threads, registers and shared memory, its flops
+ *            and bytes from its cost twin or the launch shape)
  *
  * $SIMGPU_LAUNCH_LOG=FILE appends one JSON line per kernel run, what the
  * device model knew of it, for profilers (bandwidth and IPC per task):
  *   {"pid","seq" (launch order in the process),"name","grid","block",
- *    "flops","bytes","sms" (SMs its grid can fill),"quota","start_us",
- *    "dur_us" (device time, from its start after the launch overhead)}
+ *    "flops","bytes","sms" (SMs its grid can span),"quota","start_us",
+ *    "dur_us" (device time, from its start after the launch overhead),
+ *    "wait_us" (from then to its first block on an SM: the co-runners'
+ *    blocks it waited for), "id" (the model's, as in SIMGPU_DEVICE_TRACE)}
  * written with one write(2) per line (O_APPEND: processes may share it).
- *   copy     bytes / PCIe rate (host<->device) or / BW (device<->device)
+ *   copy     host<->device: bytes at its direction's share of PCIe (the
+ *            device model); device<->device: bytes / BW
  *   memset   bytes / BW
  *   record   completes the event at t0
  *   host fn  runs the function; takes the wall time it took
@@ -91,15 +96,17 @@ static void log_launch(const struct sg_op *op, const struct sg_work *w, double s
 	n = snprintf(line, sizeof(line),
 		     "{\"pid\":%d,\"seq\":%llu,\"name\":\"%.600s\",\"grid\":[%u,%u,%u],"
 		     "\"block\":[%u,%u,%u],\"flops\":%.17g,\"bytes\":%.17g,\"sms\":%g,"
-		     "\"quota\":%g,\"start_us\":%.3f,\"dur_us\":%.3f}\n",
+		     "\"quota\":%g,\"start_us\":%.3f,\"dur_us\":%.3f,\"wait_us\":%.3f,"
+		     "\"id\":%llu}\n",
 		     (int)getpid(), (unsigned long long)op->u.kern.seq, op->u.kern.k->name,
-		     l->grid.x, l->grid.y, l->grid.z, l->block.x, l->block.y, l->block.z, w->flops,
-		     w->bytes, w->sms, sg_cfg.quota_pct, start * 1e6, (end - start) * 1e6);
+		     l->grid.x, l->grid.y, l->grid.z, l->block.x, l->block.y, l->block.z,
+		     w->t.flops, w->t.bytes, sg_model_sms(w), sg_cfg.quota_pct, start * 1e6,
+		     (end - start) * 1e6, (w->start - start) * 1e6, (unsigned long long)w->id);
 	if (n > 0 && (size_t)n < sizeof(line) && write(log_fd, line, (size_t)n) < 0)
 		sg_log("SIMGPU_LAUNCH_LOG: %s", strerror(errno));
 }
 
-static double exec_kernel(struct sg_op *op, double t0)
+static double exec_kernel(struct sg_stream *s, struct sg_op *op, double t0)
 {
 	struct sg_kernel *k = op->u.kern.k;
 	simgpu_launch *l = &op->u.kern.l;
@@ -109,19 +116,28 @@ static double exec_kernel(struct sg_op *op, double t0)
 	struct sg_work w;
 	double tj, end;
 
+	memset(&w, 0, sizeof(w));
+
 	if (k->twin && !sg_cfg.timing_only && sg_protected_call(call_twin, &c) < 0) {
 		sg_log("kernel %s faulted: illegal address", k->name);
 		sg_async_error(cudaErrorIllegalAddress, 1);
 	}
 	if (k->cost && sg_protected_call(call_cost, &c) == 0 &&
 	    isfinite(c.flops) && isfinite(c.bytes) && c.flops >= 0 && c.bytes >= 0) {
-		w.flops = c.flops;
-		w.bytes = c.bytes;
+		w.t.flops = c.flops;
+		w.t.bytes = c.bytes;
 	} else {
-		w.flops = threads * sg_cfg.flops_per_thread;
-		w.bytes = threads * sg_cfg.bytes_per_thread;
+		w.t.flops = threads * sg_cfg.flops_per_thread;
+		w.t.bytes = threads * sg_cfg.bytes_per_thread;
 	}
-	w.sms = sg_kernel_sms(l);
+	w.t.kind = SIMGPU_T_KERNEL;
+	w.t.blocks = (double)l->grid.x * l->grid.y * l->grid.z;
+	w.t.threads = (double)l->block.x * l->block.y * l->block.z;
+	w.t.regs = k->regs;
+	w.t.smem = (double)l->shmem + k->smem_static;
+	w.t.quota_sms = sg_cfg.quota_sms;
+	w.t.ctx = (int32_t)getpid();
+	w.follow = sg_stream_kernel_follows(s, op);
 	if (op->consumed) {
 		/* the launcher lent us its argument pointers: release it */
 		atomic_store(op->consumed, 1);
@@ -135,6 +151,7 @@ static double exec_kernel(struct sg_op *op, double t0)
 		end = sg_model_run(&w, tj);
 	} else {
 		end = tj + sg_model_solo(&w);
+		w.start = tj;
 	}
 	atomic_fetch_add_explicit(&k->modelled_ns, (unsigned long long)llround((end - t0) * 1e9),
 				  memory_order_relaxed);
@@ -167,7 +184,8 @@ static void call_memset(void *arg)
 static double exec_copy(struct sg_op *op, double t0)
 {
 	struct copy_call c = { op->u.copy.dst, op->u.copy.src, op->u.copy.n, 0 };
-	double rate, end;
+	struct sg_work w;
+	double end;
 
 	if (c.n && sg_protected_call(call_memcpy, &c) < 0) {
 		sg_log("copy of %zu bytes faulted", c.n);
@@ -177,15 +195,20 @@ static double exec_copy(struct sg_op *op, double t0)
 	switch (op->u.copy.dir) {
 	case SG_H2D:
 	case SG_D2H:
-		rate = sg_cfg.pcie;
-		break;
+		/* PCIe, per direction, shared with every process's copies */
+		memset(&w, 0, sizeof(w));
+		w.t.kind = op->u.copy.dir == SG_H2D ? SIMGPU_T_H2D : SIMGPU_T_D2H;
+		w.t.bytes = (double)c.n;
+		w.t.ctx = (int32_t)getpid();
+		if (sg_cfg.timescale > 0)
+			return sg_model_run(&w, t0);
+		return t0 + sg_model_solo(&w);
 	case SG_D2D:
-		rate = sg_cfg.bw;
+		end = t0 + (double)c.n / sg_cfg.bw;
 		break;
 	default:
 		return t0;
 	}
-	end = t0 + (double)c.n / rate;
 	sg_sleep_until(end);
 	return end;
 }
@@ -215,7 +238,7 @@ double sg_exec_op(struct sg_stream *s, struct sg_op *op, double t0)
 {
 	switch (op->kind) {
 	case SG_OP_KERNEL:
-		return exec_kernel(op, t0);
+		return exec_kernel(s, op, t0);
 	case SG_OP_COPY:
 		return exec_copy(op, t0);
 	case SG_OP_MEMSET:

@@ -43,6 +43,7 @@
 #define FLAG_LZ4            0x2000
 #define FLAG_ZSTD           0x8000
 #define EIATTR_KPARAM_INFO  0x17
+#define EIATTR_REGCOUNT     0x2f
 #define EIFMT_SVAL          4
 #define MAX_IMAGE           (512u << 20)
 #define MAX_FATBIN          (1ull << 30)    /* a raw image, header included */
@@ -392,6 +393,104 @@ static const char *info_kernel(const struct image *im, const Elf64_Shdr *s)
 	if (!nm || strncmp(nm, pre, sizeof(pre) - 1) != 0 || !nm[sizeof(pre) - 1])
 		return NULL;
 	return nm + sizeof(pre) - 1;
+}
+
+/* Index of symbol `name` in the image's symbol table, or 0. */
+static uint32_t sym_index(const struct image *im, const char *name)
+{
+	const Elf64_Ehdr *eh = (const Elf64_Ehdr *)im->p;
+	unsigned k;
+
+	for (k = 1; k < eh->e_shnum; k++) {
+		const Elf64_Shdr *s = shdr(im, k), *st;
+		uint64_t j, nsym;
+
+		if (!s || s->sh_type != SHT_SYMTAB || !sec_ok(im, s) ||
+		    s->sh_entsize < sizeof(Elf64_Sym))
+			continue;
+		st = shdr(im, s->sh_link);
+		nsym = s->sh_size / s->sh_entsize;
+		for (j = 1; j < nsym && j < UINT32_MAX; j++) {
+			const Elf64_Sym *sym = (const Elf64_Sym *)(im->p + s->sh_offset +
+								   j * s->sh_entsize);
+			const char *nm = str_at(im, st, sym->st_name);
+
+			if (nm && !strcmp(nm, name))
+				return (uint32_t)j;
+		}
+	}
+	return 0;
+}
+
+/* EIATTR_REGCOUNT of symbol `sym` in the image's ".nv.info", or 0. */
+static uint32_t regcount(const struct image *im, uint32_t sym)
+{
+	const Elf64_Ehdr *eh = (const Elf64_Ehdr *)im->p;
+	unsigned k;
+
+	for (k = 1; k < eh->e_shnum; k++) {
+		const Elf64_Shdr *s = shdr(im, k);
+		const char *nm = s && sec_ok(im, s) && s->sh_type != SHT_NOBITS ? sec_name(im, s) : NULL;
+		const uint8_t *p, *end;
+
+		if (!nm || strcmp(nm, ".nv.info") != 0)
+			continue;
+		p = im->p + s->sh_offset;
+		end = p + s->sh_size;
+		while (p + 4 <= end) {
+			uint16_t v = rd16(p + 2);
+
+			if (p[0] != EIFMT_SVAL) {
+				p += 4;
+				continue;
+			}
+			if (v > end - (p + 4))
+				break;
+			if (p[1] == EIATTR_REGCOUNT && v >= 8 && rd32(p + 4) == sym)
+				return rd32(p + 8);
+			p += 4 + v;
+		}
+	}
+	return 0;
+}
+
+/*
+ * What one block of kernel `name` holds on an SM, from the first image that
+ * has it: registers per thread (EIATTR_REGCOUNT in ".nv.info", by symbol
+ * index) and static shared memory (the size of ".nv.shared.<name>", which
+ * on sm_8x/9x starts with the 1 KiB the system reserves per block: that
+ * part is the model's block_smem, not counted here).  0 when not known.
+ */
+int sg_fatbin_resources(struct sg_fatbin *fb, const char *name, double reserved, double *regs,
+			double *smem)
+{
+	static const char shared[] = ".nv.shared.";
+	int i;
+
+	*regs = *smem = 0;
+	if (!fb || !name)
+		return -1;
+	ensure_parsed(fb);
+	for (i = 0; i < fb->nimg; i++) {
+		const struct image *im = &fb->img[i];
+		const Elf64_Ehdr *eh = (const Elf64_Ehdr *)im->p;
+		uint32_t sym = sym_index(im, name);
+		unsigned k;
+
+		if (!sym)
+			continue;
+		*regs = (double)regcount(im, sym);
+		for (k = 1; k < eh->e_shnum; k++) {
+			const Elf64_Shdr *s = shdr(im, k);
+			const char *nm = s ? sec_name(im, s) : NULL;
+
+			if (nm && !strncmp(nm, shared, sizeof(shared) - 1) &&
+			    !strcmp(nm + sizeof(shared) - 1, name))
+				*smem = (double)s->sh_size > reserved ? (double)s->sh_size - reserved : 0;
+		}
+		return 0;
+	}
+	return -1;
 }
 
 int sg_fatbin_params(struct sg_fatbin *fb, const char *name, struct sg_params *p)

@@ -225,8 +225,13 @@ void sg_kernel_resolve(struct sg_kernel *k)
 		if (k->params.n < 0)
 			sg_log("%s: parameter layout unknown, launches will wait for the executor",
 			       k->name);
-		sg_log("%s: twin %s, cost %s, %d params", k->name, k->twin ? "yes" : "no",
-		       k->cost ? "yes" : "no", k->params.n);
+		/* what a block holds on an SM, for the device model's occupancy */
+		if (k->mod && k->mod->fb)
+			sg_fatbin_resources(k->mod->fb, k->name, sg_cfg.mp.block_smem, &k->regs,
+					    &k->smem_static);
+		sg_log("%s: twin %s, cost %s, %d params, %g regs, %g B shared", k->name,
+		       k->twin ? "yes" : "no", k->cost ? "yes" : "no", k->params.n, k->regs,
+		       k->smem_static);
 		atomic_store_explicit(&k->resolved, 1, memory_order_release);
 	}
 	pthread_mutex_unlock(&rmu);

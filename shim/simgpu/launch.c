@@ -17,6 +17,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "engine.h"
 #include "simgpu_impl.h"
 
 #define CFG_DEPTH 16
@@ -266,9 +267,12 @@ SG_API cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const 
 	k = sg_kernel_by_handle(func);
 	if (!k)
 		return sg_err(cudaErrorInvalidDeviceFunction);
+	sg_kernel_resolve(k);
 	memset(attr, 0, sizeof(*attr));
 	attr->maxThreadsPerBlock = 1024;
-	attr->numRegs = 32;
+	/* from the cubin when it says (what the device model uses too) */
+	attr->numRegs = k->regs > 0 ? (int)k->regs : (int)sg_cfg.mp.regs_default;
+	attr->sharedSizeBytes = (size_t)k->smem_static;
 	attr->ptxVersion = 90;
 	attr->binaryVersion = 90;
 	attr->maxDynamicSharedSizeBytes = 48 * 1024;
@@ -332,20 +336,23 @@ SG_API cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n
 									  size_t dynamicSMemSize,
 									  unsigned int flags)
 {
-	int n;
+	struct sg_kernel *k;
+	double n;
 
 	(void)flags;
 	sg_init();
 	if (!numBlocks || blockSize <= 0 || blockSize > 1024)
 		return sg_err(cudaErrorInvalidValue);
-	if (!sg_kernel_by_handle(func))
+	k = sg_kernel_by_handle(func);
+	if (!k)
 		return sg_err(cudaErrorInvalidDeviceFunction);
-	n = 2048 / blockSize;
-	if (n > 32)
-		n = 32;
-	if (dynamicSMemSize && (size_t)n > (228u * 1024) / dynamicSMemSize)
-		n = (int)((228u * 1024) / dynamicSMemSize);
-	*numBlocks = n;
+	sg_kernel_resolve(k);
+	/* the device model's occupancy rules (engine.c) */
+	n = en_blocks_per_sm(&sg_cfg.mp, blockSize, k->regs,
+			     (double)dynamicSMemSize + k->smem_static);
+	if (k->smem_static + (double)dynamicSMemSize + sg_cfg.mp.block_smem > sg_cfg.mp.sm_smem)
+		n = 0;          /* does not fit an SM at all */
+	*numBlocks = (int)n;
 	return cudaSuccess;
 }
 

@@ -1,33 +1,21 @@
 /*
- * model.c - how long a kernel takes on the simulated device.
+ * model.c - the live simulated device: the engine's state (engine.c, what
+ * the model means: simgpu_model.h) shared by every process of one
+ * $SIMGPU_DIR, and how executors wait on it.
  *
- * Solo: a kernel that can use s SMs (its MPS quota, and no more SMs than
- * its blocks can fill) does its flops at s * SM rate and moves its bytes
- * at min(device bandwidth, s * per-SM bandwidth):
+ * The shared state ($SIMGPU_DIR/device0) holds the running tasks under a
+ * process-shared robust mutex.  It is advanced lazily: whoever takes the
+ * lock first handles every event whose time has passed, at its exact time,
+ * so the model does not depend on when executors wake.  A task may join at
+ * a time in the recent past (back to the last event), which keeps executor
+ * wake-up latency out of modelled time.  An executor sleeps on a futex in
+ * the shared state until the device's next event; every change wakes it to
+ * look again.  Entries of dead processes are reclaimed.
  *
- *     work time = max(flops / (s * sm_flops), bytes / min(BW, s * sm_bw))
- *
- * so a compute-bound kernel scales with its quota and a memory-bound one
- * stops scaling once about BW / sm_bw SMs saturate memory (the knee).
- * The launch overhead SIMGPU_LAUNCH_US is added by the executor.
- *
- * Together: kernels running at the same time on the device - in this
- * process or any other of the same $SIMGPU_DIR - share it as a fluid.
- * If their SM demands sum past the device's SMs, each gets a proportional
- * share (MPS percentages are caps, not reservations); if their bandwidth
- * demands then sum past BW, every kernel's bandwidth is scaled by the
- * same factor.  Each running kernel keeps the fraction of its work left;
- * rates are recomputed whenever a kernel starts or finishes.
- *
- * The shared state ($SIMGPU_DIR/device0) holds the running kernels under
- * a process-shared robust mutex.  It is advanced lazily: whoever takes the
- * lock first retires every kernel whose modelled finish has passed, at its
- * exact finish time, so the model does not depend on when executors wake.
- * A kernel may join at a time in the recent past (back to the last rate
- * change), which keeps executor wake-up latency out of modelled time.
- * An executor sleeps on a futex in the shared state until its kernel's
- * predicted finish; any rate change wakes it to recompute.  Entries of
- * dead processes are reclaimed.
+ * $SIMGPU_DEVICE_TRACE=FILE appends one JSON line per stretch of a kernel's
+ * execution, written by whichever process handled the event that ended it:
+ *   {"pid","id" (the launch log's model id),"t0_us","t1_us"}
+ * Without MPS (time slicing) two processes' stretches never overlap.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,23 +33,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine.h"
 #include "simgpu_impl.h"
 
 #define DEV_MAGIC   0x73696d6764657630ULL   /* "simgdev0" */
-#define DEV_VERSION 3
+#define DEV_VERSION 4
 #define MAX_RUN     512
-
-enum { E_FREE = 0, E_RUN = 1, E_DONE = 2 };
-
-struct kent {
-	int32_t  pid;
-	uint32_t state;
-	uint64_t id;
-	double   sms, flops, bytes;
-	double   rem;       /* fraction of the work left at dev->t_ref */
-	double   rate;      /* fraction per device second              */
-	double   t_join, t_end;
-};
+#define MAX_USERS   256
+/* Time slicing: a context whose next kernel is already queued keeps the
+ * device this long (wall time) for its executor to bring it; the kernel
+ * joins at its modelled time, so this shows in modelled time only when
+ * the kernel does not come. */
+#define HOLD_WALL_S 2e-3
 
 struct devstate {
 	uint64_t        magic;
@@ -70,32 +53,19 @@ struct devstate {
 	double          epoch;      /* CLOCK_MONOTONIC s of device time 0 */
 	double          timescale;  /* of the processes using it          */
 	pthread_mutex_t lock;
-	atomic_uint     seq;        /* futex: bumped at every rate change */
+	atomic_uint     seq;        /* futex: bumped at every change      */
 	atomic_uint     nwait;
-	uint64_t        next_id;
 	uint64_t        njoin;
-	double          t_ref;      /* device time the rems refer to      */
-	uint32_t        hi;         /* entries at or past hi are all free */
-	struct kent     ent[MAX_RUN];
+	int32_t         users[MAX_USERS];   /* pids attached: their settings hold */
+	struct en_state en;         /* MAX_RUN tasks follow: keep it last */
 };
 
 static struct devstate *dev;
+static size_t dev_size;
+static int trace_fd = -2;          /* -2 not looked at, -1 none */
 
 static int retime(struct devstate *d);
-
-/* Loops stop at the high-water mark, checked: the file is shared. */
-static inline int top(void)
-{
-	return dev->hi < MAX_RUN ? (int)dev->hi : MAX_RUN;
-}
-
-static void free_ent(struct kent *e)
-{
-	e->state = E_FREE;
-	e->pid = 0;
-	while (dev->hi > 0 && dev->hi <= MAX_RUN && dev->ent[dev->hi - 1].state == E_FREE)
-		dev->hi--;
-}
+static void attach(struct devstate *d);
 
 static long futex(atomic_uint *uaddr, int op, unsigned val, const struct timespec *ts,
 		  unsigned val3)
@@ -105,75 +75,45 @@ static long futex(atomic_uint *uaddr, int op, unsigned val, const struct timespe
 
 double sg_model_solo(const struct sg_work *w)
 {
-	double s = w->sms > 0 ? w->sms : 1;
-	double c = w->flops / (s * sg_cfg.sm_flops);
-	double mbw = s * sg_cfg.sm_bw < sg_cfg.bw ? s * sg_cfg.sm_bw : sg_cfg.bw;
-	double m = w->bytes / mbw;
-
-	return c > m ? c : m;
+	return en_solo(&sg_cfg.mp, &w->t);
 }
 
-/* SMs a launch can occupy: its quota, and no more than its blocks fill. */
-int sg_kernel_sms(const simgpu_launch *l)
+/* SMs a launch's grid can span at its quota (for the launch log). */
+double sg_model_sms(const struct sg_work *w)
 {
-	double tpb = (double)l->block.x * l->block.y * l->block.z;
-	double blocks = (double)l->grid.x * l->grid.y * l->grid.z;
-	double bps, need;
+	const struct simgpu_model_params *p = &sg_cfg.mp;
+	double q = w->t.quota_sms, need = w->t.blocks;
 
-	if (tpb < 1)
-		tpb = 1;
-	bps = floor(2048.0 / tpb);
-	if (bps < 1)
-		bps = 1;
-	if (bps > 32)
-		bps = 32;
-	need = ceil(blocks / bps);
+	if (!(p->mech & SIMGPU_M_BLOCKS)) {
+		double bps = floor(2048.0 / (w->t.threads < 1 ? 1 : w->t.threads));
+
+		bps = bps < 1 ? 1 : bps > 32 ? 32 : bps;
+		need = ceil(w->t.blocks / bps);
+	}
 	if (need < 1)
 		need = 1;
-	return need < sg_cfg.quota_sms ? (int)need : sg_cfg.quota_sms;
+	return need < q ? need : q;
 }
 
-/* ---- the fluid model; dev->lock held in everything below ---- */
+/* ---- dev->lock held in everything below ---- */
 
-static void set_rates(void)
+static void trace_seg(void *arg, const struct en_task *t, double t0, double t1)
 {
-	double ssum = 0, scale = 1, dsum = 0, dem[MAX_RUN];
-	int i;
+	char line[160];
+	int n;
 
-	for (i = 0; i < top(); i++)
-		if (dev->ent[i].state == E_RUN)
-			ssum += dev->ent[i].sms;
-	if (ssum > sg_cfg.sms)
-		scale = sg_cfg.sms / ssum;
-	for (i = 0; i < top(); i++) {
-		struct kent *e = &dev->ent[i];
-		struct sg_work w;
-		double t;
+	(void)arg;
+	if (trace_fd == -2) {
+		const char *p = getenv("SIMGPU_DEVICE_TRACE");
 
-		dem[i] = 0;
-		if (e->state != E_RUN)
-			continue;
-		w.sms = e->sms * scale;
-		w.flops = e->flops;
-		w.bytes = e->bytes;
-		t = sg_model_solo(&w);
-		e->rate = t > 0 ? 1.0 / t : 1e30;
-		dem[i] = t > 0 ? e->bytes / t : 0;
-		dsum += dem[i];
+		trace_fd = p && *p ? open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
 	}
-	if (dsum <= sg_cfg.bw)
+	if (trace_fd < 0)
 		return;
-	for (i = 0; i < top(); i++) {
-		struct kent *e = &dev->ent[i];
-		double c, m, s;
-
-		if (e->state != E_RUN || dem[i] <= 0)
-			continue;
-		s = e->sms * scale;
-		c = e->flops / (s * sg_cfg.sm_flops);
-		m = e->bytes / (dem[i] * sg_cfg.bw / dsum);
-		e->rate = 1.0 / (c > m ? c : m);
-	}
+	n = snprintf(line, sizeof(line), "{\"pid\":%d,\"id\":%llu,\"t0_us\":%.3f,\"t1_us\":%.3f}\n",
+		     (int)t->ctx, (unsigned long long)t->id, t0 * 1e6, t1 * 1e6);
+	if (n > 0 && (size_t)n < sizeof(line) && write(trace_fd, line, (size_t)n) < 0)
+		sg_log("SIMGPU_DEVICE_TRACE: %s", strerror(errno));
 }
 
 static void bump(void)
@@ -183,63 +123,13 @@ static void bump(void)
 		futex(&dev->seq, FUTEX_WAKE, INT_MAX, NULL, 0);
 }
 
-/* Move every running kernel's progress forward to t (no finish before t). */
-static void progress_to(double t)
+/* Handle every event up to device time t; wake waiters if any happened. */
+static void advance(double t)
 {
-	double dt = t - dev->t_ref;
-	int i;
+	uint64_t ev = dev->en.events;
 
-	if (dt <= 0)
-		return;
-	for (i = 0; i < top(); i++) {
-		struct kent *e = &dev->ent[i];
-
-		if (e->state != E_RUN)
-			continue;
-		e->rem -= e->rate * dt;
-		if (e->rem < 0)
-			e->rem = 0;
-	}
-	dev->t_ref = t;
-}
-
-/* Retire, in order and at their exact times, all kernels done by now. */
-static void advance(double now)
-{
-	int changed = 0;
-
-	for (;;) {
-		double tmin = INFINITY;
-		int i, imin = -1;
-
-		for (i = 0; i < top(); i++) {
-			struct kent *e = &dev->ent[i];
-			double tf;
-
-			if (e->state != E_RUN)
-				continue;
-			tf = dev->t_ref + e->rem / e->rate;
-			if (tf < tmin) {
-				tmin = tf;
-				imin = i;
-			}
-		}
-		if (imin < 0 || tmin > now)
-			break;
-		progress_to(tmin);
-		for (i = 0; i < top(); i++) {
-			struct kent *e = &dev->ent[i];
-
-			if (e->state == E_RUN && (i == imin || e->rem <= 1e-12)) {
-				e->state = E_DONE;
-				e->rem = 0;
-				e->t_end = tmin;
-			}
-		}
-		set_rates();
-		changed = 1;
-	}
-	if (changed)
+	en_advance(&dev->en, t, trace_seg, NULL);
+	if (dev->en.events != ev)
 		bump();
 }
 
@@ -250,20 +140,19 @@ static int pid_dead(int pid)
 
 static void reclaim_dead(void)
 {
-	int i, changed = 0;
+	uint32_t i;
+	int changed = 0;
 
-	for (i = 0; i < top(); i++) {
-		struct kent *e = &dev->ent[i];
+	for (i = 0; i < dev->en.hi && i < MAX_RUN; i++) {
+		struct en_task *e = &dev->en.t[i];
 
-		if (e->state != E_FREE && e->pid != getpid() && pid_dead(e->pid)) {
-			changed |= e->state == E_RUN;
-			free_ent(e);
+		if (e->state != EN_FREE && e->ctx != getpid() && pid_dead(e->ctx)) {
+			en_drop(&dev->en, (int)i, NULL, NULL);
+			changed = 1;
 		}
 	}
-	if (changed) {
-		set_rates();
+	if (changed)
 		bump();
-	}
 }
 
 static void lock_dev(void)
@@ -273,8 +162,9 @@ static void lock_dev(void)
 	if (r == EOWNERDEAD) {
 		/* The holder died mid-update: drop its kernels, make it usable. */
 		pthread_mutex_consistent(&dev->lock);
+		if (dev->en.hi > MAX_RUN)
+			dev->en.hi = MAX_RUN;
 		reclaim_dead();
-		set_rates();
 	}
 }
 
@@ -295,11 +185,20 @@ static void init_state(struct devstate *d, int shared)
 	}
 	pthread_mutex_init(&d->lock, &a);
 	pthread_mutexattr_destroy(&a);
+	en_init(&d->en, &sg_cfg.mp, MAX_RUN);
+	d->en.hold_s = HOLD_WALL_S / sg_cfg.timescale;
 	d->epoch = sg_mono();
 	d->timescale = sg_cfg.timescale;
 	d->version = DEV_VERSION;
-	d->size = sizeof(*d);
+	d->size = (uint32_t)dev_size;
 	d->magic = DEV_MAGIC;
+}
+
+/* Another process's device: same timescale and model parameters? */
+static int same_device(const struct devstate *d)
+{
+	return d->timescale == sg_cfg.timescale &&
+	       !memcmp(&d->en.p, &sg_cfg.mp, sizeof(sg_cfg.mp));
 }
 
 void sg_model_open(void)
@@ -309,29 +208,34 @@ void sg_model_open(void)
 	struct devstate *d = MAP_FAILED;
 	int fd;
 
+	dev_size = sizeof(struct devstate) + MAX_RUN * sizeof(struct en_task);
 	snprintf(path, sizeof(path), "%s/device0", sg_cfg.dir);
 	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (fd >= 0 && flock(fd, LOCK_EX) == 0 && fstat(fd, &st) == 0 &&
-	    ((size_t)st.st_size >= sizeof(*d) || ftruncate(fd, sizeof(*d)) == 0))
-		d = mmap(NULL, sizeof(*d), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	    ((size_t)st.st_size >= dev_size || ftruncate(fd, (off_t)dev_size) == 0))
+		d = mmap(NULL, dev_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (d != MAP_FAILED) {
-		if (d->magic != DEV_MAGIC || d->version != DEV_VERSION || d->size != sizeof(*d))
+		if (d->magic != DEV_MAGIC || d->version != DEV_VERSION || d->size != dev_size) {
 			init_state(d, 1);
-		else if (d->timescale != sg_cfg.timescale && !retime(d)) {
-			/* device time means something else to the running kernels */
-			sg_log("%s runs at timescale %g, not %g: private device model", path,
-			       d->timescale, sg_cfg.timescale);
-			munmap(d, sizeof(*d));
-			d = calloc(1, sizeof(*d));
+			attach(d);
+		} else if (!same_device(d) && !retime(d)) {
+			/* device time or the model mean something else to its tasks */
+			sg_log("%s runs at timescale %g, model %#x/%u, not %g, %#x/%u: private "
+			       "device model", path, d->timescale, d->en.p.mech, d->en.p.mps,
+			       sg_cfg.timescale, sg_cfg.mp.mech, sg_cfg.mp.mps);
+			munmap(d, dev_size);
+			d = calloc(1, dev_size);
 			if (d)
 				init_state(d, 0);
+		} else {
+			attach(d);
 		}
 		if (fd >= 0)
 			flock(fd, LOCK_UN);
 	} else {
 		/* No shared state: this process is alone on its device. */
 		sg_log("cannot share %s (%s): private device model", path, strerror(errno));
-		d = calloc(1, sizeof(*d));
+		d = calloc(1, dev_size);
 		if (d)
 			init_state(d, 0);
 	}
@@ -352,24 +256,51 @@ void sg_model_open(void)
  */
 static int retime(struct devstate *d)
 {
-	int i, busy = 0, r = pthread_mutex_lock(&d->lock);
+	int busy = 0, r = pthread_mutex_lock(&d->lock);
+	uint32_t i;
 
 	if (r == EOWNERDEAD)
 		pthread_mutex_consistent(&d->lock);
 	else if (r != 0)
 		return 0;
-	for (i = 0; i < MAX_RUN; i++)
-		if (d->ent[i].state == E_RUN && !pid_dead(d->ent[i].pid))
+	for (i = 0; i < MAX_USERS; i++)
+		if (d->users[i] > 0 && d->users[i] != getpid() && !pid_dead(d->users[i]))
+			busy = 1;
+	for (i = 0; i < MAX_RUN && i < d->en.hi; i++)
+		if (d->en.t[i].state == EN_RUN && !pid_dead(d->en.t[i].ctx))
 			busy = 1;
 	if (!busy) {
-		memset(d->ent, 0, sizeof(d->ent));
-		d->hi = 0;
+		memset(d->users, 0, sizeof(d->users));
+		en_init(&d->en, &sg_cfg.mp, MAX_RUN);
+		d->en.hold_s = HOLD_WALL_S / sg_cfg.timescale;
 		d->epoch = sg_mono();
-		d->t_ref = 0;
 		d->timescale = sg_cfg.timescale;
 	}
 	pthread_mutex_unlock(&d->lock);
 	return !busy;
+}
+
+/* This process uses the device: a process with other settings that comes
+ * later gets a private model instead of changing time under our feet. */
+static void attach(struct devstate *d)
+{
+	int r = pthread_mutex_lock(&d->lock), i, slot = -1;
+
+	if (r == EOWNERDEAD)
+		pthread_mutex_consistent(&d->lock);
+	else if (r != 0)
+		return;
+	for (i = 0; i < MAX_USERS; i++) {
+		if (d->users[i] == getpid()) {
+			slot = -1;
+			break;
+		}
+		if (slot < 0 && (d->users[i] <= 0 || pid_dead(d->users[i])))
+			slot = i;
+	}
+	if (slot >= 0)
+		d->users[slot] = getpid();
+	pthread_mutex_unlock(&d->lock);
 }
 
 static void futex_wait_until(atomic_uint *a, unsigned val, double wall)
@@ -387,10 +318,11 @@ static void futex_wait_until(atomic_uint *a, unsigned val, double wall)
 	futex(a, FUTEX_WAIT_BITSET, val, &ts, FUTEX_BITSET_MATCH_ANY);
 }
 
-/* At exit, kernels still modelled for this process stop competing. */
+/* At exit, tasks still modelled for this process stop competing. */
 __attribute__((destructor)) static void model_exit(void)
 {
-	int i, r, changed = 0;
+	uint32_t i;
+	int r, changed = 0;
 
 	/* an executor may hold the lock right now: never wait for it here */
 	if (!dev)
@@ -400,87 +332,83 @@ __attribute__((destructor)) static void model_exit(void)
 		pthread_mutex_consistent(&dev->lock);
 	else if (r != 0)
 		return;
-	for (i = 0; i < top(); i++) {
-		struct kent *e = &dev->ent[i];
-
-		if (e->state != E_FREE && e->pid == getpid()) {
-			changed |= e->state == E_RUN;
-			free_ent(e);
+	for (i = 0; i < dev->en.hi && i < MAX_RUN; i++) {
+		if (dev->en.t[i].state != EN_FREE && dev->en.t[i].ctx == getpid()) {
+			en_drop(&dev->en, (int)i, NULL, NULL);
+			changed = 1;
 		}
 	}
-	if (changed) {
-		set_rates();
+	if (changed)
 		bump();
-	}
 	pthread_mutex_unlock(&dev->lock);
 }
 
 /*
- * Run a kernel's work from device time t (the end of its launch overhead)
- * and wait until the model says it is finished.  Returns its end time.
+ * Run a task from device time t (a kernel: the end of its launch overhead)
+ * and wait until the model says it is finished.  Returns its end time;
+ * w->start is when its first block was dispatched.
  */
-double sg_model_run(const struct sg_work *w, double t)
+double sg_model_run(struct sg_work *w, double t)
 {
-	double solo = sg_model_solo(w);
+	double solo = sg_model_solo(w), now;
 	uint64_t id;
 	int i;
 
+	w->start = t;
+	w->id = 0;
 	if (solo <= 0)
 		return t;
 	if (sg_cfg.timescale <= 0 || !dev)
 		goto alone;
 	lock_dev();
-	advance(sg_dev_now());
-	if (t < dev->t_ref)
-		t = dev->t_ref;
-	progress_to(t);
+	advance(t);
+	if (t < dev->en.t_ref)
+		t = dev->en.t_ref;
 	if (++dev->njoin % 256 == 0)
 		reclaim_dead();
-	for (i = 0; i < MAX_RUN && dev->ent[i].state != E_FREE; i++)
-		;
-	if (i == MAX_RUN) {
+	i = en_add(&dev->en, &w->t, getpid(), t, trace_seg, NULL);
+	if (i < 0) {
 		reclaim_dead();
-		for (i = 0; i < MAX_RUN && dev->ent[i].state != E_FREE; i++)
-			;
+		i = en_add(&dev->en, &w->t, getpid(), t, trace_seg, NULL);
 	}
-	if (i == MAX_RUN) {
+	if (i < 0) {
 		unlock_dev();
 		goto alone;
 	}
-	if ((uint32_t)i + 1 > dev->hi)
-		dev->hi = (uint32_t)i + 1;
-	id = ++dev->next_id;
-	dev->ent[i] = (struct kent){
-		.pid = getpid(), .state = E_RUN, .id = id, .sms = w->sms,
-		.flops = w->flops, .bytes = w->bytes, .rem = 1, .t_join = t,
-	};
-	set_rates();
+	id = dev->en.t[i].id;
+	dev->en.t[i].follow = (uint32_t)w->follow;
+	w->id = id;
 	bump();
 	unlock_dev();
 
 	for (;;) {
-		struct kent *e = &dev->ent[i];
-		double tf;
+		struct en_task *e = &dev->en.t[i];
+		double tn;
 		unsigned v;
 
 		lock_dev();
-		advance(sg_dev_now());
-		if (e->id != id || e->state == E_FREE) {
+		now = sg_dev_now();
+		advance(now);
+		if (e->id != id || e->state == EN_FREE) {
 			/* reclaimed under us (cannot happen to a live pid) */
 			unlock_dev();
 			return t + solo;
 		}
-		if (e->state == E_DONE) {
-			tf = e->t_end;
-			free_ent(e);
+		if (e->state == EN_DONE) {
+			double tf = e->t_end;
+
+			w->start = e->t_start >= 0 ? e->t_start : t;
+			en_drop(&dev->en, i, trace_seg, NULL);
 			unlock_dev();
 			return tf;
 		}
-		tf = dev->t_ref + e->rem / e->rate;
+		tn = en_next_event(&dev->en);
+		if (!(tn < now + 0.05 / sg_cfg.timescale))
+			tn = now + 0.05 / sg_cfg.timescale;   /* look again in 50 ms */
 		v = atomic_load(&dev->seq);
 		atomic_fetch_add(&dev->nwait, 1);
 		unlock_dev();
-		futex_wait_until(&dev->seq, v, sg_wall_of(tf));
+		futex_wait_until(&dev->seq, v, sg_wall_of(tn));
 		atomic_fetch_sub(&dev->nwait, 1);
 	}
 alone:

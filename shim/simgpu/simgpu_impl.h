@@ -14,7 +14,9 @@
  *   stream.c    streams: queues, executor threads, ordering, waits
  *   exec.c      what a queued operation does and how long it takes
  *   event.c     events
- *   model.c     the device model: solo durations and the shared fluid model
+ *   engine.c    the device model's engine: block dispatch, co-residence,
+ *               DRAM queueing, time slices, PCIe (simgpu_model.h)
+ *   model.c     the live device: the engine's state shared by processes
  *   fatbin.c    kernel parameter layouts read from the embedded cubin
  *   kernels.c   registration, kernel table, twins, statistics, report
  *   library.c   cudaLibrary*: kernels of a fat binary loaded at run time
@@ -44,6 +46,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "simgpu_model.h"
 #include "simgpu_twin.h"
 
 #define SG_API __attribute__((visibility("default")))
@@ -59,7 +62,7 @@ struct sg_config {
 	double sm_flops;         /* SIMGPU_SM_GFLOPS, flop/s of one SM          */
 	double sm_bw;            /* SIMGPU_SM_BW_GBS, bytes/s one SM can pull   */
 	double launch_s;         /* SIMGPU_LAUNCH_US, seconds                   */
-	double pcie;             /* SIMGPU_PCIE_GBS, bytes/s                    */
+	double pcie;             /* SIMGPU_PCIE_H2D_GBS, bytes/s                */
 	double timescale;        /* SIMGPU_TIMESCALE: wall s per device s       */
 	double flops_per_thread; /* SIMGPU_DEFAULT_FLOPS_PER_THREAD             */
 	double bytes_per_thread; /* SIMGPU_DEFAULT_BYTES_PER_THREAD             */
@@ -70,6 +73,7 @@ struct sg_config {
 	int    timing_only;      /* SIMGPU_TIMING_ONLY: skip twins, keep time   */
 	char   name[256];        /* SIMGPU_NAME                                 */
 	char   dir[512];         /* SIMGPU_DIR                                  */
+	struct simgpu_model_params mp;   /* the device model's (model.c)       */
 };
 
 extern struct sg_config sg_cfg;
@@ -245,6 +249,7 @@ void     sg_stream_drain(struct sg_stream *s);
 double   sg_stream_time_of(struct sg_stream *s, uint64_t seq);
 cudaStream_t sg_stream_handle(struct sg_stream *s);
 void     sg_sync_all(void);
+int      sg_stream_kernel_follows(struct sg_stream *s, struct sg_op *op);
 
 /* ------------------------------------------------------------------ exec.c */
 
@@ -257,16 +262,18 @@ void sg_event_complete(struct sg_event *ev, uint64_t gen, double t);
 
 /* ------------------------------------------------------------------ model.c */
 
+/* A task for the device model (engine.c through model.c). */
 struct sg_work {
-	double sms;     /* SMs the kernel can use: quota and launch shape */
-	double flops;
-	double bytes;
+	struct simgpu_model_task t;   /* shape, work, quota, kind            */
+	int      follow;              /* a kernel of its stream is queued    */
+	double   start;               /* out: its first block dispatched     */
+	uint64_t id;                  /* out: the model's id (device trace)  */
 };
 
 void   sg_model_open(void);
-double sg_model_solo(const struct sg_work *w);       /* seconds of work  */
-double sg_model_run(const struct sg_work *w, double t_start);
-int    sg_kernel_sms(const simgpu_launch *l);
+double sg_model_solo(const struct sg_work *w);       /* seconds alone    */
+double sg_model_run(struct sg_work *w, double t_start);
+double sg_model_sms(const struct sg_work *w);        /* SMs it can span  */
 
 /* ------------------------------------------------------------------ fatbin.c */
 
@@ -282,6 +289,9 @@ struct sg_params {
 struct sg_fatbin *sg_fatbin_open(const void *wrapper);
 int sg_fatbin_params(struct sg_fatbin *fb, const char *name, struct sg_params *p);
 int sg_fatbin_var_init(struct sg_fatbin *fb, const char *name, void *dst, size_t n);
+/* registers per thread and static shared memory of a kernel, 0 unknown */
+int sg_fatbin_resources(struct sg_fatbin *fb, const char *name, double reserved, double *regs,
+			double *smem);
 /* A raw image (0xBA55ED50 header first), parsed now; NULL when damaged
  * (or out of memory).  *size: its bytes.  Close it when done: nothing of
  * it points into the image afterwards. */
@@ -302,6 +312,8 @@ struct sg_kernel {
 	struct sg_params  params;
 	simgpu_twin_fn    twin;
 	simgpu_cost_fn    cost;
+	double            regs;         /* per thread, from the cubin; 0: unknown */
+	double            smem_static;  /* bytes per block, from the cubin        */
 	atomic_ullong     launches;
 	atomic_ullong     modelled_ns;
 	struct sg_kernel *all_next;

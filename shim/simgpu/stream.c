@@ -357,6 +357,28 @@ void sg_sync_all(void)
 
 /* ---------------------------------------------------------------- executor */
 
+/*
+ * Whether a kernel follows op in its stream, past event records and waits:
+ * the device model keeps a time-sliced context whose next kernel is queued
+ * already (its channel is not idle).  Consumer only: producers only append.
+ */
+int sg_stream_kernel_follows(struct sg_stream *s, struct sg_op *op)
+{
+	struct sg_op *n = atomic_load_explicit(&op->next, memory_order_acquire);
+	int i;
+
+	for (i = 0; n && i < 8; i++) {
+		if (n != &s->stub) {
+			if (n->kind == SG_OP_KERNEL)
+				return 1;
+			if (n->kind != SG_OP_RECORD && n->kind != SG_OP_WAIT)
+				return 0;
+		}
+		n = atomic_load_explicit(&n->next, memory_order_acquire);
+	}
+	return 0;
+}
+
 static void run_one(struct sg_stream *s, struct sg_op *op)
 {
 	double t0 = op->enq_t > s->clock ? op->enq_t : s->clock, end;

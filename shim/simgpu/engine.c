@@ -1,0 +1,864 @@
+/*
+ * engine.c - the device model's engine (engine.h says what it keeps;
+ * simgpu_model.h what each mechanism means and where its parameters live).
+ *
+ * Each event (a cohort of blocks retires, a copy ends, a time slice ends,
+ * a context switch completes) and each admission runs settle():
+ *
+ *   1. slices   without MPS, pick the context that owns the device;
+ *   2. unfold   folded cohorts give their queued waves back (anything may
+ *               have changed);
+ *   3. dispatch in arrival order, each kernel takes the blocks its MPS cap
+ *               and the free SM capacity allow; the first kernel that wants
+ *               more than fits stops the walk (left-over policy); kernels up
+ *               to it that refill their own SMs fold their remaining waves;
+ *   4. rates    each executing kernel's wave period from its SMs, their
+ *               co-residents and the DRAM load; copies' share of PCIe;
+ *   5. trace    executing stretches that ended are reported.
+ *
+ * Rates, for kernel k with R resident blocks spanning m SMs (blocks go
+ * breadth-first: m = min(quota, R)), of which x are its own and m - x
+ * shared with later (or earlier) kernels' blocks:
+ *
+ *   u      = min(1, warps per SM / sat_warps)              (enough warps?)
+ *   s_c    = max(1, u c + partner's u c)                   (issue slots)
+ *   s_m    = max(1, u mu + partner's u mu) (1 + l1_gamma mu mu')  (L1/LSU)
+ *   C      = sm_flops u (x + (m - x) / s_c)      compute rate
+ *   M      = sm_bw    u (x + (m - x) / s_m)      memory rate its SMs pull
+ *   t_c    = R flops_b / C,  t_m = R bytes_b / min(M, bw)
+ *   P0     = max(t_c, t_m), its DRAM demand D = R bytes_b / P0
+ *   rho    = sum D / bw
+ *   period = max(t_c, t_m L(rho))   with bwq; P0 max(1, rho) without
+ *
+ * where c and mu (compute and memory intensity) are a block's compute and
+ * memory times on one SM over the larger of the two.  A cohort's remaining
+ * work falls by 1 / period per second.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "simgpu_impl.h"
+
+#define EPS_REM 1e-7
+
+static int has(const struct en_state *st, unsigned m)
+{
+	return (st->p.mech & m) != 0;
+}
+
+static int slicing(const struct en_state *st)
+{
+	return !st->p.mps && has(st, SIMGPU_M_SLICE);
+}
+
+static double resident(const struct en_task *k)
+{
+	double r = 0;
+	unsigned j;
+
+	for (j = 0; j < k->ncoh; j++)
+		r += k->coh[j].n;
+	return r;
+}
+
+size_t en_size(uint32_t cap)
+{
+	return sizeof(struct en_state) + (size_t)cap * sizeof(struct en_task);
+}
+
+void en_init(struct en_state *st, const struct simgpu_model_params *p, uint32_t cap)
+{
+	memset(st, 0, en_size(cap));
+	st->p = *p;
+	st->cap = cap;
+}
+
+double en_blocks_per_sm(const struct simgpu_model_params *p, double threads, double regs,
+			double smem)
+{
+	double warps = ceil((threads < 1 ? 1 : threads) / 32.0);
+	double b = floor(p->sm_threads / (warps * 32.0));
+
+	if (p->sm_blocks < b)
+		b = p->sm_blocks;
+	if (regs <= 0)
+		regs = p->regs_default;
+	if (regs > 0) {
+		/* registers are allocated per warp, in units of 256 */
+		double per_warp = ceil(regs * 32.0 / 256.0) * 256.0;
+		double by_regs = floor(floor(p->sm_regs / per_warp) / warps);
+
+		if (by_regs < b)
+			b = by_regs;
+	}
+	if (smem < 0)
+		smem = 0;
+	if (smem + p->block_smem > 0) {
+		double by_smem = floor(p->sm_smem / (smem + p->block_smem));
+
+		if (by_smem < b)
+			b = by_smem;
+	}
+	return b < 1 ? 1 : b;
+}
+
+/* Blocks per SM of the fluid model: packed by threads alone, 1..32. */
+static double packed_per_sm(double threads)
+{
+	double b = floor(2048.0 / (threads < 1 ? 1 : threads));
+
+	return b < 1 ? 1 : b > 32 ? 32 : b;
+}
+
+/* ---------------------------------------------------------------- shape */
+
+static void shape(struct en_state *st, struct en_task *k, const struct simgpu_model_task *d)
+{
+	const struct simgpu_model_params *p = &st->p;
+	double tc, tm, mx;
+
+	k->kind = (uint32_t)d->kind;
+	if (d->kind != SIMGPU_T_KERNEL) {
+		k->blocks = 1;
+		k->per_sm = 1;
+		k->quota = 1;
+		k->flops_b = 0;
+		k->bytes_b = d->bytes > 0 ? d->bytes : 0;
+		k->coh[0] = (struct en_cohort){ 1, 1 };
+		k->ncoh = 1;
+		k->t_start = st->t_ref;
+		return;
+	}
+	k->blocks = d->blocks >= 1 ? floor(d->blocks) : 1;
+	k->warps_b = ceil((d->threads >= 1 ? d->threads : 1) / 32.0);
+	k->per_sm = has(st, SIMGPU_M_BLOCKS) ? en_blocks_per_sm(p, d->threads, d->regs, d->smem)
+					     : packed_per_sm(d->threads);
+	k->quota = d->quota_sms < 1 ? 1 : d->quota_sms > p->sms ? p->sms : floor(d->quota_sms);
+	k->flops_b = (d->flops > 0 ? d->flops : 0) / k->blocks;
+	k->bytes_b = (d->bytes > 0 ? d->bytes : 0) / k->blocks;
+	tc = k->flops_b / p->sm_flops;
+	tm = k->bytes_b / p->sm_bw;
+	mx = tc > tm ? tc : tm;
+	k->c_int = mx > 0 ? tc / mx : 0;
+	k->m_int = mx > 0 ? tm / mx : 0;
+	if (has(st, SIMGPU_M_BLOCKS)) {
+		k->undisp = k->blocks;
+		k->t_start = -1;
+	} else {
+		/* fluid: the whole grid at once, on a proportional share */
+		k->coh[0] = (struct en_cohort){ k->blocks, 1 };
+		k->ncoh = 1;
+		k->t_start = st->t_ref;
+	}
+}
+
+/* ---------------------------------------------------------------- slices */
+
+/* Kernels of this task's context may execute now. */
+static int eligible(const struct en_state *st, const struct en_task *k)
+{
+	if (k->state != EN_RUN)
+		return 0;
+	if (k->kind != SIMGPU_T_KERNEL || !slicing(st))
+		return 1;
+	return !st->switching && st->has_active && k->ctx == st->active_ctx;
+}
+
+/*
+ * The next context to get the device: of the running kernels outside the
+ * active context, the one whose context had the device least recently
+ * (round robin), the oldest kernel breaking ties; 0 when none waits.
+ */
+static const struct en_task *waiting_ctx(const struct en_state *st, int *active_busy)
+{
+	const struct en_task *best = NULL;
+	uint32_t i;
+
+	*active_busy = 0;
+	for (i = 0; i < st->hi; i++) {
+		const struct en_task *k = &st->t[i];
+
+		if (k->state != EN_RUN || k->kind != SIMGPU_T_KERNEL)
+			continue;
+		if (st->has_active && k->ctx == st->active_ctx)
+			*active_busy = 1;
+		else if (!best || k->t_ctx < best->t_ctx ||
+			 (k->t_ctx == best->t_ctx && k->seq < best->seq))
+			best = k;
+	}
+	return best;
+}
+
+/* Context c has the device from t: its tasks remember when. */
+static void mark_ctx(struct en_state *st, int32_t c, double t)
+{
+	uint32_t i;
+
+	for (i = 0; i < st->hi; i++)
+		if (st->t[i].ctx == c)
+			st->t[i].t_ctx = t;
+}
+
+static void switch_to(struct en_state *st, int32_t c, double t)
+{
+	mark_ctx(st, c, t);
+	if (!st->has_active || st->p.switch_s <= 0) {
+		st->active_ctx = c;
+		st->has_active = 1;
+		st->slice_end = t + st->p.slice_s;
+	} else {
+		st->switching = 1;
+		st->next_ctx = c;
+		st->switch_end = t + st->p.switch_s;
+	}
+}
+
+static void slice_update(struct en_state *st, double t)
+{
+	const struct en_task *w;
+	int busy;
+
+	if (!slicing(st)) {
+		st->switching = 0;
+		return;
+	}
+	if (st->switching) {
+		if (t < st->switch_end)
+			return;
+		st->active_ctx = st->next_ctx;
+		st->has_active = 1;
+		st->switching = 0;
+		st->slice_end = t + st->p.slice_s;
+	}
+	w = waiting_ctx(st, &busy);
+	busy |= t < st->hold_until;     /* its next kernel is on its way */
+	if (w && (!busy || t >= st->slice_end)) {
+		st->hold_until = 0;
+		switch_to(st, w->ctx, t);
+	}
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+static void unfold(struct en_state *st)
+{
+	uint32_t i, j;
+
+	for (i = 0; i < st->hi; i++) {
+		struct en_task *k = &st->t[i];
+
+		if (k->state != EN_RUN || k->kind != SIMGPU_T_KERNEL)
+			continue;
+		for (j = 0; j < k->ncoh; j++) {
+			double extra = ceil(k->coh[j].rem - 1e-9) - 1;
+
+			if (extra > 0) {
+				k->undisp += extra * k->coh[j].n;
+				k->coh[j].rem -= extra;
+			}
+		}
+	}
+}
+
+static void add_cohort(struct en_task *k, double n)
+{
+	unsigned j, best = 0;
+
+	if (k->ncoh < EN_COHORTS) {
+		k->coh[k->ncoh++] = (struct en_cohort){ n, 1 };
+		return;
+	}
+	/* full: merge into the cohort nearest a fresh one (approximation) */
+	for (j = 1; j < k->ncoh; j++)
+		if (k->coh[j].rem > k->coh[best].rem)
+			best = j;
+	k->coh[best].rem = (k->coh[best].n * k->coh[best].rem + n) / (k->coh[best].n + n);
+	k->coh[best].n += n;
+}
+
+/* Its cohorts will each refill their own blocks wave after wave: queue the
+ * full rounds into their remaining work (exact: see engine.h). */
+static void fold(struct en_task *k)
+{
+	double r = resident(k), w;
+	unsigned j;
+
+	if (r <= 0 || k->undisp < r)
+		return;
+	w = floor(k->undisp / r);
+	for (j = 0; j < k->ncoh; j++)
+		k->coh[j].rem += w;
+	k->undisp -= w * r;
+}
+
+/* Indices of running kernels in arrival order (insertion sort: few). */
+static int by_arrival(const struct en_state *st, int *idx)
+{
+	int n = 0, a;
+	uint32_t i;
+
+	for (i = 0; i < st->hi; i++) {
+		const struct en_task *k = &st->t[i];
+
+		if (k->state != EN_RUN || k->kind != SIMGPU_T_KERNEL)
+			continue;
+		for (a = n; a > 0 && st->t[idx[a - 1]].seq > k->seq; a--)
+			idx[a] = idx[a - 1];
+		idx[a] = (int)i;
+		n++;
+	}
+	return n;
+}
+
+static void dispatch(struct en_state *st, const int *idx, int n)
+{
+	double used = 0;
+	int a;
+
+	if (!has(st, SIMGPU_M_BLOCKS))
+		return;
+	for (a = 0; a < n; a++) {
+		const struct en_task *k = &st->t[idx[a]];
+
+		if (eligible(st, k))
+			used += resident(k) / k->per_sm;
+	}
+	for (a = 0; a < n; a++) {
+		struct en_task *k = &st->t[idx[a]];
+		double want, room, can;
+		int blocked = 0;
+
+		if (!eligible(st, k))
+			continue;
+		if (k->undisp > 0) {
+			want = floor(k->quota * k->per_sm) - resident(k);
+			if (want > k->undisp)
+				want = k->undisp;
+			room = floor((st->p.sms - used) * k->per_sm + 1e-9);
+			can = want < room ? want : room;
+			if (can >= 1) {
+				add_cohort(k, can);
+				k->undisp -= can;
+				used += can / k->per_sm;
+				if (k->t_start < 0)
+					k->t_start = st->t_ref;
+			}
+			blocked = can < want;
+		}
+		fold(k);
+		if (blocked)
+			break;
+	}
+}
+
+/* ---------------------------------------------------------------- rates */
+
+/* Memory-time stretch at DRAM load rho (bwq on). */
+static double queueing(const struct simgpu_model_params *p, double rho)
+{
+	double x;
+
+	if (rho > 1)
+		return rho * (1 + p->bw_beta);
+	if (rho <= p->bw_knee || p->bw_knee >= 1)
+		return 1;
+	x = (rho - p->bw_knee) / (1 - p->bw_knee);
+	return 1 + p->bw_beta * x * x;
+}
+
+/* Wave period from compute and memory times at DRAM load rho. */
+static double period(const struct simgpu_model_params *p, double t_c, double t_m, double rho)
+{
+	double p0 = t_c > t_m ? t_c : t_m;
+
+	if (!(p->mech & SIMGPU_M_BWQ))
+		return rho > 1 ? p0 * rho : p0;
+	t_m *= queueing(p, rho);
+	return t_c > t_m ? t_c : t_m;
+}
+
+/* Compute and memory time of one wave of R resident blocks over m SMs, x of
+ * them its own; the shared ones slowed by s_c and s_m. */
+static void wave_times(const struct simgpu_model_params *p, const struct en_task *k, double r,
+		       double m, double x, double u, double s_c, double s_m, double *t_c,
+		       double *t_m)
+{
+	double c = p->sm_flops * u * (x + (m - x) / s_c);
+	double mm = p->sm_bw * u * (x + (m - x) / s_m);
+
+	if (mm > p->bw)
+		mm = p->bw;
+	*t_c = k->flops_b > 0 ? r * k->flops_b / c : 0;
+	*t_m = k->bytes_b > 0 ? r * k->bytes_b / mm : 0;
+}
+
+/* SMs spanned and warp saturation of k's resident blocks (before sharing). */
+static void span(const struct en_state *st, struct en_task *k, double r)
+{
+	const struct simgpu_model_params *p = &st->p;
+
+	if (has(st, SIMGPU_M_BLOCKS)) {
+		k->sms = r < k->quota ? r : k->quota;
+		k->u = p->sat_warps > 0 ? r / k->sms * k->warps_b / p->sat_warps : 1;
+		if (k->u > 1)
+			k->u = 1;
+	} else {
+		double need = ceil(k->blocks / k->per_sm);
+
+		k->sms = need < k->quota ? need : k->quota;
+		k->u = 1;
+	}
+	k->excl = k->sms;
+}
+
+/*
+ * Co-residence: in arrival order each kernel takes empty SMs first; what
+ * it spans beyond them lands on SMs that earlier kernels had to themselves,
+ * which become shared (spread over them in proportion).
+ */
+static void place(struct en_state *st, const int *idx, int n)
+{
+	double empty = st->p.sms, pool = 0;
+	int a, b;
+
+	for (a = 0; a < n; a++) {
+		struct en_task *k = &st->t[idx[a]];
+		double landed, f;
+
+		if (k->rate < 0)    /* marked: not executing */
+			continue;
+		k->excl = k->sms < empty ? k->sms : empty;
+		empty -= k->excl;
+		landed = k->sms - k->excl;
+		if (landed > 0 && pool > 0) {
+			f = landed >= pool ? 0 : 1 - landed / pool;
+			pool = 0;
+			for (b = 0; b < a; b++) {
+				struct en_task *e = &st->t[idx[b]];
+
+				if (e->rate < 0)
+					continue;
+				e->excl *= f;
+				pool += e->excl;
+			}
+		}
+		pool += k->excl;
+	}
+}
+
+static void rates(struct en_state *st, const int *idx, int n)
+{
+	const struct simgpu_model_params *p = &st->p;
+	double tot_sms = 0, sh_w = 0, sh_uc = 0, sh_um = 0, sh_mu = 0, dsum = 0, rho;
+	double tc[n > 0 ? n : 1], tm[n > 0 ? n : 1];
+	int a, ncopy[3] = { 0, 0, 0 };
+	uint32_t i;
+
+	for (a = 0; a < n; a++) {
+		struct en_task *k = &st->t[idx[a]];
+		double r = resident(k);
+
+		k->rate = -1;   /* not executing, unless below */
+		if (!eligible(st, k) || r <= 0)
+			continue;
+		k->rate = 0;
+		span(st, k, r);
+		tot_sms += k->sms;
+	}
+	if (!has(st, SIMGPU_M_BLOCKS) && tot_sms > p->sms) {
+		/* fluid: a proportional share of SMs for everyone */
+		for (a = 0; a < n; a++) {
+			struct en_task *k = &st->t[idx[a]];
+
+			if (k->rate >= 0)
+				k->excl = k->sms = k->sms * p->sms / tot_sms;
+		}
+	} else if (has(st, SIMGPU_M_BLOCKS) && tot_sms > p->sms) {
+		place(st, idx, n);
+	}
+	for (a = 0; a < n; a++) {
+		const struct en_task *k = &st->t[idx[a]];
+		double sh = k->sms - k->excl;
+
+		if (k->rate < 0 || sh <= 0)
+			continue;
+		sh_w += sh;
+		sh_uc += sh * k->u * k->c_int;
+		sh_um += sh * k->u * k->m_int;
+		sh_mu += sh * k->m_int;
+	}
+	for (a = 0; a < n; a++) {
+		struct en_task *k = &st->t[idx[a]];
+		double r = resident(k), sh = k->sms - k->excl, s_c = 1, s_m = 1, w, p0;
+
+		tc[a] = tm[a] = 0;
+		if (k->rate < 0)
+			continue;
+		w = sh_w - sh;
+		if (sh > 0 && w > 0 && has(st, SIMGPU_M_CORES)) {
+			double pc = (sh_uc - sh * k->u * k->c_int) / w;
+			double pm = (sh_um - sh * k->u * k->m_int) / w;
+			double pmu = (sh_mu - sh * k->m_int) / w;
+
+			s_c = k->u * k->c_int + pc;
+			s_m = k->u * k->m_int + pm;
+			s_c = s_c > 1 ? s_c : 1;
+			s_m = (s_m > 1 ? s_m : 1) * (1 + p->l1_gamma * k->m_int * pmu);
+		}
+		wave_times(p, k, r, k->sms, k->excl, k->u, s_c, s_m, &tc[a], &tm[a]);
+		p0 = tc[a] > tm[a] ? tc[a] : tm[a];
+		if (p0 > 0)
+			dsum += r * k->bytes_b / p0;
+	}
+	rho = dsum / p->bw;
+	for (a = 0; a < n; a++) {
+		struct en_task *k = &st->t[idx[a]];
+		double per;
+
+		if (k->rate < 0) {
+			k->rate = 0;
+			continue;
+		}
+		per = period(p, tc[a], tm[a], rho);
+		k->rate = per > 0 ? 1.0 / per : 1e30;
+	}
+	/* copies: each direction's PCIe shared fairly */
+	for (i = 0; i < st->hi; i++)
+		if (st->t[i].state == EN_RUN && st->t[i].kind != SIMGPU_T_KERNEL)
+			ncopy[st->t[i].kind]++;
+	for (i = 0; i < st->hi; i++) {
+		struct en_task *k = &st->t[i];
+		double bw;
+
+		if (k->state != EN_RUN || k->kind == SIMGPU_T_KERNEL)
+			continue;
+		bw = k->kind == SIMGPU_T_H2D ? p->pcie_h2d : p->pcie_d2h;
+		if (has(st, SIMGPU_M_PCIE))
+			bw /= ncopy[k->kind];
+		k->rate = k->bytes_b > 0 ? bw / k->bytes_b : 1e30;
+	}
+}
+
+/* ---------------------------------------------------------------- events */
+
+static void segments(struct en_state *st, double t, en_seg_fn seg, void *arg)
+{
+	uint32_t i;
+
+	for (i = 0; i < st->hi; i++) {
+		struct en_task *k = &st->t[i];
+		int exec = k->state == EN_RUN && k->kind == SIMGPU_T_KERNEL && k->rate > 0 &&
+			   resident(k) > 0;
+
+		if (exec && k->t_seg < 0) {
+			k->t_seg = t;
+		} else if (!exec && k->t_seg >= 0) {
+			if (seg && t > k->t_seg)
+				seg(arg, k, k->t_seg, t);
+			k->t_seg = -1;
+		}
+	}
+}
+
+static void settle(struct en_state *st, en_seg_fn seg, void *arg)
+{
+	int idx[st->cap > 0 ? st->cap : 1], n;
+
+	slice_update(st, st->t_ref);
+	unfold(st);
+	n = by_arrival(st, idx);
+	dispatch(st, idx, n);
+	rates(st, idx, n);
+	segments(st, st->t_ref, seg, arg);
+}
+
+static void progress_to(struct en_state *st, double t)
+{
+	double dt = t - st->t_ref;
+	uint32_t i, j;
+
+	if (dt <= 0)
+		return;
+	for (i = 0; i < st->hi; i++) {
+		struct en_task *k = &st->t[i];
+
+		if (k->state != EN_RUN || k->rate <= 0)
+			continue;
+		for (j = 0; j < k->ncoh; j++) {
+			k->coh[j].rem -= k->rate * dt;
+			if (k->coh[j].rem < 0)
+				k->coh[j].rem = 0;
+		}
+	}
+	st->t_ref = t;
+}
+
+double en_next_event(const struct en_state *st)
+{
+	double tn = INFINITY;
+	uint32_t i, j;
+
+	for (i = 0; i < st->hi; i++) {
+		const struct en_task *k = &st->t[i];
+
+		if (k->state != EN_RUN || k->rate <= 0)
+			continue;
+		for (j = 0; j < k->ncoh; j++) {
+			double tf = st->t_ref + k->coh[j].rem / k->rate;
+
+			if (tf < tn)
+				tn = tf;
+		}
+	}
+	if (slicing(st)) {
+		int busy;
+
+		if (st->switching) {
+			if (st->switch_end < tn)
+				tn = st->switch_end;
+		} else if (waiting_ctx(st, &busy)) {
+			double te = st->slice_end;
+
+			if (!busy && st->hold_until < te)
+				te = st->hold_until;
+			if (te < st->t_ref)
+				te = st->t_ref;
+			if (te < tn)
+				tn = te;
+		}
+	}
+	return tn;
+}
+
+/* Retire what is done at t_ref: cohorts, copies, whole kernels. */
+static void retire(struct en_state *st, en_seg_fn seg, void *arg)
+{
+	double t = st->t_ref;
+	uint32_t i, j;
+
+	for (i = 0; i < st->hi; i++) {
+		struct en_task *k = &st->t[i];
+
+		if (k->state != EN_RUN)
+			continue;
+		for (j = 0; j < k->ncoh;) {
+			double rem = k->coh[j].rem;
+
+			if (rem <= EPS_REM || (k->rate > 0 && rem / k->rate <= 1e-12 * (1 + t)))
+				k->coh[j] = k->coh[--k->ncoh];
+			else
+				j++;
+		}
+		if (k->ncoh == 0 && k->undisp <= 0) {
+			if (k->follow && k->kind == SIMGPU_T_KERNEL && st->has_active &&
+			    k->ctx == st->active_ctx && t + st->hold_s > st->hold_until)
+				st->hold_until = t + st->hold_s;
+			k->state = EN_DONE;
+			k->t_end = t;
+			k->rate = 0;
+			if (k->t_seg >= 0 && seg && t > k->t_seg)
+				seg(arg, k, k->t_seg, t);
+			k->t_seg = -1;
+		}
+	}
+}
+
+void en_advance(struct en_state *st, double now, en_seg_fn seg, void *arg)
+{
+	long guard;
+
+	for (guard = 0; guard < 1000000; guard++) {
+		double tn = en_next_event(st);
+
+		if (!(tn <= now) || isinf(tn))
+			break;
+		progress_to(st, tn);
+		retire(st, seg, arg);
+		settle(st, seg, arg);
+		st->events++;
+	}
+}
+
+/* When ctx last got the device, as its running tasks remember (-1: never). */
+static double ctx_last(const struct en_state *st, int32_t ctx)
+{
+	double t = -1;
+	uint32_t i;
+
+	for (i = 0; i < st->hi; i++)
+		if (st->t[i].state != EN_FREE && st->t[i].ctx == ctx && st->t[i].t_ctx > t)
+			t = st->t[i].t_ctx;
+	if (st->has_active && ctx == st->active_ctx && st->slice_end - st->p.slice_s > t)
+		t = st->slice_end - st->p.slice_s;
+	return t;
+}
+
+int en_add(struct en_state *st, const struct simgpu_model_task *d, int32_t ctx, double t,
+	   en_seg_fn seg, void *arg)
+{
+	struct en_task *k;
+	uint32_t i;
+
+	progress_to(st, t);
+
+	for (i = 0; i < st->cap && st->t[i].state != EN_FREE; i++)
+		;
+	if (i == st->cap)
+		return -1;
+	k = &st->t[i];
+	memset(k, 0, sizeof(*k));
+	k->state = EN_RUN;
+	k->ctx = ctx;
+	k->id = ++st->next_id;
+	k->seq = ++st->next_seq;
+	k->t_join = st->t_ref;
+	k->t_seg = -1;
+	k->t_end = -1;
+	k->t_ctx = ctx_last(st, ctx);
+	shape(st, k, d);
+	if (i + 1 > st->hi)
+		st->hi = i + 1;
+	settle(st, seg, arg);
+	return (int)i;
+}
+
+void en_drop(struct en_state *st, int i, en_seg_fn seg, void *arg)
+{
+	int was_running;
+
+	if (i < 0 || (uint32_t)i >= st->hi)
+		return;
+	was_running = st->t[i].state == EN_RUN;
+	st->t[i].state = EN_FREE;
+	while (st->hi > 0 && st->t[st->hi - 1].state == EN_FREE)
+		st->hi--;
+	if (was_running)
+		settle(st, seg, arg);
+}
+
+int en_running(const struct en_state *st)
+{
+	int n = 0;
+	uint32_t i;
+
+	for (i = 0; i < st->hi; i++)
+		n += st->t[i].state == EN_RUN;
+	return n;
+}
+
+/* The wave period of k alone with r resident blocks. */
+static double alone_period(const struct en_state *st, struct en_task *k, double r)
+{
+	double tc, tm, p0;
+
+	span(st, k, r);
+	wave_times(&st->p, k, r, k->sms, k->sms, k->u, 1, 1, &tc, &tm);
+	p0 = tc > tm ? tc : tm;
+	return period(&st->p, tc, tm, p0 > 0 ? r * k->bytes_b / p0 / st->p.bw : 0);
+}
+
+double en_solo(const struct simgpu_model_params *p, const struct simgpu_model_task *d)
+{
+	struct {
+		struct en_state st;
+		struct en_task  t[1];
+	} s;
+	struct en_task *k = &s.st.t[0];
+	double cap, full, tail;
+
+	memset(&s, 0, sizeof(s));
+	s.st.p = *p;
+	s.st.cap = 1;
+	shape(&s.st, k, d);
+	if (d->kind != SIMGPU_T_KERNEL)
+		return k->bytes_b / (d->kind == SIMGPU_T_H2D ? p->pcie_h2d : p->pcie_d2h);
+	if (!(p->mech & SIMGPU_M_BLOCKS))
+		return alone_period(&s.st, k, k->blocks);
+	cap = floor(k->quota * k->per_sm);
+	full = floor(k->blocks / cap);
+	tail = k->blocks - full * cap;
+	return (full > 0 ? full * alone_period(&s.st, k, cap) : 0) +
+	       (tail > 0 ? alone_period(&s.st, k, tail) : 0);
+}
+
+/* ---------------------------------------------------------------- offline */
+
+static int params_ok(const struct simgpu_model_params *p)
+{
+	const double *v = &p->sms;
+	size_t i, n = (sizeof(*p) - offsetof(struct simgpu_model_params, sms)) / sizeof(double);
+
+	if (p->abi != SIMGPU_MODEL_ABI)
+		return 0;
+	for (i = 0; i < n; i++)
+		if (!isfinite(v[i]) || v[i] < 0)
+			return 0;
+	return p->sms >= 1 && p->bw > 0 && p->sm_flops > 0 && p->sm_bw > 0 && p->sm_threads >= 32 &&
+	       p->sm_blocks >= 1 && p->sm_regs > 0 && p->sm_smem > 0 && p->pcie_h2d > 0 &&
+	       p->pcie_d2h > 0 && p->bw_knee < 1;
+}
+
+static int task_ok(const struct simgpu_model_task *t)
+{
+	return isfinite(t->arrive) && isfinite(t->blocks) && isfinite(t->threads) &&
+	       isfinite(t->regs) && isfinite(t->smem) && isfinite(t->flops) &&
+	       isfinite(t->bytes) && isfinite(t->quota_sms) && t->flops >= 0 && t->bytes >= 0 &&
+	       t->kind >= SIMGPU_T_KERNEL && t->kind <= SIMGPU_T_D2H;
+}
+
+SG_API int simgpu_model_blocks_per_sm(const struct simgpu_model_params *p, double threads,
+				      double regs, double smem)
+{
+	if (!p || !params_ok(p))
+		return -1;
+	return (int)en_blocks_per_sm(p, threads, regs, smem);
+}
+
+SG_API int simgpu_model_simulate(const struct simgpu_model_params *p, int n,
+				 struct simgpu_model_task *t)
+{
+	struct en_state *st;
+	int *order, *slot, i, a;
+
+	if (!p || !params_ok(p) || n < 0 || n > 100000 || (n && !t))
+		return -1;
+	for (i = 0; i < n; i++)
+		if (!task_ok(&t[i]))
+			return -1;
+	st = malloc(en_size((uint32_t)n));
+	order = malloc(sizeof(int) * (size_t)(n + 1));
+	slot = malloc(sizeof(int) * (size_t)(n + 1));
+	if (!st || !order || !slot) {
+		free(st);
+		free(order);
+		free(slot);
+		return -1;
+	}
+	en_init(st, p, (uint32_t)n);
+	for (i = 0; i < n; i++) {        /* stable insertion sort by arrival */
+		for (a = i; a > 0 && t[order[a - 1]].arrive > t[i].arrive; a--)
+			order[a] = order[a - 1];
+		order[a] = i;
+	}
+	if (n)
+		st->t_ref = t[order[0]].arrive;
+	for (a = 0; a < n; a++) {
+		struct simgpu_model_task *d = &t[order[a]];
+
+		en_advance(st, d->arrive, NULL, NULL);
+		slot[order[a]] = en_add(st, d, d->ctx, d->arrive, NULL, NULL);
+	}
+	en_advance(st, INFINITY, NULL, NULL);
+	for (i = 0; i < n; i++) {
+		const struct en_task *k = &st->t[slot[i]];
+
+		t[i].start = k->t_start;
+		t[i].end = k->state == EN_DONE ? k->t_end : INFINITY;
+	}
+	free(st);
+	free(order);
+	free(slot);
+	return 0;
+}
