@@ -21,6 +21,11 @@
 #   vmmapp  hotspot run locally and forwarded to a 50 % MPS worker with
 #           COLOCATE_MEM=vmm through `colocate serve`; the two CHECK lines
 #           must be equal and the worker must have run its kernels
+#   calib   bench/calibrate.py run: a kernel next to co-runners of each kind
+#           at MPS percentages 10..100 (with and without oversubscription),
+#           the time slice without MPS, PCIe contention (calib.jsonl); then
+#           calibrate.py fit: simgpu's parameters and its error per case
+#           (calib_fit.json).  A call of its own: it takes most of 10 minutes
 # Not yet run on a GPU: read session.log first.
 set -u
 OUT=${OUT:-bench/out/gpu}
@@ -83,7 +88,16 @@ vmmapp() {
 	[ -n "$ref" ] && [ "$ref" = "$fwd" ] && [ "${ran:-0}" -gt 0 ]
 }
 
-export -f build vmmapp
+calib() {
+	# the measuring stops starting cases after 480 s: the fit needs the rest
+	$PY bench/calibrate.py run --out "$OUT/calib.jsonl" --budget-s 480
+	local rc=$?
+	[ $rc -eq 2 ] && return 2          # no GPU: nothing measured, nothing to fit
+	$PY bench/calibrate.py fit "$OUT/calib.jsonl" --json "$OUT/calib_fit.json" || rc=1
+	return $rc
+}
+
+export -f build vmmapp calib
 export OUT JOBS PY DEV SECS
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 echo "session $(date -u +%FT%TZ) on $(head -n 12 "$OUT/nvidia-smi.txt" | grep -m1 -o 'NVIDIA [A-Z0-9][^|]*' || echo 'no GPU')" \
@@ -95,6 +109,7 @@ for s in "$@"; do
 	fwd) step fwd 300 $PY bench/forwarding.py --device cuda --n 2000 --launches 50000 ;;
 	demo) step demo 180 .venv/bin/colocate demo ;;
 	vmmapp) step vmmapp 240 vmmapp ;;
-	*) echo "unknown step $s (build pool fwd demo vmmapp)" | tee -a "$OUT/session.log"; exit 2 ;;
+	calib) step calib 580 calib ;;
+	*) echo "unknown step $s (build pool fwd demo vmmapp calib)" | tee -a "$OUT/session.log"; exit 2 ;;
 	esac
 done
