@@ -15,6 +15,13 @@ Policies that predict (claius, baymax, static-optimal) get models trained on
 `colocate profile` samples of the same apps on the same device settings; they
 are made once per settings and cached under --work.
 
+The device model (shim/simgpu/simgpu_model.h): --model full (default: block
+dispatch, co-residence, DRAM queueing, time slicing without MPS, shared PCIe)
+or fluid (the model before them), --model-off to switch mechanisms off one by
+one (bench/sensitivity.py does that for each).  Policies that assume a GPU
+without MPS (baymax) run with SIMGPU_MPS=0: every process is a context of its
+own, time-sliced.
+
 simgpu settings (the default on a machine without a GPU): the device is made
 --slowdown times slower (SM flop rate and memory bandwidth), so that a query
 takes milliseconds of modelled time, and host twins are skipped
@@ -50,6 +57,7 @@ BIN = ROOT / "bench" / "bin"
 CLIENT = ROOT / "bench" / "tonic" / "client.py"
 COLOCATE = [sys.executable, "-m", "controlplane.cli"]
 PREDICTING = ("claius", "claius-nb", "claius-nc", "baymax", "static-optimal")
+NO_MPS = ("baymax",)                     # policies for a GPU without MPS: time-sliced device
 THROUGHPUT = re.compile(r"THROUGHPUT \S+ iters_per_s=([0-9.eE+-]+) iters=\d+ seconds=([0-9.eE+-]+)")
 LAUNCHES = re.compile(r"STATS launches=(\d+)")
 
@@ -70,11 +78,14 @@ class Setup:
     seed: int = 1
     warmup: int = 20                      # first queries left out: cold start, and the
                                           # policies' online learning (claius's host time)
+    model: str = "full"                   # simgpu's device model: full or fluid
+    model_off: str = ""                   # mechanisms switched off (SIMGPU_MODEL_OFF)
 
     def key(self) -> str:
         """What the models depend on: the device settings and the programs."""
         d = {"service": self.service, "service_args": self.service_args, "sizes": self.sizes,
-             "batch": self.batch, "slowdown": self.slowdown, "reps": self.profile_reps}
+             "batch": self.batch, "slowdown": self.slowdown, "reps": self.profile_reps,
+             "model": self.model, "off": self.model_off}
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -100,14 +111,20 @@ class Result:
         return sum(v) / len(v) if v else 0.0
 
 
-def device_env(s: Setup, simdir: Path) -> dict[str, str]:
+def device_env(s: Setup, simdir: Path, mps: bool = True) -> dict[str, str]:
     """The simulated device every process of one measurement shares."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SIMGPU_", "COLOCATE_")) and k != "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"}
     env.update(SIMGPU_DIR=str(simdir), SIMGPU_TIMING_ONLY="1", SIMGPU_TIMESCALE="1",
                SIMGPU_SM_GFLOPS=repr(500.0 / s.slowdown), SIMGPU_BW_GBS=repr(3350.0 / s.slowdown),
-               SIMGPU_NAME=f"simgpu-slow{s.slowdown:g}-timing", COLOCATE_QUIET="1")
+               SIMGPU_NAME=f"simgpu-slow{s.slowdown:g}-timing", COLOCATE_QUIET="1",
+               SIMGPU_MODEL=s.model, SIMGPU_MODEL_OFF=s.model_off, SIMGPU_MPS="1" if mps else "0")
     return env
+
+
+def sliced(s: Setup) -> bool:
+    """Whether the device time-slices processes without MPS (NO_MPS policies)."""
+    return s.model == "full" and "slice" not in s.model_off.split(",")
 
 
 def batch_cmd(name: str, seconds: float) -> list[str]:
@@ -219,7 +236,7 @@ def run_policy(s: Setup, policy: str, model_dir: Path | None, solo_ips: dict[str
     rd = ensure(tempfile.mkdtemp(prefix="run-", dir=work))
     solo_file = rd.path / "solo.json"
     solo_file.write_text(json.dumps({k: v for k, v in solo_rates.items() if v > 0}))
-    env = device_env(s, rd.path / "dev")
+    env = device_env(s, rd.path / "dev", mps=policy.split(",")[0] not in NO_MPS)
     env["COLOCATE_RUNTIME_DIR"] = str(rd.path)
     spec = policy_spec(policy, model_dir, s)
     # the controller's pool workers inherit the device from it
@@ -295,8 +312,10 @@ def _wait_pool(rd, timeout: float) -> None:
 
 def table(results: list[Result], s: Setup) -> str:
     head = (f"{s.service} ({s.sizes}, {s.rate:g} q/s {s.arrivals}, QoS {s.qos_ms:g} ms) + "
-            f"{', '.join(s.batch)}; simgpu x{s.slowdown:g} slower, timing only; {s.duration:g} s each, "
-            f"first {s.warmup} queries left out")
+            f"{', '.join(s.batch)}; simgpu x{s.slowdown:g} slower, timing only, model {s.model}"
+            f"{' without ' + s.model_off if s.model_off else ''}; {s.duration:g} s each, "
+            f"first {s.warmup} queries left out"
+            f"{'; ' + '/'.join(NO_MPS) + ' time-sliced (no MPS)' if sliced(s) else ''}")
     cols = ["policy", "p50 ms", "p99 ms", "QoS viol.", *[f"{b} norm" for b in s.batch], "batch mean"]
     rows = [[r.policy, _f(r.p50_ms), _f(r.p99_ms), f"{r.violations}/{r.queries} ({r.violation_pct:.1f} %)",
              *[f"{r.batch_norm.get(b, 0):.2f}" for b in s.batch], f"{r.mean_norm:.2f}"] for r in results]
@@ -349,6 +368,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=d.warmup, help="first queries left out of the figures")
     p.add_argument("--slowdown", type=float, default=d.slowdown, help="simgpu slower by this factor")
     p.add_argument("--pool", default=d.pool, help="process pool (QUOTA:N,...)")
+    p.add_argument("--model", choices=("full", "fluid"), default=d.model,
+                   help="simgpu's device model (full: block dispatch, co-residence, DRAM queueing, "
+                        "time slices without MPS, shared PCIe; fluid: the model before them)")
+    p.add_argument("--model-off", default=d.model_off, metavar="LIST",
+                   help="mechanisms of the full model switched off: blocks,cores,bwq,slice,pcie")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "colocate-colocation",
                    help="working dir; models are cached here")
     p.add_argument("--json", type=Path, help="write the results here")
@@ -362,7 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     s = Setup(a.service, a.service_args, a.sizes, a.rate, a.arrivals, a.qos_ms,
               [b for b in a.batch.split(",") if b], a.duration, a.slowdown, a.pool,
-              warmup=a.warmup)
+              warmup=a.warmup, model=a.model, model_off=a.model_off)
+    bad = set(m for m in a.model_off.split(",") if m) - {"blocks", "cores", "bwq", "slice", "pcie"}
+    if bad:
+        print(f"colocation: --model-off: unknown {', '.join(sorted(bad))} "
+              f"(blocks, cores, bwq, slice, pcie)", file=sys.stderr)
+        return 2
     for b in s.batch:
         if not (BIN / b).exists():
             print(f"colocation: {BIN / b} missing (run `make build`)", file=sys.stderr)

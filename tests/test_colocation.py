@@ -1,13 +1,18 @@
-"""End to end on simgpu (issue 6): one Tonic service and two Rodinia apps
-under claius, mps-even and baymax in the same run (bench/colocation.py).
+"""End to end on simgpu (issues 6 and 12): one Tonic service and two Rodinia
+apps under claius, mps-even and baymax in the same run (bench/colocation.py).
 
-claius must hold the service's QoS target where mps-even violates it, and
-give the batch apps more throughput (normalised to their solo runs) than
-baymax does.  The device is simgpu made 1000x slower with host twins off, so
-that modelled time dominates the 2-core machine's CPU time (see the
-script's docstring); the outcome is the scheduling, not the machine.
-Takes about two minutes: profiling and training the predictors on this
-device, the batch apps' solo runs, then 12 s of load per policy (the first 2 s not counted).
+On the full device model (block dispatch, co-residence, DRAM queueing, time
+slicing for baymax, which assumes no MPS): claius holds the service's QoS
+target and gives the batch apps more throughput (normalised to their solo
+runs) than baymax does.  On the fluid model (SIMGPU_MODEL=fluid, the model
+issue 6 was measured on), mps-even also violates the target where claius
+holds it; on the full model mps-even meets it for this pair (bench/RESULTS.md
+reports both), so that claim is checked where it was made.  The device is
+simgpu made 1000x slower with host twins off, so that modelled time
+dominates the 2-core machine's CPU time (see the script's docstring); the
+outcome is the scheduling, not the machine.  Takes about three minutes:
+profiling and training the predictors on each model, the batch apps' solo
+runs, then 12 s of load per policy (the first 2 s not counted).
 """
 from __future__ import annotations
 
@@ -24,11 +29,11 @@ pytestmark = pytest.mark.skipif(not (ROOT / "bench" / "bin" / "tonic-service").e
                                 reason="bench programs not built (make build)")
 
 
-def run(tmp_path: Path, policies: str, name: str) -> dict[str, dict]:
+def run(tmp_path: Path, policies: str, name: str, model: str = "full") -> dict[str, dict]:
     """bench/colocation.py as the benchmark runs it: its own interpreter, not
     this test process (threads, memory and garbage of the tests before it)."""
     out = tmp_path / f"{name}.json"
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "colocation.py"),
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "colocation.py"), "--model", model,
                         "--policies", policies, "--duration", "12", "--rate", "10",
                         "--qos-ms", "80", "--slowdown", "1000", "--work", str(tmp_path / "work"),
                         "--json", str(out), "--quiet"], cwd=ROOT, capture_output=True, text=True,
@@ -37,21 +42,31 @@ def run(tmp_path: Path, policies: str, name: str) -> dict[str, dict]:
     return {x["policy"]: x for x in json.loads(out.read_text())["results"]}
 
 
-def test_claius_holds_qos_where_mps_even_does_not_and_beats_baymax(tmp_path):
-    res = run(tmp_path, "claius,mps-even,baymax", "res")
-    claius, even, baymax = res["claius"], res["mps-even"], res["baymax"]
-    if claius["p99_ms"] > 80.0:
+def claius_run(tmp_path: Path, policies: str, model: str) -> dict[str, dict]:
+    res = run(tmp_path, policies, f"res-{model}", model)
+    if res["claius"]["p99_ms"] > 80.0:
         # claius gives the service just enough, so its p99 sits a few ms
         # under the target (74.5-79.5 ms over the benchmark's runs): a hiccup
         # of a shared 2-core machine can push one run over.  One more run of
         # claius alone decides; two misses in a row fail.
-        print(f"claius missed in the first run: {claius}; running it again")
-        claius = run(tmp_path, "claius", "again")["claius"]
-    for r in (claius, even, baymax):
+        print(f"claius missed in the first run on {model}: {res['claius']}; running it again")
+        res["claius"] = run(tmp_path, "claius", f"again-{model}", model)["claius"]
+    for r in res.values():
         assert r["errors"] == 0 and r["queries"] >= 40, r
-    # QoS: the p99 target holds under claius, not under mps-even
+    return res
+
+
+def test_claius_holds_qos_and_beats_baymax_on_the_full_model(tmp_path):
+    res = claius_run(tmp_path, "claius,baymax", "full")
+    claius, baymax = res["claius"], res["baymax"]
+    assert claius["p99_ms"] <= 80.0, claius
+    # batch throughput, normalised to solo: claius above baymax (C-Laius Fig. 15)
+    assert claius["mean_norm"] > baymax["mean_norm"], (claius, baymax)
+
+
+def test_claius_holds_qos_where_mps_even_does_not_on_the_fluid_model(tmp_path):
+    res = claius_run(tmp_path, "claius,mps-even", "fluid")
+    claius, even = res["claius"], res["mps-even"]
     assert claius["p99_ms"] <= 80.0, claius
     assert even["p99_ms"] > 80.0, even
     assert claius["violations"] < even["violations"]
-    # batch throughput, normalised to solo: claius above baymax
-    assert claius["mean_norm"] > baymax["mean_norm"], (claius, baymax)
