@@ -92,6 +92,7 @@ static const char *NAME = "calib_probe";
 
 #include "drv.h"
 #include "jsonline.h"
+#include "args.h"
 
 #define PCT_ENV "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 #define CHAINS 8
@@ -942,37 +943,7 @@ static void usage(void)
 		"  simgpu, unless --allow-sim)\n");
 }
 
-static int arg_ll(int argc, char **argv, int *i, long long lo, long long hi, long long *out)
-{
-	char *end;
-	long long v;
 
-	if (*i + 1 >= argc)
-		return -1;
-	errno = 0;
-	v = strtoll(argv[*i + 1], &end, 0);
-	if (errno || *end || end == argv[*i + 1] || v < lo || v > hi)
-		return -1;
-	*out = v;
-	*i += 1;
-	return 0;
-}
-
-static int arg_d(int argc, char **argv, int *i, double lo, double hi, double *out)
-{
-	char *end;
-	double v;
-
-	if (*i + 1 >= argc)
-		return -1;
-	errno = 0;
-	v = strtod(argv[*i + 1], &end);
-	if (errno || *end || end == argv[*i + 1] || !isfinite(v) || v < lo || v > hi)
-		return -1;
-	*out = v;
-	*i += 1;
-	return 0;
-}
 
 static int arg_word(int argc, char **argv, int *i, const char *const *words, int n, int *out)
 {

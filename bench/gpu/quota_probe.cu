@@ -40,6 +40,7 @@ static const char *NAME = "quota_probe";
 
 #include "drv.h"
 #include "jsonline.h"
+#include "args.h"
 
 #define PCT_ENV "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 #define BLOCK 256
@@ -390,21 +391,6 @@ static void usage(void)
 			"2 no device (or simgpu)\n");
 }
 
-static int arg_ll(int argc, char **argv, int *i, long long lo, long long hi, long long *out)
-{
-	char *end;
-	long long v;
-
-	if (*i + 1 >= argc)
-		return -1;
-	errno = 0;
-	v = strtoll(argv[*i + 1], &end, 0);
-	if (errno || *end || end == argv[*i + 1] || v < lo || v > hi)
-		return -1;
-	*out = v;
-	*i += 1;
-	return 0;
-}
 
 int main(int argc, char **argv)
 {

@@ -64,6 +64,7 @@ static const char *NAME = "vmm_probe";
 #include "drv.h"
 #include "fdpass.h"
 #include "jsonline.h"
+#include "args.h"
 
 #define PCT_ENV "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 #define PIPE_ENV "CUDA_MPS_PIPE_DIRECTORY"
@@ -798,22 +799,6 @@ static void usage(void)
 			"2 no device (or simgpu)\n");
 }
 
-static int arg_ull(int argc, char **argv, int *i, unsigned long long lo,
-		   unsigned long long hi, unsigned long long *out)
-{
-	char *end;
-	unsigned long long v;
-
-	if (*i + 1 >= argc)
-		return -1;
-	errno = 0;
-	v = strtoull(argv[*i + 1], &end, 0);
-	if (errno || *end || end == argv[*i + 1] || v < lo || v > hi)
-		return -1;
-	*out = v;
-	*i += 1;
-	return 0;
-}
 
 int main(int argc, char **argv)
 {

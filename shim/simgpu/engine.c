@@ -33,6 +33,13 @@
  * where c and mu (compute and memory intensity) are a block's compute and
  * memory times on one SM over the larger of the two.  A cohort's remaining
  * work falls by 1 / period per second.
+ *
+ * Approximations, on purpose: co-residence is counted, not placed (how many
+ * of a kernel's SMs host others' blocks, each kernel taking empty SMs
+ * first), and a kernel's partner on shared SMs is the average of the
+ * others; the blocks of one cohort progress alike; a kernel keeps at most
+ * EN_COHORTS cohorts (a further one merges into the freshest by mean
+ * remaining work).
  */
 #include <math.h>
 #include <stdlib.h>

@@ -136,8 +136,8 @@ static double exec_kernel(struct sg_stream *s, struct sg_op *op, double t0)
 	w.t.regs = k->regs;
 	w.t.smem = (double)l->shmem + k->smem_static;
 	w.t.quota_sms = sg_cfg.quota_sms;
-	w.t.ctx = (int32_t)getpid();
-	w.follow = sg_stream_kernel_follows(s, op);
+	/* only a time-sliced device asks whether its context stays busy */
+	w.follow = sg_cfg.timescale > 0 && !sg_cfg.mp.mps && sg_stream_kernel_follows(s, op);
 	if (op->consumed) {
 		/* the launcher lent us its argument pointers: release it */
 		atomic_store(op->consumed, 1);
@@ -199,7 +199,6 @@ static double exec_copy(struct sg_op *op, double t0)
 		memset(&w, 0, sizeof(w));
 		w.t.kind = op->u.copy.dir == SG_H2D ? SIMGPU_T_H2D : SIMGPU_T_D2H;
 		w.t.bytes = (double)c.n;
-		w.t.ctx = (int32_t)getpid();
 		if (sg_cfg.timescale > 0)
 			return sg_model_run(&w, t0);
 		return t0 + sg_model_solo(&w);

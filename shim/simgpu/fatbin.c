@@ -395,8 +395,8 @@ static const char *info_kernel(const struct image *im, const Elf64_Shdr *s)
 	return nm + sizeof(pre) - 1;
 }
 
-/* Index of symbol `name` in the image's symbol table, or 0. */
-static uint32_t sym_index(const struct image *im, const char *name)
+/* Symbol `name` of the image and its index (0: none). */
+static const Elf64_Sym *find_sym(const struct image *im, const char *name, uint32_t *index)
 {
 	const Elf64_Ehdr *eh = (const Elf64_Ehdr *)im->p;
 	unsigned k;
@@ -415,11 +415,14 @@ static uint32_t sym_index(const struct image *im, const char *name)
 								   j * s->sh_entsize);
 			const char *nm = str_at(im, st, sym->st_name);
 
-			if (nm && !strcmp(nm, name))
-				return (uint32_t)j;
+			if (nm && !strcmp(nm, name)) {
+				*index = (uint32_t)j;
+				return sym;
+			}
 		}
 	}
-	return 0;
+	*index = 0;
+	return NULL;
 }
 
 /* EIATTR_REGCOUNT of symbol `sym` in the image's ".nv.info", or 0. */
@@ -474,10 +477,10 @@ int sg_fatbin_resources(struct sg_fatbin *fb, const char *name, double reserved,
 	for (i = 0; i < fb->nimg; i++) {
 		const struct image *im = &fb->img[i];
 		const Elf64_Ehdr *eh = (const Elf64_Ehdr *)im->p;
-		uint32_t sym = sym_index(im, name);
+		uint32_t sym;
 		unsigned k;
 
-		if (!sym)
+		if (!find_sym(im, name, &sym))
 			continue;
 		*regs = (double)regcount(im, sym);
 		for (k = 1; k < eh->e_shnum; k++) {
@@ -563,38 +566,23 @@ int sg_fatbin_var_init(struct sg_fatbin *fb, const char *name, void *dst, size_t
 	ensure_parsed(fb);
 	for (i = 0; i < fb->nimg; i++) {
 		const struct image *im = &fb->img[i];
-		const Elf64_Ehdr *eh = (const Elf64_Ehdr *)im->p;
-		unsigned k;
+		uint32_t index;
+		const Elf64_Sym *sym = find_sym(im, name, &index);
+		const Elf64_Shdr *ds;
+		size_t len;
 
-		for (k = 1; k < eh->e_shnum; k++) {
-			const Elf64_Shdr *s = shdr(im, k), *st, *ds;
-			uint64_t j, nsym;
-
-			if (!s || s->sh_type != SHT_SYMTAB || !sec_ok(im, s) ||
-			    s->sh_entsize < sizeof(Elf64_Sym))
-				continue;
-			st = shdr(im, s->sh_link);
-			nsym = s->sh_size / s->sh_entsize;
-			for (j = 1; j < nsym; j++) {
-				const Elf64_Sym *sym = (const Elf64_Sym *)(im->p + s->sh_offset +
-									   j * s->sh_entsize);
-				const char *nm = str_at(im, st, sym->st_name);
-				size_t len;
-
-				if (!nm || strcmp(nm, name) != 0)
-					continue;
-				ds = shdr(im, sym->st_shndx);
-				if (!ds || !sec_ok(im, ds))
-					return -1;
-				if (ds->sh_type == SHT_NOBITS)
-					return 0;      /* zero-initialised */
-				len = sym->st_size < n ? sym->st_size : n;
-				if (sym->st_value > ds->sh_size || len > ds->sh_size - sym->st_value)
-					return -1;
-				memcpy(dst, im->p + ds->sh_offset + sym->st_value, len);
-				return 0;
-			}
-		}
+		if (!sym)
+			continue;
+		ds = shdr(im, sym->st_shndx);
+		if (!ds || !sec_ok(im, ds))
+			return -1;
+		if (ds->sh_type == SHT_NOBITS)
+			return 0;      /* zero-initialised */
+		len = sym->st_size < n ? sym->st_size : n;
+		if (sym->st_value > ds->sh_size || len > ds->sh_size - sym->st_value)
+			return -1;
+		memcpy(dst, im->p + ds->sh_offset + sym->st_value, len);
+		return 0;
 	}
 	return -1;
 }
