@@ -28,7 +28,8 @@
  *   t_c    = R flops_b / C,  t_m = R bytes_b / min(M, bw)
  *   P0     = max(t_c, t_m), its DRAM demand D = R bytes_b / P0
  *   rho    = sum D / bw
- *   period = max(t_c, t_m L(rho))   with bwq; P0 max(1, rho) without
+ *   period = max(t_c, t_m L(rho))   with bwq; without, P0 max(1, rho)
+ *            for kernels that move DRAM bytes (the fluid model's scale)
  *
  * where c and mu (compute and memory intensity) are a block's compute and
  * memory times on one SM over the larger of the two.  A cohort's remaining
@@ -178,9 +179,21 @@ static int eligible(const struct en_state *st, const struct en_task *k)
  * active context, the one whose context had the device least recently
  * (round robin), the oldest kernel breaking ties; 0 when none waits.
  */
+/* When context c last got the device, -1: never (or forgotten). */
+static double last_turn(const struct en_state *st, int32_t c)
+{
+	unsigned j;
+
+	for (j = 0; j < EN_CTXS; j++)
+		if (st->turns[j].used && st->turns[j].ctx == c)
+			return st->turns[j].t;
+	return -1;
+}
+
 static const struct en_task *waiting_ctx(const struct en_state *st, int *active_busy)
 {
 	const struct en_task *best = NULL;
+	double best_t = 0;
 	uint32_t i;
 
 	*active_busy = 0;
@@ -191,21 +204,34 @@ static const struct en_task *waiting_ctx(const struct en_state *st, int *active_
 			continue;
 		if (st->has_active && k->ctx == st->active_ctx)
 			*active_busy = 1;
-		else if (!best || k->t_ctx < best->t_ctx ||
-			 (k->t_ctx == best->t_ctx && k->seq < best->seq))
-			best = k;
+		else {
+			double t = last_turn(st, k->ctx);
+
+			if (!best || t < best_t || (t == best_t && k->seq < best->seq)) {
+				best = k;
+				best_t = t;
+			}
+		}
 	}
 	return best;
 }
 
-/* Context c has the device from t: its tasks remember when. */
+/* Context c has the device from t (the table forgets the longest idle). */
 static void mark_ctx(struct en_state *st, int32_t c, double t)
 {
-	uint32_t i;
+	unsigned j, slot = 0;
 
-	for (i = 0; i < st->hi; i++)
-		if (st->t[i].ctx == c)
-			st->t[i].t_ctx = t;
+	for (j = 0; j < EN_CTXS; j++) {
+		if (st->turns[j].used && st->turns[j].ctx == c) {
+			slot = j;
+			break;
+		}
+		if (!st->turns[j].used || (st->turns[slot].used && st->turns[j].t < st->turns[slot].t))
+			slot = j;
+	}
+	st->turns[slot].ctx = c;
+	st->turns[slot].used = 1;
+	st->turns[slot].t = t;
 }
 
 static void switch_to(struct en_state *st, int32_t c, double t)
@@ -285,16 +311,22 @@ static void add_cohort(struct en_task *k, double n)
 	k->coh[best].n += n;
 }
 
-/* Its cohorts will each refill their own blocks wave after wave: queue the
- * full rounds into their remaining work (exact: see engine.h). */
-static void fold(struct en_task *k)
+/*
+ * Its cohorts will each refill their own blocks wave after wave: queue the
+ * full rounds into their remaining work.  The kernel that stops the walk
+ * (blocked) keeps its last refill an event: after it nothing of it waits,
+ * and the next kernel may take the room it leaves.
+ */
+static void fold(const struct en_state *st, struct en_task *k, int blocked)
 {
 	double r = resident(k), w;
 	unsigned j;
 
-	if (r <= 0 || k->undisp < r)
+	if (r <= 0 || k->undisp < r || (st->p.mech & SIMGPU_M_NOFOLD))
 		return;
-	w = floor(k->undisp / r);
+	w = blocked ? ceil(k->undisp / r) - 1 : floor(k->undisp / r);
+	if (w <= 0)
+		return;
 	for (j = 0; j < k->ncoh; j++)
 		k->coh[j].rem += w;
 	k->undisp -= w * r;
@@ -354,7 +386,7 @@ static void dispatch(struct en_state *st, const int *idx, int n)
 			}
 			blocked = can < want;
 		}
-		fold(k);
+		fold(st, k, blocked);
 		if (blocked)
 			break;
 	}
@@ -380,8 +412,8 @@ static double period(const struct simgpu_model_params *p, double t_c, double t_m
 {
 	double p0 = t_c > t_m ? t_c : t_m;
 
-	if (!(p->mech & SIMGPU_M_BWQ))
-		return rho > 1 ? p0 * rho : p0;
+	if (!(p->mech & SIMGPU_M_BWQ))      /* the fluid model's uniform scale */
+		return rho > 1 && t_m > 0 ? p0 * rho : p0;
 	t_m *= queueing(p, rho);
 	return t_c > t_m ? t_c : t_m;
 }
@@ -676,30 +708,20 @@ void en_advance(struct en_state *st, double now, en_seg_fn seg, void *arg)
 {
 	long guard;
 
-	for (guard = 0; guard < 1000000; guard++) {
+	for (guard = 0;; guard++) {
 		double tn = en_next_event(st);
 
 		if (!(tn <= now) || isinf(tn))
 			break;
+		if (guard == 1000000) {
+			st->stalled = 1;        /* a bug or absurd parameters: stop */
+			break;
+		}
 		progress_to(st, tn);
 		retire(st, seg, arg);
 		settle(st, seg, arg);
 		st->events++;
 	}
-}
-
-/* When ctx last got the device, as its running tasks remember (-1: never). */
-static double ctx_last(const struct en_state *st, int32_t ctx)
-{
-	double t = -1;
-	uint32_t i;
-
-	for (i = 0; i < st->hi; i++)
-		if (st->t[i].state != EN_FREE && st->t[i].ctx == ctx && st->t[i].t_ctx > t)
-			t = st->t[i].t_ctx;
-	if (st->has_active && ctx == st->active_ctx && st->slice_end - st->p.slice_s > t)
-		t = st->slice_end - st->p.slice_s;
-	return t;
 }
 
 int en_add(struct en_state *st, const struct simgpu_model_task *d, int32_t ctx, double t,
@@ -723,10 +745,11 @@ int en_add(struct en_state *st, const struct simgpu_model_task *d, int32_t ctx, 
 	k->t_join = st->t_ref;
 	k->t_seg = -1;
 	k->t_end = -1;
-	k->t_ctx = ctx_last(st, ctx);
 	shape(st, k, d);
 	if (i + 1 > st->hi)
 		st->hi = i + 1;
+	if (k->kind == SIMGPU_T_KERNEL && st->has_active && ctx == st->active_ctx)
+		st->hold_until = 0;     /* the kernel it was held for came */
 	settle(st, seg, arg);
 	return (int)i;
 }
@@ -804,7 +827,7 @@ static int params_ok(const struct simgpu_model_params *p)
 			return 0;
 	return p->sms >= 1 && p->bw > 0 && p->sm_flops > 0 && p->sm_bw > 0 && p->sm_threads >= 32 &&
 	       p->sm_blocks >= 1 && p->sm_regs > 0 && p->sm_smem > 0 && p->pcie_h2d > 0 &&
-	       p->pcie_d2h > 0 && p->bw_knee < 1;
+	       p->pcie_d2h > 0 && p->bw_knee < 1 && p->slice_s > 0;
 }
 
 static int task_ok(const struct simgpu_model_task *t)
@@ -864,8 +887,9 @@ SG_API int simgpu_model_simulate(const struct simgpu_model_params *p, int n,
 		t[i].start = k->t_start;
 		t[i].end = k->state == EN_DONE ? k->t_end : INFINITY;
 	}
+	i = st->stalled ? -1 : 0;
 	free(st);
 	free(order);
 	free(slot);
-	return 0;
+	return i;
 }

@@ -20,6 +20,7 @@
 #include "simgpu_model.h"
 
 #define EN_COHORTS 4
+#define EN_CTXS    64     /* contexts remembered for round robin */
 
 enum { EN_FREE = 0, EN_RUN = 1, EN_DONE = 2 };
 
@@ -45,7 +46,6 @@ struct en_task {
 	double   rate;                 /* block-works per device second       */
 	double   t_join, t_start, t_end;
 	double   t_seg;                /* executing since (trace), -1: not    */
-	double   t_ctx;                /* its context last got the device     */
 	uint32_t follow;               /* its stream has a kernel queued: its
 	                                  context stays for hold_s after it    */
 	/* scratch of en_rates */
@@ -69,6 +69,12 @@ struct en_state {
 	                            queued keeps the device idle (model.c:
 	                            the executor's wake-up, in device time)  */
 	double   hold_until;
+	uint32_t stalled;        /* en_advance hit its event guard            */
+	struct {
+		int32_t ctx;
+		uint32_t used;
+		double  t;       /* it last got the device                    */
+	} turns[EN_CTXS];
 	struct en_task t[];
 };
 

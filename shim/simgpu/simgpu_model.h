@@ -25,8 +25,9 @@
  *   bwq      DRAM queueing.  A kernel's memory time is stretched by
  *            L(rho) = 1 + bw_beta * ((rho - knee) / (1 - knee))^2 for
  *            knee < rho <= 1 and rho * (1 + bw_beta) past the peak, where
- *            rho is the demand of all running kernels over bw.  Off: memory
- *            time scales by max(1, rho), linear.
+ *            rho is the demand of all running kernels over bw.  Off: past
+ *            the peak every kernel that moves DRAM bytes slows by rho, the
+ *            fluid model's uniform scale.
  *   slice    No MPS (mps = 0): contexts (processes) are time-sliced.  Only
  *            one context's kernels progress at a time; a context keeps the
  *            device for slice_s while others wait, and each switch leaves
@@ -34,8 +35,8 @@
  *   pcie     Copies of all processes share PCIe, per direction (fair
  *            share of pcie_h2d / pcie_d2h).  Off: each copy has it all.
  *
- * Parameters come from the compiled-in preset (presets/h100.env, the same
- * text), then $SIMGPU_PRESET (a file of the same KEY=VALUE lines), then the
+ * Parameters come from the compiled-in defaults (config.c; presets/h100.env
+ * holds the same values, a test keeps them equal), then $SIMGPU_PRESET (a file of the same KEY=VALUE lines), then the
  * environment; config.c reads them.  bench/RESULTS.md cites each default.
  */
 #ifndef SIMGPU_MODEL_H
@@ -56,6 +57,9 @@ enum simgpu_mech {
 	SIMGPU_M_SLICE  = 1u << 3,
 	SIMGPU_M_PCIE   = 1u << 4,
 	SIMGPU_M_ALL    = 0x1f,
+	/* not a mechanism: every wave an event of its own, no folding (the
+	 * same results, slower; tests compare the two) */
+	SIMGPU_M_NOFOLD = 1u << 8,
 };
 
 struct simgpu_model_params {
