@@ -327,7 +327,9 @@ def test_fit_sample_end_to_end(tmp_path):
     for row in d["rows"]:
         assert row["case"] in r.stdout, "each case in the printed table"
         assert row["err_default"] is not None and row["err_fitted"] is not None
-    assert d["median_err_fitted"] <= d["median_err_default"] + 1e-9
+    # the fit minimises robust squared log errors, not the median: on
+    # simgpu's own data both medians are a fraction of a percent
+    assert d["median_err_fitted"] <= d["median_err_default"] + 0.005
     if "params" in (d["meta"] or {}):           # made by `calibrate.py sim`: the model's own figures
         for n in ("sm_flops", "pcie_h2d", "pcie_d2h"):
             assert d["fitted"][n] == pytest.approx(d["meta"]["params"][n], rel=0.02), n

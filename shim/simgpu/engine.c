@@ -852,7 +852,7 @@ SG_API int simgpu_model_simulate(const struct simgpu_model_params *p, int n,
 	struct en_state *st;
 	int *order, *slot, i, a;
 
-	if (!p || !params_ok(p) || n < 0 || n > 100000 || (n && !t))
+	if (!p || !params_ok(p) || n < 0 || n > 16384 || (n && !t))
 		return -1;
 	for (i = 0; i < n; i++)
 		if (!task_ok(&t[i]))

@@ -116,8 +116,9 @@ int simgpu_model_params_get(struct simgpu_model_params *p);
 /*
  * Run n tasks through the model alone, from empty device, in device time:
  * fills each task's start and end.  Tasks are admitted at their arrive
- * times (ties in array order).  Returns 0, or -1 on a bad argument (abi,
- * sizes, NaN) or when out of memory.
+ * times (ties in array order); at most 16384 tasks.  Returns 0, or -1 on
+ * a bad argument (abi, sizes, NaN, a zero time slice), when out of memory,
+ * or when the run stopped at the engine's event guard (a bug).
  */
 int simgpu_model_simulate(const struct simgpu_model_params *p, int n,
 			  struct simgpu_model_task *t);
