@@ -211,9 +211,12 @@ def test_quotas_json_keys(controller, sleeper):
 
 
 def test_quotas_watch_refreshes(controller):
+    # a suite started in the background of a non-interactive shell inherits
+    # SIGINT ignored, and so would the command: give it the default back
     p = subprocess.Popen([PY, "-m", "controlplane.cli", "quotas", "--watch", "--interval", "0.1",
                           "--runtime-dir", str(controller.rundir)], cwd=ROOT, env=clean_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         time.sleep(1.5)
         p.send_signal(signal.SIGINT)
