@@ -252,7 +252,6 @@ static void read_model(struct sg_config *c)
 	pcie = env_num("SIMGPU_PCIE_GBS", fluid ? 25 : 0, 0, 1e9);
 	m->pcie_h2d = env_num("SIMGPU_PCIE_H2D_GBS", pcie > 0 ? pcie : 54.8, 1e-6, 1e9) * 1e9;
 	m->pcie_d2h = env_num("SIMGPU_PCIE_D2H_GBS", pcie > 0 ? pcie : 46.8, 1e-6, 1e9) * 1e9;
-	c->pcie = m->pcie_h2d;
 }
 
 static void read_config(void)

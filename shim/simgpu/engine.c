@@ -742,7 +742,6 @@ int en_add(struct en_state *st, const struct simgpu_model_task *d, int32_t ctx, 
 	k->ctx = ctx;
 	k->id = ++st->next_id;
 	k->seq = ++st->next_seq;
-	k->t_join = st->t_ref;
 	k->t_seg = -1;
 	k->t_end = -1;
 	shape(st, k, d);
@@ -768,16 +767,6 @@ void en_drop(struct en_state *st, int i, en_seg_fn seg, void *arg)
 		settle(st, seg, arg);
 }
 
-int en_running(const struct en_state *st)
-{
-	int n = 0;
-	uint32_t i;
-
-	for (i = 0; i < st->hi; i++)
-		n += st->t[i].state == EN_RUN;
-	return n;
-}
-
 /* The wave period of k alone with r resident blocks. */
 static double alone_period(const struct en_state *st, struct en_task *k, double r)
 {
@@ -789,19 +778,37 @@ static double alone_period(const struct en_state *st, struct en_task *k, double 
 	return period(&st->p, tc, tm, p0 > 0 ? r * k->bytes_b / p0 / st->p.bw : 0);
 }
 
+/* A one-task state of its own for a question about one task alone. */
+struct alone {
+	struct en_state st;
+	struct en_task  t[1];
+};
+
+static struct en_task *alone(struct alone *s, const struct simgpu_model_params *p,
+			     const struct simgpu_model_task *d)
+{
+	memset(s, 0, sizeof(*s));
+	s->st.p = *p;
+	s->st.cap = 1;
+	shape(&s->st, &s->st.t[0], d);
+	return &s->st.t[0];
+}
+
+double en_span_sms(const struct simgpu_model_params *p, const struct simgpu_model_task *d)
+{
+	struct alone s;
+	struct en_task *k = alone(&s, p, d);
+
+	span(&s.st, k, k->blocks);
+	return k->sms;
+}
+
 double en_solo(const struct simgpu_model_params *p, const struct simgpu_model_task *d)
 {
-	struct {
-		struct en_state st;
-		struct en_task  t[1];
-	} s;
-	struct en_task *k = &s.st.t[0];
+	struct alone s;
+	struct en_task *k = alone(&s, p, d);
 	double cap, full, tail;
 
-	memset(&s, 0, sizeof(s));
-	s.st.p = *p;
-	s.st.cap = 1;
-	shape(&s.st, k, d);
 	if (d->kind != SIMGPU_T_KERNEL)
 		return k->bytes_b / (d->kind == SIMGPU_T_H2D ? p->pcie_h2d : p->pcie_d2h);
 	if (!(p->mech & SIMGPU_M_BLOCKS))
@@ -836,14 +843,6 @@ static int task_ok(const struct simgpu_model_task *t)
 	       isfinite(t->regs) && isfinite(t->smem) && isfinite(t->flops) &&
 	       isfinite(t->bytes) && isfinite(t->quota_sms) && t->flops >= 0 && t->bytes >= 0 &&
 	       t->kind >= SIMGPU_T_KERNEL && t->kind <= SIMGPU_T_D2H;
-}
-
-SG_API int simgpu_model_blocks_per_sm(const struct simgpu_model_params *p, double threads,
-				      double regs, double smem)
-{
-	if (!p || !params_ok(p))
-		return -1;
-	return (int)en_blocks_per_sm(p, threads, regs, smem);
 }
 
 SG_API int simgpu_model_simulate(const struct simgpu_model_params *p, int n,

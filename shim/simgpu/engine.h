@@ -44,7 +44,7 @@ struct en_task {
 	double   undisp;               /* blocks not dispatched yet           */
 	struct en_cohort coh[EN_COHORTS];
 	double   rate;                 /* block-works per device second       */
-	double   t_join, t_start, t_end;
+	double   t_start, t_end;
 	double   t_seg;                /* executing since (trace), -1: not    */
 	uint32_t follow;               /* its stream has a kernel queued: its
 	                                  context stays for hold_s after it    */
@@ -94,8 +94,9 @@ void   en_advance(struct en_state *st, double now, en_seg_fn seg, void *arg);
 double en_next_event(const struct en_state *st);
 /* Drop task i (its process died, or it was collected): frees capacity. */
 void   en_drop(struct en_state *st, int i, en_seg_fn seg, void *arg);
-/* Running tasks left (EN_RUN). */
-int    en_running(const struct en_state *st);
+/* SMs a kernel's whole grid spans at its quota (blocks breadth-first; the
+ * fluid model: packed by threads). */
+double en_span_sms(const struct simgpu_model_params *p, const struct simgpu_model_task *d);
 /* A kernel alone on the device: seconds from arrival to its last block. */
 double en_solo(const struct simgpu_model_params *p, const struct simgpu_model_task *d);
 /* Occupancy: blocks of this shape one SM holds, at least 1. */

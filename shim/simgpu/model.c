@@ -96,18 +96,7 @@ double sg_model_solo(const struct sg_work *w)
 /* SMs a launch's grid can span at its quota (for the launch log). */
 double sg_model_sms(const struct sg_work *w)
 {
-	const struct simgpu_model_params *p = &sg_cfg.mp;
-	double q = w->t.quota_sms, need = w->t.blocks;
-
-	if (!(p->mech & SIMGPU_M_BLOCKS)) {
-		double bps = floor(2048.0 / (w->t.threads < 1 ? 1 : w->t.threads));
-
-		bps = bps < 1 ? 1 : bps > 32 ? 32 : bps;
-		need = ceil(w->t.blocks / bps);
-	}
-	if (need < 1)
-		need = 1;
-	return need < q ? need : q;
+	return en_span_sms(&sg_cfg.mp, &w->t);
 }
 
 /* ---- dev->lock held in everything below ---- */
@@ -170,6 +159,17 @@ static void reclaim_dead(void)
 		bump();
 }
 
+/*
+ * r from pthread_mutex_lock or _trylock on d's lock: whether we hold it.
+ * A holder that died mid-update left the state to be made usable again.
+ */
+static int locked(struct devstate *d, int r)
+{
+	if (r == EOWNERDEAD)
+		pthread_mutex_consistent(&d->lock);
+	return r == 0 || r == EOWNERDEAD;
+}
+
 static void lock_dev(void)
 {
 	int r = pthread_mutex_lock(&dev->lock);
@@ -188,6 +188,15 @@ static void unlock_dev(void)
 	pthread_mutex_unlock(&dev->lock);
 }
 
+/* Device time starts now, at this process's timescale, with no task. */
+static void start_time(struct devstate *d)
+{
+	en_init(&d->en, &sg_cfg.mp, MAX_RUN);
+	d->en.hold_s = HOLD_WALL_S / sg_cfg.timescale;
+	d->epoch = sg_mono();
+	d->timescale = sg_cfg.timescale;
+}
+
 static void init_state(struct devstate *d, int shared)
 {
 	pthread_mutexattr_t a;
@@ -200,10 +209,7 @@ static void init_state(struct devstate *d, int shared)
 	}
 	pthread_mutex_init(&d->lock, &a);
 	pthread_mutexattr_destroy(&a);
-	en_init(&d->en, &sg_cfg.mp, MAX_RUN);
-	d->en.hold_s = HOLD_WALL_S / sg_cfg.timescale;
-	d->epoch = sg_mono();
-	d->timescale = sg_cfg.timescale;
+	start_time(d);
 	d->version = DEV_VERSION;
 	d->size = (uint32_t)dev_size;
 	d->magic = DEV_MAGIC;
@@ -271,12 +277,10 @@ void sg_model_open(void)
  */
 static int retime(struct devstate *d)
 {
-	int busy = 0, r = pthread_mutex_lock(&d->lock);
+	int busy = 0;
 	uint32_t i;
 
-	if (r == EOWNERDEAD)
-		pthread_mutex_consistent(&d->lock);
-	else if (r != 0)
+	if (!locked(d, pthread_mutex_lock(&d->lock)))
 		return 0;
 	for (i = 0; i < MAX_USERS; i++)
 		if (d->users[i] > 0 && d->users[i] != getpid() && !pid_dead(d->users[i]))
@@ -286,10 +290,7 @@ static int retime(struct devstate *d)
 			busy = 1;
 	if (!busy) {
 		memset(d->users, 0, sizeof(d->users));
-		en_init(&d->en, &sg_cfg.mp, MAX_RUN);
-		d->en.hold_s = HOLD_WALL_S / sg_cfg.timescale;
-		d->epoch = sg_mono();
-		d->timescale = sg_cfg.timescale;
+		start_time(d);
 	}
 	pthread_mutex_unlock(&d->lock);
 	return !busy;
@@ -299,11 +300,9 @@ static int retime(struct devstate *d)
  * later gets a private model instead of changing time under our feet. */
 static void attach(struct devstate *d)
 {
-	int r = pthread_mutex_lock(&d->lock), i, slot = -1;
+	int i, slot = -1;
 
-	if (r == EOWNERDEAD)
-		pthread_mutex_consistent(&d->lock);
-	else if (r != 0)
+	if (!locked(d, pthread_mutex_lock(&d->lock)))
 		return;
 	for (i = 0; i < MAX_USERS; i++) {
 		if (d->users[i] == getpid()) {
@@ -337,15 +336,10 @@ static void futex_wait_until(atomic_uint *a, unsigned val, double wall)
 __attribute__((destructor)) static void model_exit(void)
 {
 	uint32_t i;
-	int r, changed = 0;
+	int changed = 0;
 
 	/* an executor may hold the lock right now: never wait for it here */
-	if (!dev)
-		return;
-	r = pthread_mutex_trylock(&dev->lock);
-	if (r == EOWNERDEAD)
-		pthread_mutex_consistent(&dev->lock);
-	else if (r != 0)
+	if (!dev || !locked(dev, pthread_mutex_trylock(&dev->lock)))
 		return;
 	for (i = 0; i < dev->en.hi && i < MAX_RUN; i++) {
 		if (dev->en.t[i].state != EN_FREE && dev->en.t[i].ctx == getpid()) {

@@ -62,7 +62,6 @@ struct sg_config {
 	double sm_flops;         /* SIMGPU_SM_GFLOPS, flop/s of one SM          */
 	double sm_bw;            /* SIMGPU_SM_BW_GBS, bytes/s one SM can pull   */
 	double launch_s;         /* SIMGPU_LAUNCH_US, seconds                   */
-	double pcie;             /* SIMGPU_PCIE_H2D_GBS, bytes/s                */
 	double timescale;        /* SIMGPU_TIMESCALE: wall s per device s       */
 	double flops_per_thread; /* SIMGPU_DEFAULT_FLOPS_PER_THREAD             */
 	double bytes_per_thread; /* SIMGPU_DEFAULT_BYTES_PER_THREAD             */

@@ -123,10 +123,6 @@ int simgpu_model_params_get(struct simgpu_model_params *p);
 int simgpu_model_simulate(const struct simgpu_model_params *p, int n,
 			  struct simgpu_model_task *t);
 
-/* Blocks of this shape one SM holds (occupancy rules), at least 1. */
-int simgpu_model_blocks_per_sm(const struct simgpu_model_params *p, double threads,
-			       double regs, double smem);
-
 #ifdef __cplusplus
 }
 #endif
