@@ -688,27 +688,10 @@ def print_fit(fit: Fit, notes: list[str], meta: dict[str, Any]) -> None:
     summary.append(["all", str(len(fit.rows)), _pct(fit.median_default), _pct(fit.median_fitted)])
     ptab = [[n, SPECS[n].env, _g(getattr(fit.defaults, n) / SPECS[n].unit),
              _g(getattr(fit.fitted, n) / SPECS[n].unit)] for n in fit.names]
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        for title, h, rs in (("model versus measured", head, rows),
-                             ("median relative error", ["kind", "figures", "default", "fitted"], summary),
-                             ("parameters", ["field", "preset key", "default", "fitted"], ptab)):
-            print(f"\n{title}\n" + " | ".join(h))
-            for row in rs:
-                print(" | ".join(row))
-    else:
-        con = Console(width=160)
-        for title, h, rs in (("model versus measured", head, rows),
-                             ("median relative error", ["kind", "figures", "default", "fitted"], summary),
-                             ("parameters (preset units)", ["field", "preset key", "default", "fitted"], ptab)):
-            t = Table(title=title)
-            for x in h:
-                t.add_column(x, overflow="fold")
-            for row in rs:
-                t.add_row(*row)
-            con.print(t)
+    gpu_pool.show_tables([("model versus measured", head, rows),
+                          ("median relative error", ["kind", "figures", "default", "fitted"], summary),
+                          ("parameters (preset units)", ["field", "preset key", "default", "fitted"], ptab)],
+                         width=160)
     for n, why in fit.unfitted.items():
         print(f"not fitted: {n}: {why}")
     for n in notes:

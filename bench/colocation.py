@@ -58,6 +58,7 @@ CLIENT = ROOT / "bench" / "tonic" / "client.py"
 COLOCATE = [sys.executable, "-m", "controlplane.cli"]
 PREDICTING = ("claius", "claius-nb", "claius-nc", "baymax", "static-optimal")
 NO_MPS = ("baymax",)                     # policies for a GPU without MPS: time-sliced device
+MECHS = ("blocks", "cores", "bwq", "slice", "pcie")   # the full model's (SIMGPU_MODEL_OFF)
 THROUGHPUT = re.compile(r"THROUGHPUT \S+ iters_per_s=([0-9.eE+-]+) iters=\d+ seconds=([0-9.eE+-]+)")
 LAUNCHES = re.compile(r"STATS launches=(\d+)")
 
@@ -387,10 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     s = Setup(a.service, a.service_args, a.sizes, a.rate, a.arrivals, a.qos_ms,
               [b for b in a.batch.split(",") if b], a.duration, a.slowdown, a.pool,
               warmup=a.warmup, model=a.model, model_off=a.model_off)
-    bad = set(m for m in a.model_off.split(",") if m) - {"blocks", "cores", "bwq", "slice", "pcie"}
+    bad = set(m for m in a.model_off.split(",") if m) - set(MECHS)
     if bad:
         print(f"colocation: --model-off: unknown {', '.join(sorted(bad))} "
-              f"(blocks, cores, bwq, slice, pcie)", file=sys.stderr)
+              f"({', '.join(MECHS)})", file=sys.stderr)
         return 2
     for b in s.batch:
         if not (BIN / b).exists():

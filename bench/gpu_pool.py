@@ -566,30 +566,36 @@ V_HEAD = ["parent/child %", "MPS", "MPS on (p/c)", "same address", "data ok", "a
 
 def print_tables(res: Results) -> None:
     q, v = table_rows(res)
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        for title, head, rows in (("quota curve", Q_HEAD, q), ("VMM same-address", V_HEAD, v)):
-            print(f"\n{title}\n" + " | ".join(head))
-            for row in rows:
-                print(" | ".join(row))
-    else:
-        con = Console(width=200)
-        for title, head, rows in (("MPS quota curve (time relative to 100 %)", Q_HEAD, q),
-                                  ("VMM same-address mapping between processes", V_HEAD, v)):
-            t = Table(title=title)
-            for h in head:
-                t.add_column(h, overflow="fold")
-            for row in rows:
-                t.add_row(*row)
-            con.print(t)
+    show_tables([("MPS quota curve (time relative to 100 %)", Q_HEAD, q),
+                 ("VMM same-address mapping between processes", V_HEAD, v)], width=200)
     logs = res.data.get("mps", {}).get("log_tail") or {}
     if logs and res.failed:
         for name, text in logs.items():
             print(f"--- last lines of the MPS {name}\n{text}")
     for k, text in res.data.get("verdicts", {}).items():
         print(f"{k}: {text}")
+
+
+def show_tables(tables: list[tuple[str, list[str], list[list[str]]]], width: int) -> None:
+    """(title, header, rows) tables: with rich where it is installed (the GPU
+    image may lack it), else as plain ' | '-separated lines."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        for title, head, rows in tables:
+            print(f"\n{title}\n" + " | ".join(head))
+            for row in rows:
+                print(" | ".join(row))
+        return
+    con = Console(width=width)
+    for title, head, rows in tables:
+        t = Table(title=title)
+        for h in head:
+            t.add_column(h, overflow="fold")
+        for row in rows:
+            t.add_row(*row)
+        con.print(t)
 
 
 def write_json(path: Path | None, data: dict[str, Any]) -> None:

@@ -23,8 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from colocation import MECHS   # bench/ is this script's folder
+
 ROOT = Path(__file__).resolve().parent.parent
-MECHS = ("blocks", "cores", "bwq", "slice", "pcie")
 VARIANTS = ("full", *(f"-{m}" for m in MECHS), "fluid")
 
 

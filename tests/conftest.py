@@ -2,6 +2,7 @@
 DEALER client that talks protocol v1, and a helper to run the CLI."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -24,6 +25,24 @@ def clean_env(**extra: str) -> dict[str, str]:
            if not k.startswith(("COLOCATE_", "SIMGPU_")) and k not in ("LD_PRELOAD",)}
     env.update(extra)
     return env
+
+
+def driver_present() -> bool:
+    """Whether an NVIDIA driver library loads here (the GPU probes' tests)."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def run_json(cmd: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, dict, str]:
+    """A GPU probe's exit code, its one JSON line (asserted to be there and
+    alone) and its stderr."""
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"want one JSON line, got {p.stdout!r} (stderr {p.stderr!r})"
+    return p.returncode, json.loads(lines[0]), p.stderr
 
 
 def colocate(*args: str, env: dict[str, str] | None = None, timeout: float = 30,

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from conftest import clean_env
+from conftest import clean_env, driver_present, run_json
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -68,23 +68,11 @@ needs_model = pytest.mark.skipif(MODEL_WHY is not None, reason=f"no usable offli
 built = pytest.mark.skipif(not PROBE.exists(), reason="gpu-calib_probe not built (make build)")
 
 
-def _driver_present() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-        return True
-    except OSError:
-        return False
-
-
-HAVE_DRIVER = _driver_present()
+HAVE_DRIVER = driver_present()
 
 
 def probe(args: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, dict[str, Any], str]:
-    """Exit code, the one JSON line (asserted to be there and alone), stderr."""
-    p = subprocess.run([str(PROBE), *args], env=env, capture_output=True, text=True, timeout=timeout)
-    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
-    assert len(lines) == 1, f"want one JSON line, got {p.stdout!r} (stderr {p.stderr!r})"
-    return p.returncode, json.loads(lines[0]), p.stderr
+    return run_json([str(PROBE), *args], env, timeout)
 
 
 @pytest.fixture(scope="module")

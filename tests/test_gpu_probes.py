@@ -19,7 +19,6 @@ probes are for, on a GPU (bench/gpu_pool.py's docstring has the command).
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
@@ -29,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from conftest import clean_env
+from conftest import clean_env, driver_present, run_json
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -42,25 +41,12 @@ SIMGPU_LIB = ROOT / "shim" / "lib" / "simgpu"
 CUDA_INC = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 
 
-def _driver_present() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-        return True
-    except OSError:
-        return False
-
-
-HAVE_DRIVER = _driver_present()
+HAVE_DRIVER = driver_present()
 built = pytest.mark.skipif(not (QUOTA.exists() and VMM.exists()),
                            reason="GPU probes not built (make build)")
 
 
-def run(cmd: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, dict[str, Any], str]:
-    """Exit code, the one JSON line (asserted to be there and alone), stderr."""
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
-    assert len(lines) == 1, f"want one JSON line, got {p.stdout!r} (stderr {p.stderr!r})"
-    return p.returncode, json.loads(lines[0]), p.stderr
+run = run_json
 
 
 @pytest.fixture(scope="module")
