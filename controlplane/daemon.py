@@ -3,7 +3,8 @@
 Applications (libcolocate.so) and admin clients (the CLI) are DEALER sockets
 sending [b"", json]; every request gets exactly one reply [b"", json] (an
 "error" message for anything malformed).  The loop also runs a ~100 ms tick:
-a liveness check that collects apps that died without saying "exit", then the
+a check of each app's ledger (shim/ledger.h: exited, or killed and gone) and of
+its pid, which collects apps whatever happened to their messages, then the
 policy's on_tick.  Handlers are `on_<type>` methods; see schema.py.
 
 With a process pool (processpool.Pool, `serve --pool SPEC`), the tick also
@@ -39,6 +40,7 @@ from predictors import schema as pschema
 from predictors.profile import RunFailed, lib_params
 from processpool import Pool, parse_spec
 from shim.ctlblock import ROUTE_HOLD, ControlBlock, ControlBlockFull
+from shim.ledger import Ledger
 
 log = logging.getLogger("colocate")
 VERSION = version()
@@ -174,6 +176,8 @@ class App:
     skipped: dict = field(default_factory=dict)         # batch: name -> [tasks, us] not passed on
     launch_log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
                                                         # (monotonic s, launches) at ticks
+    ledger: Ledger | None = None                        # its shared record, while live
+    ledger_final: dict | None = None                    # what the ledger said at the end
 
 
 class BadTask(ValueError):
@@ -228,6 +232,8 @@ class Controller:
         self.stopping = False
         self.bad_tasks = 0                              # malformed "tasks" messages
         self.cb = ControlBlock.create(rd.ctlblock)
+        shutil.rmtree(rd.apps, ignore_errors=True)      # ledgers of a previous controller's apps
+        rd.apps.mkdir(mode=0o700, exist_ok=True)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.MAXMSGSIZE, RECV_MAX)
@@ -264,6 +270,10 @@ class Controller:
         # the runtime dir (often a tmpfs: memory), one per binary ever routed
         shutil.rmtree(self.rd.modules, ignore_errors=True)
         self.cb.close()                                 # the file stays: apps keep their mapping
+        for app in self.apps.values():
+            if app.ledger is not None:
+                app.ledger.close()
+        shutil.rmtree(self.rd.apps, ignore_errors=True)
         log.info("controller %d stopped", os.getpid())
 
     def drain(self, budget: int = 256, budget_s: float = 0.02) -> None:
@@ -316,23 +326,71 @@ class Controller:
         if self.metrics is not None:                    # what the HTTP thread serves
             self.metrics.publish([self.record(a) for a in self.apps.values()])
         for app in list(self.apps.values()):
-            if proc_start(app.info.pid) == app.start:
-                continue
-            # An app sends "exit" and is a zombie a moment later: its exit
-            # (with its kernel list) may still be queued behind its tasks.
-            # Collected at the next tick if it has not come by then.
-            if app.dead_at is None:
-                app.dead_at = now
-                continue
-            log.info("app %s (pid %d, slot %d) died without exit", app.info.name, app.info.pid,
-                     app.info.slot)
-            self.finish(app, [])
+            self.check_app(app, now)
         if self.pool is not None:
             try:
                 self.unroute(self.pool.check())
             except Exception:
                 log.exception("process pool check failed")
         self.decide("on_tick", now)
+
+    def check_app(self, app: App, now: float) -> None:
+        """Collect an app that is done: its ledger says it exited (its exit
+        message may be stuck behind a backlog, or dropped), or its process is
+        gone (killed: the ledger still has its kernel table).  Without a
+        ledger, the exit message has until the next tick to come."""
+        lg = app.ledger
+        if lg is not None and lg.state() == "exited":
+            self.finish(app, [], "exited")
+            return
+        if proc_start(app.info.pid) == app.start:
+            return
+        if lg is not None and lg.attached():
+            log.info("app %s (pid %d, slot %d) ended without exiting (killed?); records from its ledger",
+                     app.info.name, app.info.pid, app.info.slot)
+            self.finish(app, [], "killed")
+            return
+        if app.dead_at is None:
+            app.dead_at = now
+            return
+        log.info("app %s (pid %d, slot %d) died without exit", app.info.name, app.info.pid,
+                 app.info.slot)
+        self.finish(app, [], "vanished")
+
+    def open_ledger(self, slot: int, pid: int) -> Ledger | None:
+        try:
+            return Ledger.create(self.rd.ledger(slot, pid), pid, slot)
+        except OSError as e:
+            log.warning("slot %d (pid %d): no ledger (%s); its records come by message only", slot, pid, e)
+            return None
+
+    def queries(self, app: App) -> dict:
+        """Query statistics: the exact counts from the ledger (what the app
+        counted), the recent window and in-flight set from messages."""
+        q = app.queries.summary()
+        if app.ledger_final is not None:
+            lq = app.ledger_final["queries"]
+        elif app.ledger is not None and app.ledger.attached():
+            lq = app.ledger.queries()
+        else:
+            return q
+        if lq["rule"] is None:
+            return q
+        q.update(rule=lq["rule"], messages=q["done"], done=lq["ended"], begun=lq["begun"],
+                 violations=lq["violations"],
+                 run={k: lq[k] for k in ("p50_ms", "p99_ms", "mean_ms", "max_ms")})
+        return q
+
+    def feed(self, app: App) -> dict | None:
+        if app.feed is None:
+            return None
+        f = dict(app.feed)
+        c = (app.ledger_final["counters"] if app.ledger_final is not None
+             else app.ledger.counters() if app.ledger is not None and app.ledger.attached() else None)
+        if c is not None:
+            f["dropped"] = max(f["dropped"], c["tasks_dropped"])
+            f["fed"] = c["tasks_fed"]
+        return f
 
     def unroute(self, dead: list[int]) -> None:
         """Apps routed to workers that died go back to running locally (the
@@ -442,10 +500,10 @@ class Controller:
                 "h2d_bytes": c["h2d_bytes"], "d2h_bytes": c["d2h_bytes"], "qos_ms": i.qos_ms,
                 "state": state, "slot": i.slot, "kernels": app.kernels,
                 "registered_at": app.registered_at, "exited_at": exited_at, "worker": self.worker_of(app),
-                "queries": app.queries.summary(), "held": app.held,
+                "queries": self.queries(app), "held": app.held,
                 "held_ms": self.cb.control(app.info.slot)["held_ns"] / 1e6,
-                "feed": dict(app.feed) if app.feed is not None else None,
-                "throughput": self.throughput(app, c["launches"], exited_at)}
+                "feed": self.feed(app),
+                "throughput": self.throughput(app, c["launches"], exited_at), "end": None}
 
     def throughput(self, app: App, launches: int, exited_at: float | None) -> dict | None:
         """A batch app's launches per second (over the last THROUGHPUT_WINDOW_S
@@ -464,10 +522,25 @@ class Controller:
         return {"launches_per_s": rate, "solo_launches_per_s": solo,
                 "normalised": rate / solo if rate is not None and solo else None}
 
-    def finish(self, app: App, kernels: list[dict]) -> dict:
-        """Final record (counters read before the slot is freed), history, policy, release."""
+    def finish(self, app: App, kernels: list[dict], end: str = "exited") -> dict:
+        """Final record (counters read before the slot is freed), history, policy, release.
+        The kernel table comes from the ledger when the app used one (exact,
+        and there even after a SIGKILL), else from the exit message."""
+        lg = app.ledger
+        if lg is not None:
+            if lg.attached():
+                kernels = lg.kernels()
+                app.ledger_final = {"queries": lg.queries(), "counters": lg.counters()}
+                lost = app.ledger_final["counters"]["kernels_lost"]
+                if lost:
+                    log.warning("app %s (pid %d): %d kernel(s) missing from its ledger (table full)",
+                                app.info.name, app.info.pid, lost)
+            lg.close()
+            app.ledger = None
+            self.rd.ledger(app.info.slot, app.info.pid).unlink(missing_ok=True)
         app.kernels = kernels
         rec = self.record(app, "exited", time.time())
+        rec["end"] = end
         del self.apps[app.info.slot]
         self.history.append(rec)
         app.final = rec
@@ -495,7 +568,7 @@ class Controller:
             raise Reject(f"pid {pid} is not running")
         app = self.by_pid(pid)
         if app is not None and app.start != start:      # old app died, pid reused
-            self.finish(app, [])
+            self.finish(app, [], "killed" if app.ledger is not None and app.ledger.attached() else "vanished")
             app = None
         if app is None:
             try:
@@ -504,6 +577,7 @@ class Controller:
                 raise Reject(str(e)) from None
             info = AppInfo(slot, pid, m["name"], m["class"], m["qos_ms"], m["quota_pct"], m["device"])
             app = App(info, start, m["exe"], self.cb.control(slot)["registered_ns"] / 1e9)
+            app.ledger = self.open_ledger(slot, pid)    # before the reply: the shim maps it then
             self.apps[slot] = app
             if self.wants_tasks(info):
                 app.feed = {"tasks": 0, "untimed": 0, "dropped": 0, "bad": 0}
@@ -534,6 +608,9 @@ class Controller:
     def on_exit(self, m: dict) -> dict:
         app = self.apps.get(m["slot"])
         if app is None or app.info.pid != m["pid"]:
+            done = self.recent.get(m["pid"])
+            if done is not None and done.info.slot == m["slot"]:
+                return schema.message("ok")             # collected from its ledger already
             raise Reject(f"slot {m['slot']} is not registered to pid {m['pid']}")
         self.finish(app, m["kernels"])
         return schema.message("ok")
@@ -595,7 +672,7 @@ class Controller:
             while len(app.query_size) > OCC_QUERIES:
                 app.query_size.popitem(last=False)
         if app.final is not None:
-            app.final["queries"] = q.summary()
+            app.final["queries"] = self.queries(app)
         elif q.rule == m["rule"]:
             # a live app's boundary, by the rule in force: the policy hears it
             info = {"id": m["id"], "size": m["size"], "t_us": t_us, "rule": m["rule"]}
@@ -657,7 +734,7 @@ class Controller:
                             {"features": row, "duration_us": dur, "quota_pct": t["quota"],
                              "query": t["query"], "count": n + 1, "total_us": us + dur})
         if app.final is not None:
-            app.final["feed"] = dict(feed)
+            app.final["feed"] = self.feed(app)
         return None
 
     @staticmethod

@@ -6,6 +6,7 @@
     DIR/serve.log      controller log
     DIR/history.jsonl  final records of exited apps
     DIR/simgpu/        simgpu's arena and report (device sim)
+    DIR/apps/          one ledger per registered app (shim/ledger.h)
 """
 from __future__ import annotations
 
@@ -80,6 +81,15 @@ class RunDir:
     @property
     def simgpu(self) -> Path:
         return self.path / "simgpu"
+
+    @property
+    def apps(self) -> Path:
+        """The apps' ledgers: kernel tables and counts that survive any message loss."""
+        return self.path / "apps"
+
+    def ledger(self, slot: int, pid: int) -> Path:
+        """The path the shim maps too (shim_ledger.c builds the same name)."""
+        return self.apps / f"{slot}-{pid}.ledger"
 
     @property
     def modules(self) -> Path:

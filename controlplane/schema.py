@@ -75,6 +75,13 @@ QUERIES = {
     "window": F("int", doc="latencies in that window (the most recent ones)"),
     "unmatched": F("int", doc="ends without a begin, and begins given up"),
     "violations": F("int", doc="queries that ended later than the app's QoS target (qos_ms)"),
+    "begun": F("int", required=False, null=True,
+               doc="queries begun, from the app's ledger (exact; null without one)"),
+    "messages": F("int", required=False, null=True,
+                  doc="query ends that arrived as messages (done counts them all, from the ledger)"),
+    "run": F("object", required=False, null=True,
+             doc="latency over the whole run from the ledger's histogram (±1.6 %): "
+                 "p50_ms, p99_ms, mean_ms, max_ms"),
 }
 
 TASK = {
@@ -102,6 +109,7 @@ FEED = {
     "untimed": F("int", doc="of those, without a device time (not passed to the policy)"),
     "dropped": F("int", doc="tasks the shim could not send (it says how many)"),
     "bad": F("int", doc="task records refused as malformed"),
+    "fed": F("int", required=False, null=True, doc="tasks the shim took (its ledger; exact)"),
 }
 
 THROUGHPUT = {
@@ -126,6 +134,10 @@ RECORD = {
               doc="task feedback (object feed); null when the policy does not want it"),
     "throughput": F("object", required=False, null=True,
                     doc="batch apps: object throughput; null for QoS apps"),
+    "end": F("str", required=False, null=True, choices=("exited", "killed", "vanished"),
+             doc="exited apps: exited normally (its ledger or exit message says so), killed "
+                 "(gone without exiting, e.g. SIGKILL: records from its ledger), vanished (gone, "
+                 "no ledger: kernels unknown)"),
 }
 
 WORKER = {

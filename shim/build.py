@@ -53,6 +53,27 @@ void cb_release_slot(struct cb_block *cb, uint32_t idx);
 void cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route, uint32_t quota_pct);
 uint64_t cb_load64(const uint64_t *p);
 uint32_t cb_load32(const uint32_t *p);
+
+#define LG_MAX_KERNELS ...
+#define LG_HBUCKETS ...
+#define LG_HSUB ...
+#define LG_HSUB_BITS ...
+#define LG_NEW ...
+#define LG_LIVE ...
+#define LG_EXITED ...
+struct lg_kernel { uint64_t launches; uint32_t name_off; uint32_t name_len; int32_t twin; ...; };
+struct lg_header { uint64_t magic; uint32_t version; uint32_t pid; uint32_t slot; uint64_t created_ns;
+                   uint32_t state; uint32_t attached_pid; uint64_t exit_ns; uint64_t nkernels;
+                   uint64_t names_used; uint64_t kernels_lost; uint32_t q_rule; uint64_t q_begun;
+                   uint64_t q_ended; uint64_t q_violations; uint64_t q_lat_sum_ns; uint64_t q_lat_max_ns;
+                   uint64_t msgs_dropped; uint64_t tasks_fed; uint64_t tasks_sent; uint64_t tasks_dropped;
+                   uint64_t q_hist[...]; ...; };
+uint64_t lg_size(void);
+struct lg_header *lg_open(const char *path, int create, uint32_t pid, uint32_t slot);
+void lg_close(struct lg_header *lg);
+struct lg_kernel *lg_kernel_at(struct lg_header *lg, uint32_t i);
+const char *lg_name_at(struct lg_header *lg, uint32_t off, uint32_t len);
+uint64_t lg_bucket_low(uint32_t i);
 """
 
 
@@ -61,8 +82,8 @@ def make_ffi(base: Path) -> FFI:
     to setup.py's folder; an in-place build wants them absolute)."""
     ffi = FFI()
     ffi.cdef(CDEF)
-    ffi.set_source("shim._ctlblock", '#include "ctlblock.h"',
-                   sources=[str(base / "ctlblock.c")], include_dirs=[str(base)],
+    ffi.set_source("shim._ctlblock", '#include "ctlblock.h"\n#include "ledger.h"',
+                   sources=[str(base / "ctlblock.c"), str(base / "ledger.c")], include_dirs=[str(base)],
                    extra_compile_args=["-std=gnu11"])
     return ffi
 
@@ -124,7 +145,7 @@ def build_native() -> None:
 
     # libcolocate.so: plain C, no Python, every symbol resolved at link time.
     shim_src = (sorted(HERE.glob("hook_*.c")) + sorted(HERE.glob("shim_*.c"))
-                + [HERE / "ctlblock.c", HERE / "zmqdl.c", HERE / "unixutil.c"])
+                + [HERE / "ctlblock.c", HERE / "ledger.c", HERE / "zmqdl.c", HERE / "unixutil.c"])
     vs = _version_script(LIB / "libcolocate.map", None, exported_names())
     _link(LIB / "libcolocate.so", shim_src,
           ["-Wl,-z,defs", f"-Wl,--version-script={vs}", "-Wl,-soname,libcolocate.so", "-ldl", "-lpthread"],
@@ -225,7 +246,8 @@ def cffi_inplace(make: Callable[[Path], FFI], here: Path, stem: str, deps: list[
 def build_inplace() -> None:
     """Build the cffi module next to its package and the native libraries."""
     build_native()
-    cffi_inplace(make_ffi, HERE, "_ctlblock", [HERE / "ctlblock.c", HERE / "ctlblock.h", Path(__file__)])
+    cffi_inplace(make_ffi, HERE, "_ctlblock", [HERE / "ctlblock.c", HERE / "ctlblock.h", HERE / "ledger.c",
+                                                HERE / "ledger.h", Path(__file__)])
 
 
 if __name__ == "__main__":

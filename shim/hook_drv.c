@@ -235,9 +235,7 @@ static inline void count_drv_launch(CUresult r, CUfunction f)
 	k = f ? shim_kernel_find(f) : NULL;
 	if (f && !k)
 		k = name_function(f);
-	shim_add(&shim_ctr->launches, 1);
-	if (k)
-		shim_add(&k->launches, 1);
+	shim_count_kernel(k, 1);
 }
 
 /*

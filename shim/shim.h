@@ -83,7 +83,9 @@ static inline void shim_add_signed(int64_t *p, int64_t v)
 /* --- kernel names (shim_names.c) ------------------------------------- */
 struct shim_kernel {
 	const char *name;       /* mangled device name, or "?" when unknown */
-	uint64_t launches;
+	uint64_t *count;        /* its launch counter: the entry in the ledger
+	                           (shim_ledger.c), else launches below     */
+	uint64_t launches;      /* the private counter                      */
 	void *fwd;              /* forwarding's view (shim_fwd.c), under its lock */
 	int32_t module;         /* its fat binary's id (below), -1 none     */
 	uint32_t gen;           /* bumped when a re-registration changes its
@@ -134,6 +136,14 @@ void shim_names_after_fork(void);
  * Like every counting helper, it counts only in the outermost hook: a
  * runtime that calls its own exported entry points (simgpu's cudaMallocPitch
  * calls cudaMalloc) lands in our hooks again, with shim_in_runtime > 0. */
+/* n launches of kernel k (a graph launch counts each kernel node). */
+static inline void shim_count_kernel(struct shim_kernel *k, uint64_t n)
+{
+	shim_add(&shim_ctr->launches, n);
+	if (k)
+		shim_add(__atomic_load_n(&k->count, __ATOMIC_RELAXED), n);
+}
+
 static inline void shim_count_launch(const void *key)
 {
 	struct shim_kernel *k;
@@ -145,7 +155,13 @@ static inline void shim_count_launch(const void *key)
 		k = shim_kernel_learn(key);
 	shim_add(&shim_ctr->launches, 1);
 	if (k)
-		shim_add(&k->launches, 1);
+		shim_add(__atomic_load_n(&k->count, __ATOMIC_RELAXED), 1);
+}
+
+/* A kernel's launches so far. */
+static inline uint64_t shim_kernel_launches(const struct shim_kernel *k)
+{
+	return __atomic_load_n(__atomic_load_n(&k->count, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }
 
 /* Device allocations: size remembered so that a free can subtract it. */
@@ -155,6 +171,22 @@ void *shim_free_take(const void *ptr);
 void shim_free_done(void *token, int freed);
 
 void shim_sync_note(void);
+
+/* --- the ledger (shim_ledger.c, layout in ledger.h) ------------------- */
+/* Map <runtime dir>/apps/<slot>-<pid>.ledger after registration: 0, or -1
+ * and a reason in why.  Then shim_names_attach() moves the kernel counters. */
+int  shim_ledger_attach(int slot, char *why, size_t whylen);
+int  shim_ledger_on(void);
+/* A new entry's counter (under the kernel table's lock), or NULL. */
+uint64_t *shim_ledger_kernel(const char *name, uint64_t launches);
+void shim_ledger_query_begin(int api);
+void shim_ledger_query_end(int api, int64_t latency_ns);
+void shim_ledger_msg_dropped(void);
+void shim_ledger_feed(uint64_t fed, uint64_t sent, uint64_t dropped);
+void shim_ledger_exit(int (*has_twin)(const char *));
+void shim_ledger_forget(void);
+/* Every kernel known so far counts into the ledger from now on. */
+void shim_names_attach(void);
 
 /* --- control path (shim_ctl.c) --------------------------------------- */
 /* Register with the controller; on success returns the slot index in

@@ -165,6 +165,7 @@ static void on_fork_child(void)
 	shim_ctr = &local_ctr;
 	shim_ctl = &local_ctl;
 	block = NULL;          /* the mapping stays; it is simply not used */
+	shim_ledger_forget();  /* the same for the parent's ledger */
 	shim_ctl_forget();
 	shim_fwd_forget();
 	shim_names_after_fork();
@@ -174,13 +175,20 @@ static void on_fork_child(void)
 
 static void on_exit_cb(void)
 {
+	int (*has_twin)(const char *);
+
 	shim_fwd_exit();     /* leave the worker before the controller hears */
-	shim_ctl_exit();
-	/* The controller frees our slot on that message and may give it to
-	 * another app; CUDA work done later in exit (handlers registered before
-	 * ours, other threads) is counted privately, never into that slot. */
+	/* The controller frees our slot once it sees the exit (the ledger's
+	 * state or the message) and may give it to another app; CUDA work
+	 * done later in exit (handlers registered before ours, other threads)
+	 * is counted privately, never into that slot. */
 	__atomic_store_n(&shim_ctr, &local_ctr, __ATOMIC_RELEASE);
 	__atomic_store_n(&shim_ctl, &local_ctl, __ATOMIC_RELEASE);
+	/* simgpu tells which kernels had a host twin; a real runtime has no
+	 * such symbol, and "twin" is then unknown */
+	*(void **)&has_twin = shim_dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin");
+	shim_ledger_exit(has_twin);
+	shim_ctl_exit();     /* a nudge: the ledger already says it all */
 }
 
 void shim_start_slow(void)
@@ -226,6 +234,12 @@ void shim_start_slow(void)
 		shim_add(&c->syncs, local_ctr.syncs);
 		shim_ctl = &block->slots[slot].k;
 		__atomic_store_n(&shim_ctr, c, __ATOMIC_RELEASE);
+		/* without its ledger the app still runs and counts; the
+		 * controller then has only what messages bring */
+		if (shim_ledger_attach(slot, why, sizeof(why)) == 0)
+			shim_names_attach();
+		else
+			shim_log("%s; the controller gets this app's records by message only", why);
 		if (!atexit_done) {
 			atexit(on_exit_cb);
 			atexit_done = 1;

@@ -298,7 +298,7 @@ static void kernel_json(const struct shim_kernel *k, void *arg)
 	json_raw(j->buf, j->len, "%s{\"name\":", j->count++ ? "," : "");
 	json_str(j->buf, j->len, k->name);
 	json_raw(j->buf, j->len, ",\"launches\":%llu,\"twin\":%s}",
-		 (unsigned long long)__atomic_load_n(&k->launches, __ATOMIC_RELAXED),
+		 (unsigned long long)shim_kernel_launches(k),
 		 twin < 0 ? "null" : twin ? "true" : "false");
 }
 
@@ -337,22 +337,36 @@ int shim_ctl_send(const char *json)
 		if (zmq.send(zsock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
 		    zmq.send(zsock, json, strlen(json), 0) >= 0)
 			r = 0;
-		else if (!dropped++)
-			shim_log("the controller does not keep up; messages dropped");
+		else {
+			/* the counts this message carried are in the ledger */
+			shim_ledger_msg_dropped();
+			if (!dropped++)
+				shim_log("the controller does not keep up; messages dropped "
+					 "(counts are kept in the ledger)");
+		}
 	}
 	pthread_mutex_unlock(&sock_mu);
 	return r;
 }
 
+/*
+ * The exit message is a nudge: the ledger already says the app exited and
+ * holds its kernel table, so the message carries the table only when there
+ * is no ledger.  It is sent without blocking and the socket lingers at most
+ * EXIT_LINGER_MS for it: a stalled controller never holds up an exit.
+ */
+#define EXIT_LINGER_MS 20
+
 void shim_ctl_exit(void)
 {
 	static char msg[60000];
 	struct kjson j = { msg, sizeof(msg) - 8, 0, NULL };
+	int linger = EXIT_LINGER_MS;
 
 	/* exit() may run on a thread interrupted (by a signal handler that
 	 * calls exit) while it held sock_mu in shim_ctl_send: never wait for
-	 * ever; after 200 ms go without the exit message (the controller's
-	 * liveness check notices the dead pid) */
+	 * ever; after 200 ms go without the exit message (the ledger, or the
+	 * controller's liveness check, tells it) */
 	if (!lock_bounded(&sock_mu, 200)) {
 		shim_log("exit message not sent: the controller connection is busy");
 		return;
@@ -361,16 +375,18 @@ void shim_ctl_exit(void)
 		pthread_mutex_unlock(&sock_mu);
 		return;
 	}
-	/* simgpu tells which kernels had a host twin; a real runtime has no
-	 * such symbol, and "twin" is then null */
-	*(void **)&j.has_twin = shim_dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin");
+	if (!shim_ledger_on())
+		*(void **)&j.has_twin = shim_dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin");
 	msg[0] = 0;
 	json_raw(msg, sizeof(msg), "{\"v\":1,\"type\":\"exit\",\"pid\":%d,\"slot\":%d,\"kernels\":[",
 		 (int)getpid(), slot_index);
-	shim_kernel_each(kernel_json, &j);
+	if (!shim_ledger_on())
+		shim_kernel_each(kernel_json, &j);
 	json_raw(msg, sizeof(msg), "]}");
-	send_msg(msg);
-	close_socket();   /* linger bounds how long the exit can wait */
+	if (zmq.send(zsock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
+		zmq.send(zsock, msg, strlen(msg), 0);
+	zmq.setsockopt(zsock, ZMQ_LINGER, &linger, sizeof(linger));
+	close_socket();
 	slot_index = -1;
 	pthread_mutex_unlock(&sock_mu);
 }

@@ -97,6 +97,9 @@ struct shim_kernel *shim_kernel_add(const void *key, const char *name)
 		if (!k->name)
 			k->name = "?";
 		k->module = -1;
+		k->count = shim_ledger_kernel(k->name, 0);
+		if (!k->count)
+			k->count = &k->launches;
 		put_key(key, nkernels);
 		/* release: shim_kernel_each reads entries below nkernels */
 		__atomic_store_n(&nkernels, nkernels + 1, __ATOMIC_RELEASE);
@@ -116,8 +119,10 @@ void shim_names_after_fork(void)
 
 	/* the child's counts start at zero; locks a parent thread held at
 	 * fork time would never be released in the child */
-	for (i = 0; i < nkernels; i++)
+	for (i = 0; i < nkernels; i++) {
+		kernels[i].count = &kernels[i].launches;
 		kernels[i].launches = 0;
+	}
 	pthread_mutex_init(&names_lock, NULL);
 	pthread_mutex_init(&alloc_lock, NULL);
 	shim_vmm_forget();
@@ -139,8 +144,31 @@ void shim_kernel_each(void (*fn)(const struct shim_kernel *k, void *arg), void *
 	uint32_t i, n = __atomic_load_n(&nkernels, __ATOMIC_ACQUIRE);
 
 	for (i = 0; i < n; i++)
-		if (__atomic_load_n(&kernels[i].launches, __ATOMIC_RELAXED))
+		if (shim_kernel_launches(&kernels[i]))
 			fn(&kernels[i], arg);
+}
+
+/*
+ * Registration is done and the ledger mapped: every kernel known so far
+ * gets its entry, with what it counted before.  Launches cannot race with
+ * this: it runs inside shim_start_slow(), and every launch hook starts the
+ * shim (and so waits for it) before it counts.
+ */
+void shim_names_attach(void)
+{
+	uint32_t i;
+
+	pthread_mutex_lock(&names_lock);
+	for (i = 0; i < nkernels; i++) {
+		uint64_t *c;
+
+		if (kernels[i].count != &kernels[i].launches)
+			continue;
+		c = shim_ledger_kernel(kernels[i].name, kernels[i].launches);
+		if (c)
+			__atomic_store_n(&kernels[i].count, c, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&names_lock);
 }
 
 /*
@@ -306,8 +334,15 @@ struct shim_kernel *shim_kernel_register(const void *key, const char *name, int 
 		char *n = strdup(name);
 
 		/* the old name stays: forwarding's stale view may still use it */
-		if (n)
+		if (n) {
+			uint64_t *c = k->count != &k->launches ? shim_ledger_kernel(n, 0) : NULL;
+
 			__atomic_store_n(&k->name, n, __ATOMIC_RELEASE);
+			/* in the ledger, the new name counts from here in an
+			 * entry of its own; the old one keeps what it had */
+			if (c)
+				__atomic_store_n(&k->count, c, __ATOMIC_RELEASE);
+		}
 	}
 	if (moved)
 		__atomic_store_n(&k->module, mid, __ATOMIC_RELEASE);

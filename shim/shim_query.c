@@ -13,8 +13,11 @@
  *             synchronisation, or a blocking device-to-host copy.  An input
  *             copy after an unsynchronised result starts the next query.
  *
- * Each boundary goes to the controller as a query_begin / query_end
- * message (controlplane/schema.py) and into the trace.  Messages leave on
+ * Inference runs only for QoS apps and under a trace, where something
+ * reads it (infer_wanted).  Each boundary is counted in the ledger
+ * (shim_ledger.c: begun, ended, late, a latency histogram) and goes to the
+ * controller as a query_begin / query_end message (controlplane/schema.py)
+ * and into the trace.  Messages leave on
  * the app's controller connection (shim_ctl_send), once it is registered,
  * without blocking: a full queue drops the message (logged once), it never
  * blocks the app.  They reach the controller before the app's exit message.
@@ -163,6 +166,7 @@ SHIM_API int colocate_query_begin_v1(uint64_t id, uint64_t input_size)
 	f->used = 1;
 	last_id = id;
 	last_set = 1;
+	shim_ledger_query_begin(1);
 	send_boundary_locked(1, id, input_size, "api", t);
 	pthread_mutex_unlock(&qmu);
 	my_id = id;
@@ -189,6 +193,7 @@ SHIM_API int colocate_query_end_v1(uint64_t id)
 	}
 	if (last_set && last_id == id)
 		last_set = 0;
+	shim_ledger_query_end(1, latency);
 	send_boundary_locked(0, id, 0, "api", t);
 	pthread_mutex_unlock(&qmu);
 	if (my_set && my_id == id)
@@ -219,6 +224,24 @@ int shim_query_current(uint64_t *id)
 }
 
 /* ---- inference ----------------------------------------------------------- */
+/*
+ * Only where something reads the result: a QoS app (its policy reacts to
+ * query boundaries and its latency is what the run is judged by) or a
+ * trace (profiles key tasks on queries).  A batch app's copies are then
+ * not queries at all: no lock, no message.
+ */
+static int infer_wanted(void)
+{
+	static int qos = -1;
+
+	if (__builtin_expect(qos < 0, 0)) {
+		const char *c = getenv("COLOCATE_APP_CLASS");
+
+		qos = c && strcmp(c, "qos") == 0;
+	}
+	return qos || shim_trace_to_file();
+}
+
 struct boundary { int what; uint64_t id, size, t, t0; };   /* 1 begin, 2 end */
 
 /* Under qmu. */
@@ -227,6 +250,7 @@ static void inf_end_locked(uint64_t t, struct boundary *b)
 	if (!logged_inferred++)
 		shim_log("queries: not marked by the app; inferred from copies "
 			 "(host-to-device input ... device-to-host result + sync)");
+	shim_ledger_query_end(0, (int64_t)(t - inf_t0));
 	send_boundary_locked(0, inf_id, inf_size, "inferred", t);
 	b->what = 2;
 	b->id = inf_id;
@@ -241,6 +265,7 @@ static void inf_begin_locked(uint64_t t, size_t n, struct boundary *b)
 	inf_id++;
 	inf_t0 = t;
 	inf_size = n;
+	shim_ledger_query_begin(0);
 	send_boundary_locked(1, inf_id, n, "inferred", t);
 	b->what = 1;
 	b->id = inf_id;
@@ -266,7 +291,7 @@ void shim_query_copy(int kind, size_t n, int blocking)
 	struct boundary b[2] = { { 0 }, { 0 } };
 	uint64_t t;
 
-	if (__atomic_load_n(&api_used, __ATOMIC_RELAXED))
+	if (__atomic_load_n(&api_used, __ATOMIC_RELAXED) || !infer_wanted())
 		return;
 	if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost)
 		return;

@@ -146,7 +146,7 @@ static int64_t on_axis(int64_t anchored_ns)
 struct shim_flag_line shim_trace_flag;
 
 /* The bits of shim_trace_flag.on: records are taken while any is set. */
-#define ON_FILE 1u      /* COLOCATE_TRACE: lines to the file               */
+#define ON_FILE 1u      /* COLOCATE_TRACE: lines to the file (shim_trace_to_file) */
 #define ON_FEED 2u      /* the controller asked for task feedback           */
 
 static int file_on(void)
@@ -1053,6 +1053,7 @@ static unsigned feed_take_locked(char *dst, size_t cap)
 	feed_len = feed_n = 0;
 	if (w < 0 || (size_t)w >= cap) {
 		feed_dropped += n;   /* cannot happen: the batch is bounded */
+		shim_ledger_feed(feed_seq, feed_sent, feed_dropped);
 		return 0;
 	}
 	return n;
@@ -1067,6 +1068,7 @@ static void feed_sent_locked(unsigned n, int rc)
 	} else {
 		feed_dropped += n;
 	}
+	shim_ledger_feed(feed_seq, feed_sent, feed_dropped);
 }
 
 /* Under mu, from a thread that may send (exit, or no feed thread). */
@@ -1092,6 +1094,7 @@ static int feed_put_locked(const struct shim_trace_rec *r, int timed, int64_t st
 	if (!feed_buf && !(feed_buf = malloc(FEED_BYTES))) {
 		feed_dropped++;
 		feed_seq++;
+		shim_ledger_feed(feed_seq, feed_sent, feed_dropped);
 		return 1;
 	}
 	old = uselocale(c_locale);
@@ -1121,6 +1124,7 @@ static int feed_put_locked(const struct shim_trace_rec *r, int timed, int64_t st
 	}
 	feed_dropped++;
 	feed_seq++;
+	shim_ledger_feed(feed_seq, feed_sent, feed_dropped);
 	uselocale(old);
 	return 1;
 }

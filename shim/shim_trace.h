@@ -34,6 +34,12 @@ static inline int shim_tracing(void)
 	return __atomic_load_n(&shim_trace_flag.on, __ATOMIC_RELAXED) != 0;
 }
 
+/* Tracing to a file (COLOCATE_TRACE), the ON_FILE bit of shim_trace.c. */
+static inline int shim_trace_to_file(void)
+{
+	return (__atomic_load_n(&shim_trace_flag.on, __ATOMIC_RELAXED) & 1u) != 0;
+}
+
 static inline int shim_task_hot(void)
 {
 	return __builtin_expect(shim_tracing() || shim_task_lib_open, 0);

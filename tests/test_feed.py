@@ -102,7 +102,7 @@ def test_every_task_reaches_the_policy_with_the_traces_times(rundir, tmp_path):
         c.stop()
     want = trace_tasks(trace)
     assert n == len(want) == len(Feed.calls) == 12
-    assert rec["feed"] == {"tasks": 12, "untimed": 0, "dropped": 0, "bad": 0}
+    assert rec["feed"] == {"tasks": 12, "untimed": 0, "dropped": 0, "bad": 0, "fed": 12}
     for (name, got), t in zip(Feed.calls, want):
         assert name == "qd"
         f = got["features"]
@@ -248,7 +248,7 @@ def test_forwarded_tasks_carry_the_workers_device_times(rundir, tmp_path):
     got, want = trace_tasks(trace), trace_tasks(local)
     assert n == len(got) == len(want) == len(Feed.calls) == 12
     assert rec["forwarded"] == 12
-    assert rec["feed"] == {"tasks": 12, "untimed": 0, "dropped": 0, "bad": 0}
+    assert rec["feed"] == {"tasks": 12, "untimed": 0, "dropped": 0, "bad": 0, "fed": 12}
     assert all(t["route"] == "worker" and t["worker"] is not None for t in got)
     assert all(t["route"] == "local" for t in want)
     starts = [t["start_us"] for t in got]

@@ -226,9 +226,10 @@ def quotas(ctl) -> list[dict]:
 @pytest.mark.parametrize("args,rule,n", [([], "api", 5), (["--no-api"], "inferred", 4),
                                          (["--no-api", "--async"], "inferred", 3)])
 def test_controller_counts_the_queries(controller, tmp_path, args, rule, n):
+    # inference runs only where something reads it: a QoS app (or a trace)
     name = f"qd-{rule}-{len(args)}"
-    r = colocate("run", "--runtime-dir", controller.rundir, "--device", "sim", "--name", name, "--",
-                 BIN / "querydemo", "--queries", n, *args,
+    r = colocate("run", "--runtime-dir", controller.rundir, "--device", "sim", "--name", name,
+                 "--class", "qos", "--", BIN / "querydemo", "--queries", n, *args,
                  env=clean_env(SIMGPU_TIMESCALE="0", SIMGPU_DIR=str(tmp_path)))
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
 
@@ -239,6 +240,10 @@ def test_controller_counts_the_queries(controller, tmp_path, args, rule, n):
     assert q is not None, quotas(controller)
     assert (q["rule"], q["done"], q["in_flight"], q["unmatched"], q["window"]) == (rule, n, 0, 0, n)
     assert 0 <= q["p50_ms"] <= q["p99_ms"]
+    # the ledger's exact counts agree with the messages, and its run-long
+    # percentiles with the window's (the same n queries; buckets ~3 % wide)
+    assert (q["begun"], q["messages"]) == (n, n)
+    assert q["run"]["p99_ms"] == pytest.approx(q["p99_ms"], rel=0.04, abs=0.002)
     table = colocate("quotas", "--all", "--runtime-dir", controller.rundir).stdout
     assert re.search(rf"{name}\b.*\b{n}\b.*ms\s+{rule}\b", table), table
 
