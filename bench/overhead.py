@@ -1,6 +1,7 @@
 """Interception overhead: launchloop with and without libcolocate.so.
 
     python bench/overhead.py [--launches N] [--reps K] [--json] [--real-gpu]
+                             [--baseline-lib PATH]
 
 Runs bench/bin/launchloop K times on each of three sides, interleaved:
   without   no shim
@@ -9,7 +10,12 @@ Runs bench/bin/launchloop K times on each of three sides, interleaved:
   registered  the same, registered with a running controller (counting into
             its slot of the shared control block: the production path)
 and reports the median launches/s of each, the ratio to `without` and the
-time the shim adds per launch.
+time the shim adds per launch.  --baseline-lib PATH adds a fourth side,
+`baseline`: registered like the third, with another build of libcolocate.so
+(e.g. the commit before a change: `git worktree add /tmp/base REF && (cd
+/tmp/base && python -c 'from shim import build; build.build_native()')`,
+then --baseline-lib /tmp/base/shim/lib/libcolocate.so), so a change to the
+launch path is judged against its predecessor in the same run.
 
 By default the program runs on simgpu (``LD_LIBRARY_PATH=shim/lib/simgpu``,
 ``SIMGPU_TIMESCALE=0`` so kernels take no simulated time, a fresh
@@ -50,7 +56,8 @@ def missing_files(real_gpu: bool) -> list[Path]:
     return [p for p in need if not p.exists()]
 
 
-def _env(with_shim: bool, real_gpu: bool, simgpu_dir: str, runtime_dir: str) -> dict:
+def _env(with_shim: bool, real_gpu: bool, simgpu_dir: str, runtime_dir: str,
+         lib: Path | None = None) -> dict:
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     if not real_gpu:
@@ -61,7 +68,7 @@ def _env(with_shim: bool, real_gpu: bool, simgpu_dir: str, runtime_dir: str) -> 
     env["COLOCATE_QUIET"] = "1"
     env["COLOCATE_RUNTIME_DIR"] = runtime_dir
     if with_shim:
-        env["LD_PRELOAD"] = str(LIBCOLOCATE)
+        env["LD_PRELOAD"] = str(lib or LIBCOLOCATE)
     return env
 
 
@@ -84,13 +91,13 @@ def parse_launchloop(out: str) -> dict:
 
 
 def run_once(launches: int, with_shim: bool, real_gpu: bool, timeout: float,
-             runtime_dir: str | None = None) -> dict:
+             runtime_dir: str | None = None, lib: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="simgpu-") as sdir, \
             tempfile.TemporaryDirectory(prefix="colocate-rt-") as empty:
         rdir = runtime_dir or empty
         cmd = [str(LAUNCHLOOP), "--launches", str(launches)]
         try:
-            p = subprocess.run(cmd, env=_env(with_shim, real_gpu, sdir, rdir), cwd=REPO,
+            p = subprocess.run(cmd, env=_env(with_shim, real_gpu, sdir, rdir, lib), cwd=REPO,
                                capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise RunError(f"{' '.join(cmd)} timed out after {timeout:.0f} s "
@@ -175,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real-gpu", action="store_true",
                     help="use the real libcudart and GPU instead of simgpu")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    ap.add_argument("--baseline-lib", type=Path, metavar="PATH",
+                    help="another libcolocate.so, run registered as a fourth side (`baseline`)")
     args = ap.parse_args(argv)
+    if args.baseline_lib is not None and not args.baseline_lib.is_file():
+        ap.error(f"--baseline-lib {args.baseline_lib}: no such file")
     if args.launches < 1 or args.reps < 1:
         ap.error("--launches and --reps must be >= 1")
 
@@ -189,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     runs: dict[str, list[dict]] = {"without": [], "with": [], "registered": []}
+    if args.baseline_lib is not None:
+        runs["baseline"] = []
     rdir = tempfile.mkdtemp(prefix="cl-ovh-", dir="/tmp")
     ctl = None
     try:
@@ -198,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
             runs["with"].append(run_once(args.launches, True, args.real_gpu, args.timeout))
             runs["registered"].append(run_once(args.launches, True, args.real_gpu, args.timeout,
                                                runtime_dir=rdir))
+            if args.baseline_lib is not None:
+                runs["baseline"].append(run_once(args.launches, True, args.real_gpu, args.timeout,
+                                                 runtime_dir=rdir, lib=args.baseline_lib.resolve()))
     except RunError as e:
         if args.json:
             print(json.dumps({"error": str(e)}))

@@ -3,6 +3,9 @@
  *
  *   shim_core.c   state, lazy start-up, logging, finding the real functions
  *   shim_ctl.c    the control path: ZeroMQ messages to the controller
+ *   shim_ledger.c this app's ledger (ledger.h): kernel table, query and task
+ *                 counts, exit - what must reach the controller even when
+ *                 messages are dropped or the process is SIGKILLed
  *   shim_names.c  kernel handle -> device name table, allocation sizes
  *   hook_rt.c     CUDA runtime API hooks (what nvcc 13 emits)
  *   hook_drv.c    driver API hooks: dlsym, cuGetProcAddress, launches, memory
