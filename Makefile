@@ -18,6 +18,12 @@ TESTPROGS := $(patsubst tests/progs/%.c,bench/bin/test-%,$(wildcard tests/progs/
 STATIC  := bench/bin/vecadd-static
 # real-GPU probes of issue 3 (bench/gpu_pool.py runs them): no simgpu twins
 GPUPROBES := $(patsubst bench/gpu/%.cu,bench/bin/gpu-%,$(wildcard bench/gpu/*.cu))
+# the driver-API check (tests/drv): C linked with -lcuda against the toolkit's
+# stub where it ships one, else simgpu's libcuda.so.1 (built by `native`); no
+# rpath, so LD_LIBRARY_PATH picks simgpu's driver or the real one
+DRVLIB  ?= $(firstword $(wildcard $(CUDA_HOME)/lib64/stubs/libcuda.so $(CUDA_HOME)/targets/x86_64-linux/lib/stubs/libcuda.so) shim/lib/simgpu/libcuda.so.1)
+DRVPROG := bench/bin/drvcheck bench/bin/drvcheck.fatbin bench/bin/drvcheck.twins.so \
+	   bench/bin/test-drvapi.fatbin bench/bin/test-drvapi.twins.so
 
 .PHONY: all build native progs test demo clean gpu-wheels
 all: build
@@ -36,7 +42,7 @@ native: $(VENV)/.installed
 	$(BIN)/python -m predictors.build
 	$(BIN)/python -m controlplane.policies.build
 
-progs: $(BINS) $(TESTPROGS) $(STATIC) $(GPUPROBES)
+progs: $(BINS) $(TESTPROGS) $(STATIC) $(GPUPROBES) $(DRVPROG)
 
 COMMON_H := $(wildcard bench/common/*.h shim/include/*.h)
 # a program also depends on the headers in its own folder ($$* is its name)
@@ -72,6 +78,27 @@ gpu-wheels: $(VENV)/.installed
 	$(BIN)/pip download -q -d .whl --only-binary=:all: --implementation cp --python-version 3.12 \
 	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	    setuptools wheel pyzmq cffi pycparser pytest hypothesis
+
+bench/bin/drvcheck: tests/drv/drvcheck.c $(wildcard $(DRVLIB))
+	@mkdir -p bench/bin
+	$(CC) -O2 -Wall -I $(CUDA_HOME)/include -o $@ $< $(DRVLIB) -Wl,-rpath-link,shim/lib/simgpu
+
+bench/bin/drvcheck.fatbin: tests/drv/kernels.cu
+	@mkdir -p bench/bin
+	$(NVCC) -fatbin $(NVCC_ARCH) -o $@ $<
+
+bench/bin/drvcheck.twins.so: tests/drv/twins.c shim/simgpu/simgpu_twin.h
+	@mkdir -p bench/bin
+	$(CC) $(TWINFLAGS) -o $@ $<
+
+# the module tests/progs/drvapi.c loads (bench/bin/test-drvapi is the wildcard's)
+bench/bin/test-drvapi.fatbin: tests/drv/drvapi_kernels.cu
+	@mkdir -p bench/bin
+	$(NVCC) -fatbin $(NVCC_ARCH) -o $@ $<
+
+bench/bin/test-drvapi.twins.so: tests/drv/drvapi_twins.c shim/simgpu/simgpu_twin.h
+	@mkdir -p bench/bin
+	$(CC) $(TWINFLAGS) -o $@ $<
 
 bench/bin/test-%: tests/progs/%.c
 	@mkdir -p bench/bin

@@ -72,7 +72,9 @@ def check(spec: AppSpec) -> str:
 # --- device and libraries ---------------------------------------------------
 
 def cuda_usable() -> bool:
-    """A real NVIDIA driver answers: NVML initialises, or libcuda's cuInit(0) == 0."""
+    """A real NVIDIA driver answers: NVML initialises, or libcuda's cuInit(0) == 0
+    -- and that libcuda is not simgpu's (it exports simgpu_driver_abi), which
+    a LD_LIBRARY_PATH with shim/lib/simgpu on it would find first."""
     try:
         import pynvml
         pynvml.nvmlInit()
@@ -81,7 +83,10 @@ def cuda_usable() -> bool:
     except Exception:
         pass
     try:
-        return ctypes.CDLL("libcuda.so.1").cuInit(0) == 0
+        lib = ctypes.CDLL("libcuda.so.1")
+        if hasattr(lib, "simgpu_driver_abi"):
+            return False
+        return lib.cuInit(0) == 0
     except (OSError, AttributeError):
         return False
 

@@ -1,5 +1,5 @@
 """Build step of the package: the cffi module for the control block and the
-native C libraries (libcolocate.so, simgpu's libcudart.so.13, the fake
+native C libraries (libcolocate.so, simgpu's libcudart.so.13 and its
 libcuda.so.1).
 
 setup.py hands `ffibuilder` to cffi (cffi_modules) and calls build_native()
@@ -170,18 +170,37 @@ def build_native() -> None:
         if not link.exists():
             link.symlink_to(out.name)
 
+    # simgpu's driver, libcuda.so.1, over the same device as its libcudart.
+    build_driver(headers)
+
     # simgpu's CPU cuDNN and cuBLAS, next to its libcudart.so.13.
     build_dnn(headers)
 
-    # fake driver for the driver-hook tests (real cudart cannot run on it).
-    fake_src = sorted((HERE / "fakecuda").glob("*.c"))
-    if fake_src:
-        _link(LIB / "fakecuda" / "libcuda.so.1", fake_src,
-              # -Bsymbolic: like the real driver, its own calls between entry
-              # points (cuLaunchKernel_ptsz -> cuLaunchKernel) stay inside it
-              # instead of landing in a preloaded hook.
-              ["-Wl,-z,defs", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", "-ldl", "-lpthread"],
-              headers)
+
+def build_driver(headers: list[Path]) -> None:
+    """simgpu's libcuda.so.1 (shim/simgpu/driver/*.c): the CUDA driver API
+    over the device of simgpu's libcudart.so.13, which it links against
+    (the private simgpu_drv_* entry points of drvglue.c; no rpath, so
+    LD_LIBRARY_PATH picks the libcudart beside it), plus a libcuda.so link
+    for `-L shim/lib/simgpu -lcuda`.
+
+    No version script: the driver's symbols are unversioned, as NVIDIA's.
+    -Bsymbolic: like the real driver, its own calls between entry points
+    stay inside it instead of landing in a preloaded hook."""
+    src = sorted((HERE / "simgpu" / "driver").glob("*.c"))
+    sim = LIB / "simgpu"
+    cudart = sim / "libcudart.so.13"
+    if not src or not cudart.exists():
+        return
+    out = sim / "libcuda.so.1"
+    _link(out, src,
+          ["-Wl,-z,defs", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1",
+           f"-L{sim}", "-l:libcudart.so.13", "-ldl", "-lpthread"],
+          headers + sorted((HERE / "simgpu" / "driver").glob("*.h")) + [cudart])
+    link = sim / "libcuda.so"
+    if not link.is_symlink():
+        link.unlink(missing_ok=True)
+        link.symlink_to(out.name)
 
 
 def build_dnn(headers: list[Path]) -> None:

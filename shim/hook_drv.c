@@ -43,8 +43,19 @@ enum {
 	H_COOP, H_COOP_PTSZ, H_GRAPH, H_GRAPH_PTSZ,
 	H_MEMALLOC, H_MEMFREE,
 	H_MODLOAD, H_MODLOAD_EX, H_LIBLOAD,
+	H_HTOD, H_HTOD_PTDS, H_DTOH, H_DTOH_PTDS, H_DTOD, H_DTOD_PTDS,
+	H_HTOD_A, H_HTOD_A_PTSZ, H_DTOH_A, H_DTOH_A_PTSZ, H_DTOD_A, H_DTOD_A_PTSZ,
 	H_COUNT
 };
+
+/* The copies' entry points, defined below (cuda.h declares the _ptds and
+ * _ptsz ones only under CUDA_API_PER_THREAD_DEFAULT_STREAM). */
+__typeof__(cuMemcpyHtoD_v2) cuMemcpyHtoD_v2_ptds;
+__typeof__(cuMemcpyDtoH_v2) cuMemcpyDtoH_v2_ptds;
+__typeof__(cuMemcpyDtoD_v2) cuMemcpyDtoD_v2_ptds;
+__typeof__(cuMemcpyHtoDAsync_v2) cuMemcpyHtoDAsync_v2_ptsz;
+__typeof__(cuMemcpyDtoHAsync_v2) cuMemcpyDtoHAsync_v2_ptsz;
+__typeof__(cuMemcpyDtoDAsync_v2) cuMemcpyDtoDAsync_v2_ptsz;
 
 struct drv_hook {
 	const char *name;       /* exported symbol name in libcuda */
@@ -68,6 +79,18 @@ static struct drv_hook hooks[H_COUNT] = {
 	[H_MODLOAD]        = { "cuModuleLoadData",               (void *)cuModuleLoadData, NULL },
 	[H_MODLOAD_EX]     = { "cuModuleLoadDataEx",             (void *)cuModuleLoadDataEx, NULL },
 	[H_LIBLOAD]        = { "cuLibraryLoadData",              (void *)cuLibraryLoadData, NULL },
+	[H_HTOD]           = { "cuMemcpyHtoD_v2",                (void *)cuMemcpyHtoD_v2, NULL },
+	[H_HTOD_PTDS]      = { "cuMemcpyHtoD_v2_ptds",           (void *)cuMemcpyHtoD_v2_ptds, NULL },
+	[H_DTOH]           = { "cuMemcpyDtoH_v2",                (void *)cuMemcpyDtoH_v2, NULL },
+	[H_DTOH_PTDS]      = { "cuMemcpyDtoH_v2_ptds",           (void *)cuMemcpyDtoH_v2_ptds, NULL },
+	[H_DTOD]           = { "cuMemcpyDtoD_v2",                (void *)cuMemcpyDtoD_v2, NULL },
+	[H_DTOD_PTDS]      = { "cuMemcpyDtoD_v2_ptds",           (void *)cuMemcpyDtoD_v2_ptds, NULL },
+	[H_HTOD_A]         = { "cuMemcpyHtoDAsync_v2",           (void *)cuMemcpyHtoDAsync_v2, NULL },
+	[H_HTOD_A_PTSZ]    = { "cuMemcpyHtoDAsync_v2_ptsz",      (void *)cuMemcpyHtoDAsync_v2_ptsz, NULL },
+	[H_DTOH_A]         = { "cuMemcpyDtoHAsync_v2",           (void *)cuMemcpyDtoHAsync_v2, NULL },
+	[H_DTOH_A_PTSZ]    = { "cuMemcpyDtoHAsync_v2_ptsz",      (void *)cuMemcpyDtoHAsync_v2_ptsz, NULL },
+	[H_DTOD_A]         = { "cuMemcpyDtoDAsync_v2",           (void *)cuMemcpyDtoDAsync_v2, NULL },
+	[H_DTOD_A_PTSZ]    = { "cuMemcpyDtoDAsync_v2_ptsz",      (void *)cuMemcpyDtoDAsync_v2_ptsz, NULL },
 };
 
 static int find_hook(const char *name)
@@ -374,6 +397,67 @@ SHIM_API CUresult cuMemFree_v2(CUdeviceptr p)
 	shim_free_done(t, r == CUDA_SUCCESS);
 	return r;
 }
+
+/* ---- copies ----------------------------------------------------------
+ * A statically linked cudart copies through these (fetched with
+ * cuGetProcAddress), and so do driver-API programs: their bytes count as
+ * the runtime hooks count cudaMemcpy's (shim_in_runtime: already counted).
+ * They are fenced like launches while the app is routed to a worker.
+ * Until exports.txt lists them, only calls through cuGetProcAddress and
+ * dlsym reach them; a program linked with -lcuda calls the driver's. */
+enum { C_H2D, C_D2H, C_D2D };
+
+static inline void count_drv_copy(CUresult r, int dir, size_t n)
+{
+	if (r != CUDA_SUCCESS || shim_in_runtime || n == 0)
+		return;
+	if (dir == C_H2D)
+		shim_add(&shim_ctr->h2d_bytes, n);
+	else if (dir == C_D2H)
+		shim_add(&shim_ctr->d2h_bytes, n);
+	else
+		shim_add(&shim_ctl->d2d_bytes, n);
+}
+
+#define COPY(idx, params, args, strm, ptsz, dir, n)                       \
+	{                                                                 \
+		CUresult (*real) params = real_of(idx);                   \
+		CUresult r;                                               \
+		if (!real)                                                \
+			return CUDA_ERROR_NOT_INITIALIZED;                \
+		shim_start();                                             \
+		if (drv_fence(strm, ptsz))                                \
+			return CUDA_ERROR_LAUNCH_FAILED;                  \
+		r = real args;                                            \
+		drv_local_done(strm, ptsz);                               \
+		count_drv_copy(r, dir, n);                                \
+		return r;                                                 \
+	}
+
+#define H2D_P (CUdeviceptr d, const void *s, size_t n)
+#define D2H_P (void *d, CUdeviceptr s, size_t n)
+#define D2D_P (CUdeviceptr d, CUdeviceptr s, size_t n)
+#define H2D_AP (CUdeviceptr d, const void *s, size_t n, CUstream st)
+#define D2H_AP (void *d, CUdeviceptr s, size_t n, CUstream st)
+#define D2D_AP (CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
+SHIM_API CUresult cuMemcpyHtoD_v2 H2D_P COPY(H_HTOD, H2D_P, (d, s, n), NULL, 0, C_H2D, n)
+SHIM_API CUresult cuMemcpyHtoD_v2_ptds H2D_P COPY(H_HTOD_PTDS, H2D_P, (d, s, n), NULL, 1, C_H2D, n)
+SHIM_API CUresult cuMemcpyDtoH_v2 D2H_P COPY(H_DTOH, D2H_P, (d, s, n), NULL, 0, C_D2H, n)
+SHIM_API CUresult cuMemcpyDtoH_v2_ptds D2H_P COPY(H_DTOH_PTDS, D2H_P, (d, s, n), NULL, 1, C_D2H, n)
+SHIM_API CUresult cuMemcpyDtoD_v2 D2D_P COPY(H_DTOD, D2D_P, (d, s, n), NULL, 0, C_D2D, n)
+SHIM_API CUresult cuMemcpyDtoD_v2_ptds D2D_P COPY(H_DTOD_PTDS, D2D_P, (d, s, n), NULL, 1, C_D2D, n)
+SHIM_API CUresult cuMemcpyHtoDAsync_v2 H2D_AP
+	COPY(H_HTOD_A, H2D_AP, (d, s, n, st), st, 0, C_H2D, n)
+SHIM_API CUresult cuMemcpyHtoDAsync_v2_ptsz H2D_AP
+	COPY(H_HTOD_A_PTSZ, H2D_AP, (d, s, n, st), st, 1, C_H2D, n)
+SHIM_API CUresult cuMemcpyDtoHAsync_v2 D2H_AP
+	COPY(H_DTOH_A, D2H_AP, (d, s, n, st), st, 0, C_D2H, n)
+SHIM_API CUresult cuMemcpyDtoHAsync_v2_ptsz D2H_AP
+	COPY(H_DTOH_A_PTSZ, D2H_AP, (d, s, n, st), st, 1, C_D2H, n)
+SHIM_API CUresult cuMemcpyDtoDAsync_v2 D2D_AP
+	COPY(H_DTOD_A, D2D_AP, (d, s, n, st), st, 0, C_D2D, n)
+SHIM_API CUresult cuMemcpyDtoDAsync_v2_ptsz D2D_AP
+	COPY(H_DTOD_A_PTSZ, D2D_AP, (d, s, n, st), st, 1, C_D2D, n)
 
 /* ---- modules --------------------------------------------------------- */
 /* Passed through for now; the process pool captures the images here to

@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "shim_graph.h"
 #include "shim_trace.h"
 #include "shim_vmm.h"
 
@@ -45,6 +46,10 @@ __typeof__(cudaLaunchKernel) cudaLaunchKernel_ptsz;
 __typeof__(cudaLaunchKernelExC) cudaLaunchKernelExC_ptsz;
 __typeof__(cudaLaunchCooperativeKernel) cudaLaunchCooperativeKernel_ptsz;
 __typeof__(cudaGraphLaunch) cudaGraphLaunch_ptsz;
+__typeof__(cudaGraphInstantiateWithParams) cudaGraphInstantiateWithParams_ptsz;
+__typeof__(cudaStreamBeginCapture) cudaStreamBeginCapture_ptsz;
+__typeof__(cudaStreamBeginCaptureToGraph) cudaStreamBeginCaptureToGraph_ptsz;
+__typeof__(cudaStreamEndCapture) cudaStreamEndCapture_ptsz;
 __typeof__(cudaMallocAsync) cudaMallocAsync_ptsz;
 __typeof__(cudaFreeAsync) cudaFreeAsync_ptsz;
 __typeof__(cudaMemcpy) cudaMemcpy_ptds;
@@ -80,6 +85,14 @@ __typeof__(cudaStreamAddCallback) cudaStreamAddCallback_ptsz;
 #define IN_RUNTIME(expr) ({ __typeof__(expr) r_; shim_in_runtime++; r_ = (expr); shim_in_runtime--; r_; })
 
 #define NOSYM cudaErrorSharedObjectSymbolNotFound
+
+/* Work on a capturing stream is recorded into a graph, not run: it is
+ * neither fenced (nothing runs yet, and a fence's synchronisation would
+ * invalidate the capture) nor counted (the graph's launches count it), and
+ * never forwarded.  One relaxed load while nothing captures. */
+#define CAPTURED(s, ptsz, call)                                           \
+	if (shim_graph_capturing((void *)(s), ptsz))                      \
+		return IN_RUNTIME(call)
 
 /* ---- registration ---------------------------------------------------- */
 /*
@@ -191,6 +204,7 @@ SHIM_API cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun)
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		CAPTURED(s, ptsz, real_(f, g, b, a, sh, s));              \
 		TASK_LAUNCH(entry, ptsz, f, g, b, sh, s, a, NULL)         \
 		FWD_LAUNCH(entry, ptsz, f, g, b, sh, s, a, NULL)          \
 		r = IN_RUNTIME(real_(f, g, b, a, sh, s));                 \
@@ -213,6 +227,7 @@ static const dim3 no_dim;
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		CAPTURED(c ? c->stream : NULL, ptsz, real_(c, f, a));     \
 		TASK_LAUNCH(SHIM_E_EXC, ptsz, f, no_dim, no_dim, 0, NULL, a, c) \
 		FWD_LAUNCH(SHIM_E_EXC, ptsz, f, no_dim, no_dim, 0, NULL, a, c) \
 		r = IN_RUNTIME(real_(c, f, a));                           \
@@ -223,18 +238,20 @@ static const dim3 no_dim;
 LAUNCH_EXC_HOOK(cudaLaunchKernelExC, 0)
 LAUNCH_EXC_HOOK(cudaLaunchKernelExC_ptsz, 1)
 
-/* a graph launch counts as one launch; its kernels are not named, and it
- * is never forwarded (it runs locally, in order with forwarded work) */
+/* A graph launch counts each kernel node of the graph (shim_graph.c); it
+ * is never forwarded (it runs locally, in order with forwarded work).
+ * Launched into a capturing stream it becomes a node of that capture. */
 #define GRAPH_HOOK(name, ptsz)                                            \
 	SHIM_API cudaError_t name(cudaGraphExec_t e, cudaStream_t s)      \
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		CAPTURED(s, ptsz, real_(e, s));                           \
 		TASK_LAUNCH(SHIM_E_GRAPH, ptsz, e, no_dim, no_dim, 0, s, NULL, NULL) \
 		FWD_LAUNCH(SHIM_E_GRAPH, ptsz, e, no_dim, no_dim, 0, s, NULL, NULL) \
 		r = IN_RUNTIME(real_(e, s));                              \
 		if (r == cudaSuccess)                                     \
-			shim_count_launch((const void *)e);               \
+			shim_graph_count(e);                              \
 		return r;                                                 \
 	}
 GRAPH_HOOK(cudaGraphLaunch, 0)
@@ -264,8 +281,9 @@ SHIM_API cudaError_t cudaMalloc(void **p, size_t n)
 	REAL(cudaMalloc, NOSYM);
 	/* COLOCATE_MEM=vmm: shared with workers at the same address
 	 * (shim_vmm.c); a failure there falls back to the real allocator.
-	 * Not from inside the runtime: simgpu's cudaMallocAsync calls
-	 * cudaMalloc, and that memory must stay the runtime's. */
+	 * Not from inside the runtime: a runtime's own nested allocations
+	 * (simgpu's cudaMallocPitch and cudaMalloc3D call cudaMalloc) must
+	 * stay the runtime's. */
 	if (!shim_in_runtime && p && n && shim_vmm_on() && shim_vmm_malloc(p, n) == 0) {
 		shim_alloc_note(*p, n);
 		return cudaSuccess;
@@ -459,6 +477,7 @@ COPY_HOOK(cudaMemcpy_ptds, 1)
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		CAPTURED(st, ptsz, real_(d, s, n, k, st));                \
 		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
 		r = IN_RUNTIME(real_(d, s, n, k, st));                    \
 		if (r == cudaSuccess)                                     \
@@ -492,6 +511,7 @@ COPY2D_HOOK(cudaMemcpy2D_ptds, 1)
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		CAPTURED(st, ptsz, real_(d, dp, s, sp, w, h, k, st));     \
 		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
 		r = IN_RUNTIME(real_(d, dp, s, sp, w, h, k, st));         \
 		if (r == cudaSuccess)                                     \
@@ -539,6 +559,7 @@ TO_SYMBOL_HOOK(cudaMemcpyToSymbol_ptds, 1)
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		CAPTURED(st, ptsz, real_(sym, s, n, off, k, st));         \
 		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
 		r = IN_RUNTIME(real_(sym, s, n, off, k, st));             \
 		if (r == cudaSuccess)                                     \
@@ -571,6 +592,7 @@ FROM_SYMBOL_HOOK(cudaMemcpyFromSymbol_ptds, 1)
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		CAPTURED(st, ptsz, real_(d, sym, n, off, k, st));         \
 		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
 		r = IN_RUNTIME(real_(d, sym, n, off, k, st));             \
 		if (r == cudaSuccess)                                     \
@@ -601,6 +623,7 @@ MEMSET_HOOK(cudaMemset_ptds, 1)
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		CAPTURED(s, ptsz, real_(p, v, n, s));                     \
 		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
 		r = IN_RUNTIME(real_(p, v, n, s));                        \
 		FWD_LOCAL(s, ptsz);                                       \
@@ -663,6 +686,7 @@ SHIM_API cudaError_t cudaEventSynchronize(cudaEvent_t e)
 	SHIM_API cudaError_t name(cudaEvent_t e, cudaStream_t s)          \
 	{                                                                 \
 		REAL(name, NOSYM);                                        \
+		CAPTURED(s, ptsz, real_(e, s));                           \
 		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
 		return IN_RUNTIME(real_(e, s));                           \
 	}
@@ -673,6 +697,7 @@ EVENT_RECORD_HOOK(cudaEventRecord_ptsz, 1)
 	SHIM_API cudaError_t name(cudaEvent_t e, cudaStream_t s, unsigned int f) \
 	{                                                                 \
 		REAL(name, NOSYM);                                        \
+		CAPTURED(s, ptsz, real_(e, s, f));                        \
 		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
 		return IN_RUNTIME(real_(e, s, f));                        \
 	}
@@ -710,6 +735,7 @@ STREAM_QUERY_HOOK(cudaStreamQuery_ptsz, 1)
 	{                                                                 \
 		cudaError_t r;                                            \
 		REAL(name, NOSYM);                                        \
+		CAPTURED(s, ptsz, real_(s, fn, d));                       \
 		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
 		r = IN_RUNTIME(real_(s, fn, d));                          \
 		FWD_LOCAL(s, ptsz);                                       \
@@ -731,3 +757,97 @@ HOST_FUNC_HOOK(cudaLaunchHostFunc_ptsz, 1)
 	}
 CALLBACK_HOOK(cudaStreamAddCallback, 0)
 CALLBACK_HOOK(cudaStreamAddCallback_ptsz, 1)
+
+/* ---- stream capture and graphs (shim_graph.c) ------------------------ */
+#define BEGIN_CAPTURE_HOOK(name)                                          \
+	SHIM_API cudaError_t name(cudaStream_t s, enum cudaStreamCaptureMode m) \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		r = IN_RUNTIME(real_(s, m));                              \
+		if (r == cudaSuccess)                                     \
+			shim_graph_capture_begun();                       \
+		return r;                                                 \
+	}
+BEGIN_CAPTURE_HOOK(cudaStreamBeginCapture)
+BEGIN_CAPTURE_HOOK(cudaStreamBeginCapture_ptsz)
+
+#define BEGIN_CAPTURE_TO_GRAPH_HOOK(name)                                 \
+	SHIM_API cudaError_t name(cudaStream_t s, cudaGraph_t g, const cudaGraphNode_t *d, \
+				  const cudaGraphEdgeData *ed, size_t n,  \
+				  enum cudaStreamCaptureMode m)           \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		r = IN_RUNTIME(real_(s, g, d, ed, n, m));                 \
+		if (r == cudaSuccess)                                     \
+			shim_graph_capture_begun();                       \
+		return r;                                                 \
+	}
+BEGIN_CAPTURE_TO_GRAPH_HOOK(cudaStreamBeginCaptureToGraph)
+BEGIN_CAPTURE_TO_GRAPH_HOOK(cudaStreamBeginCaptureToGraph_ptsz)
+
+/* The capture is over once its stream no longer captures, whatever the
+ * call returned (an invalidated capture ends with an error). */
+#define END_CAPTURE_HOOK(name, ptsz)                                      \
+	SHIM_API cudaError_t name(cudaStream_t s, cudaGraph_t *g)         \
+	{                                                                 \
+		cudaError_t r;                                            \
+		int was;                                                  \
+		REAL(name, NOSYM);                                        \
+		was = shim_graph_capturing((void *)s, ptsz);              \
+		r = IN_RUNTIME(real_(s, g));                              \
+		shim_graph_capture_end((void *)s, ptsz, was);             \
+		return r;                                                 \
+	}
+END_CAPTURE_HOOK(cudaStreamEndCapture, 0)
+END_CAPTURE_HOOK(cudaStreamEndCapture_ptsz, 1)
+
+#define INSTANTIATE_HOOK(name)                                            \
+	SHIM_API cudaError_t name(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long f) \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		r = IN_RUNTIME(real_(e, g, f));                           \
+		if (r == cudaSuccess && e && !shim_in_runtime)            \
+			shim_graph_note(*e, g);                           \
+		return r;                                                 \
+	}
+INSTANTIATE_HOOK(cudaGraphInstantiate)
+INSTANTIATE_HOOK(cudaGraphInstantiateWithFlags)
+
+#define INSTANTIATE_PARAMS_HOOK(name)                                     \
+	SHIM_API cudaError_t name(cudaGraphExec_t *e, cudaGraph_t g,      \
+				  cudaGraphInstantiateParams *p)          \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		r = IN_RUNTIME(real_(e, g, p));                           \
+		if (r == cudaSuccess && e && p && !shim_in_runtime &&     \
+		    p->result_out == cudaGraphInstantiateSuccess)         \
+			shim_graph_note(*e, g);                           \
+		return r;                                                 \
+	}
+INSTANTIATE_PARAMS_HOOK(cudaGraphInstantiateWithParams)
+INSTANTIATE_PARAMS_HOOK(cudaGraphInstantiateWithParams_ptsz)
+
+/* An update makes the exec run the new graph's nodes. */
+SHIM_API cudaError_t cudaGraphExecUpdate(cudaGraphExec_t e, cudaGraph_t g,
+					 cudaGraphExecUpdateResultInfo *info)
+{
+	cudaError_t r;
+
+	REAL(cudaGraphExecUpdate, NOSYM);
+	r = IN_RUNTIME(real_(e, g, info));
+	if (r == cudaSuccess && !shim_in_runtime)
+		shim_graph_note(e, g);
+	return r;
+}
+
+SHIM_API cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e)
+{
+	REAL(cudaGraphExecDestroy, NOSYM);
+	if (!shim_in_runtime)
+		shim_graph_forget(e);   /* first: its address may be reused at once */
+	return IN_RUNTIME(real_(e));
+}

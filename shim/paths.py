@@ -6,10 +6,9 @@ from pathlib import Path
 SHIM_DIR = Path(__file__).resolve().parent
 LIB_DIR = SHIM_DIR / "lib"
 LIBCOLOCATE = LIB_DIR / "libcolocate.so"
-SIMGPU_DIR = LIB_DIR / "simgpu"          # holds libcudart.so.13 (the test device)
+SIMGPU_DIR = LIB_DIR / "simgpu"          # the test device: libcudart.so.13, libcuda.so.1, ...
 SIMGPU_CUDART = SIMGPU_DIR / "libcudart.so.13"
-FAKECUDA_DIR = LIB_DIR / "fakecuda"      # holds libcuda.so.1 (driver-hook tests only)
-FAKECUDA = FAKECUDA_DIR / "libcuda.so.1"
+SIMGPU_DRIVER = SIMGPU_DIR / "libcuda.so.1"   # its driver API, over the same device
 EXPORTS = SHIM_DIR / "exports.txt"       # the symbols libcolocate.so may export
 
 

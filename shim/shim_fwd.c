@@ -53,6 +53,7 @@
  */
 #define _GNU_SOURCE
 #include "shim_fwd.h"
+#include "shim_graph.h"
 #include "shim_vmm.h"
 #include "shim_trace.h"
 
@@ -262,7 +263,9 @@ static int local_launch(const struct shim_launch *l)
 					       l->shmem, l->stream));
 		break;
 	}
-	if (r == cudaSuccess)
+	if (r == cudaSuccess && l->entry == SHIM_E_GRAPH)
+		shim_graph_count(l->key);       /* its kernels (shim_graph.c) */
+	else if (r == cudaSuccess)
 		shim_count_launch(l->key);
 	return r;
 }

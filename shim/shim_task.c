@@ -13,6 +13,7 @@
  * two events on its stream.
  */
 #define _GNU_SOURCE
+#include "shim_graph.h"
 #include "shim_trace.h"
 
 #include <cuda.h>
@@ -241,7 +242,9 @@ static int run_local(const struct shim_launch *l)
 		break;
 	}
 	shim_in_runtime--;
-	if (r == cudaSuccess)
+	if (r == cudaSuccess && l->entry == SHIM_E_GRAPH)
+		shim_graph_count(l->key);       /* its kernels (shim_graph.c) */
+	else if (r == cudaSuccess)
 		shim_count_launch(l->key);
 	return r;
 }

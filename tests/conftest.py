@@ -30,8 +30,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 def driver_present() -> bool:
     """Whether an NVIDIA driver library loads here (the GPU probes' tests)."""
     try:
-        ctypes.CDLL("libcuda.so.1")
-        return True
+        return not hasattr(ctypes.CDLL("libcuda.so.1"), "simgpu_driver_abi")   # simgpu's is no driver
     except OSError:
         return False
 

@@ -152,14 +152,15 @@ def test_exit_code_of_a_failing_program_passes_through(controller, rundir):
     assert res.returncode != 0
 
 
-@pytest.mark.skipif(not (BIN / "test-drvapi").exists() or not paths.FAKECUDA.exists(),
-                    reason="driver-API test program or fake libcuda not built")
+@pytest.mark.skipif(not (BIN / "test-drvapi.fatbin").exists()
+                    or not (paths.SIMGPU_DIR / "libcuda.so.1").exists(),
+                    reason="driver-API test program, its fat binary or simgpu's libcuda not built")
 def test_driver_api_launches_are_counted(controller, rundir):
     """Launches through cuGetProcAddress (default and per-thread stream) and
-    through dlsym(handle, "cuLaunchKernel"), as cudart and CuPy do."""
-    env = {"LD_LIBRARY_PATH": f"{paths.FAKECUDA_DIR}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    through dlsym(handle, "cuLaunchKernel"), as cudart and CuPy do, on
+    simgpu's libcuda.so.1 (--device sim puts its folder on LD_LIBRARY_PATH)."""
     res = colocate("run", "--device", "sim", "--name", "drv", "--", str(BIN / "test-drvapi"),
-                   "6", "4", "5", rundir=rundir, check=False, env=env)
+                   "6", "4", "5", rundir=rundir, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     m = re.search(r"DRVAPI launches=(\d+) allocs=(\d+) PASS", res.stdout)
     assert m, res.stdout

@@ -146,7 +146,7 @@ static int errors(void)
 	CK(cudaEventCreate(&e1)); CK(cudaEventCreate(&e2));
 	EXPECT(cudaEventElapsedTime(&ms, e1, e2) == cudaErrorInvalidResourceHandle);
 	EXPECT(cudaSetDevice(1) == cudaErrorInvalidDevice);
-	EXPECT(cudaGraphLaunch(NULL, 0) == cudaErrorNotSupported);
+	EXPECT(cudaGraphLaunch(NULL, 0) == cudaErrorInvalidValue);      /* no such graph exec */
 	EXPECT(strcmp(cudaGetErrorName(cudaErrorInvalidValue), "cudaErrorInvalidValue") == 0);
 	EXPECT(strcmp(cudaGetErrorString(cudaErrorMemoryAllocation), "out of memory") == 0);
 	void *big; EXPECT(cudaMalloc(&big, (size_t)1 << 50) == cudaErrorMemoryAllocation);

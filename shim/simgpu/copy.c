@@ -12,11 +12,15 @@
  *
  * Device pointers are checked against the allocator (or the owning peer's
  * arena) before anything is queued, so a bad pointer is an error.
+ *
+ * On a capturing stream an asynchronous copy or memset becomes a graph
+ * node (capture.c) that reads its source when the graph runs; synchronous
+ * copies are illegal during a capture (CUDA's "unsafe" calls).
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "simgpu_impl.h"
+#include "graph.h"
 
 static cudaError_t classify(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
 			    int *dir)
@@ -48,6 +52,33 @@ static cudaError_t classify(void *dst, const void *src, size_t n, enum cudaMemcp
 	return cudaSuccess;
 }
 
+/* A validated copy operation; NULL *out for zero bytes (nothing to do). */
+cudaError_t sg_copy_op_new(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+			   struct sg_op **out)
+{
+	struct sg_op *op;
+	cudaError_t e;
+	int dir;
+
+	*out = NULL;
+	if (n == 0)
+		return cudaSuccess;
+	if (!dst || !src)
+		return cudaErrorInvalidValue;
+	e = classify(dst, src, n, kind, &dir);
+	if (e != cudaSuccess)
+		return e;
+	op = sg_op_new(SG_OP_COPY, 0);
+	if (!op)
+		return cudaErrorMemoryAllocation;
+	op->u.copy.dst = dst;
+	op->u.copy.src = src;
+	op->u.copy.n = n;
+	op->u.copy.dir = dir;
+	*out = op;
+	return cudaSuccess;
+}
+
 static cudaError_t do_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
 			   cudaStream_t stream, int ptsz, int async)
 {
@@ -55,28 +86,39 @@ static cudaError_t do_copy(void *dst, const void *src, size_t n, enum cudaMemcpy
 	struct sg_op *op;
 	cudaError_t e;
 	uint64_t seq;
-	int dir, wait = !async;
+	int dir, wait = !async, capturing;
 
 	sg_init();
 	if (sg_sticky() != cudaSuccess)
 		return sg_err(sg_sticky());
-	if (n == 0)
-		return cudaSuccess;
-	if (!dst || !src)
-		return sg_err(cudaErrorInvalidValue);
-	e = classify(dst, src, n, kind, &dir);
+	/* a synchronous copy is "potentially unsafe" during a capture */
+	if (!async && (e = sg_capture_unsafe()) != cudaSuccess)
+		return sg_err(e);
+	e = sg_copy_op_new(dst, src, n, kind, &op);
 	if (e != cudaSuccess)
 		return sg_err(e);
-	s = sg_stream_resolve(stream, ptsz);
-	if (!s)
-		return sg_err(cudaErrorInvalidResourceHandle);
-	op = sg_op_new(SG_OP_COPY, 0);
 	if (!op)
-		return sg_err(cudaErrorMemoryAllocation);
-	op->u.copy.dst = dst;
-	op->u.copy.src = src;
-	op->u.copy.n = n;
-	op->u.copy.dir = dir;
+		return cudaSuccess;
+	dir = op->u.copy.dir;
+	s = sg_stream_resolve(stream, ptsz);
+	if (!s) {
+		sg_op_free(op);
+		return sg_err(cudaErrorInvalidResourceHandle);
+	}
+	e = sg_capture_gate(s, &capturing);
+	if (e == cudaSuccess && capturing && !async) {
+		e = sg_capture_forbid(s);      /* it would wait for a capture */
+		capturing = 0;
+	}
+	if (e != cudaSuccess) {
+		sg_op_free(op);
+		return sg_err(e);
+	}
+	if (capturing) {
+		/* a node reads its source when the graph runs: no snapshot */
+		e = sg_capture_add(s, op, sizeof(*op), cudaGraphNodeTypeMemcpy);
+		return e == cudaSuccess ? e : sg_err(e);
+	}
 	if (async && (dir == SG_H2D || dir == SG_H2H) && !sg_is_pinned(src, n)) {
 		void *snap = malloc(n);
 
@@ -138,27 +180,55 @@ SG_API cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src
 
 /* ---------------------------------------------------------------- memset */
 
+/* A validated memset operation; NULL *out for zero bytes. */
+cudaError_t sg_set_op_new(void *dst, int value, size_t n, struct sg_op **out)
+{
+	struct sg_op *op;
+
+	*out = NULL;
+	if (n == 0)
+		return cudaSuccess;
+	if (!sg_dev_range_ok(dst, n))
+		return cudaErrorInvalidValue;
+	op = sg_op_new(SG_OP_MEMSET, 0);
+	if (!op)
+		return cudaErrorMemoryAllocation;
+	op->u.set.dst = dst;
+	op->u.set.val = value;
+	op->u.set.n = n;
+	*out = op;
+	return cudaSuccess;
+}
+
 static cudaError_t do_set(void *dst, int value, size_t n, cudaStream_t stream, int ptsz)
 {
 	struct sg_stream *s;
 	struct sg_op *op;
+	cudaError_t e;
+	int capturing;
 
 	sg_init();
 	if (sg_sticky() != cudaSuccess)
 		return sg_err(sg_sticky());
-	if (n == 0)
-		return cudaSuccess;
-	if (!sg_dev_range_ok(dst, n))
-		return sg_err(cudaErrorInvalidValue);
-	s = sg_stream_resolve(stream, ptsz);
-	if (!s)
-		return sg_err(cudaErrorInvalidResourceHandle);
-	op = sg_op_new(SG_OP_MEMSET, 0);
+	e = sg_set_op_new(dst, value, n, &op);
+	if (e != cudaSuccess)
+		return sg_err(e);
 	if (!op)
-		return sg_err(cudaErrorMemoryAllocation);
-	op->u.set.dst = dst;
-	op->u.set.val = value;
-	op->u.set.n = n;
+		return cudaSuccess;
+	s = sg_stream_resolve(stream, ptsz);
+	if (!s) {
+		sg_op_free(op);
+		return sg_err(cudaErrorInvalidResourceHandle);
+	}
+	e = sg_capture_gate(s, &capturing);
+	if (e != cudaSuccess) {
+		sg_op_free(op);
+		return sg_err(e);
+	}
+	if (capturing) {
+		e = sg_capture_add(s, op, sizeof(*op), cudaGraphNodeTypeMemset);
+		return e == cudaSuccess ? e : sg_err(e);
+	}
 	/* asynchronous with respect to the host, even cudaMemset */
 	sg_enqueue(s, op);
 	return cudaSuccess;

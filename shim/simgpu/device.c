@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "simgpu_impl.h"
+#include "graph.h"
 
 static __thread int cur_device;
 static unsigned device_flags;
@@ -99,7 +100,12 @@ SG_API cudaError_t cudaChooseDevice(int *device, const struct cudaDeviceProp *pr
 
 SG_API cudaError_t cudaDeviceSynchronize(void)
 {
+	cudaError_t e;
+
 	sg_init();
+	/* illegal while any stream captures: the captures are invalidated */
+	if ((e = sg_capture_sync_all()) != cudaSuccess)
+		return sg_err(e);
 	sg_sync_all();
 	return sg_sync_status();
 }
@@ -108,6 +114,11 @@ SG_API cudaError_t cudaDeviceReset(void)
 {
 	sg_init();
 	sg_sync_all();
+	/* handles into the arena go before it: textures before arrays
+	 * (sg_textures_reset), pools, managed-memory advice */
+	sg_textures_reset();
+	sg_pools_reset();
+	sg_hints_reset();
 	sg_arena_free_all();
 	sg_kernels_reset();
 	sg_errors_reset();
@@ -316,29 +327,7 @@ SG_API cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device)
 	return cudaSuccess;
 }
 
-SG_API cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
-					 enum cudaStreamCaptureStatus *pCaptureStatus)
-{
-	sg_init();
-	if (!pCaptureStatus)
-		return sg_err(cudaErrorInvalidValue);
-	if (!sg_stream_resolve(stream, 0))
-		return sg_err(cudaErrorInvalidResourceHandle);
-	*pCaptureStatus = cudaStreamCaptureStatusNone;   /* capture is not modelled */
-	return cudaSuccess;
-}
-
-SG_API cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t stream,
-					      enum cudaStreamCaptureStatus *pCaptureStatus)
-{
-	sg_init();
-	if (!pCaptureStatus)
-		return sg_err(cudaErrorInvalidValue);
-	if (!sg_stream_resolve(stream, 1))
-		return sg_err(cudaErrorInvalidResourceHandle);
-	*pCaptureStatus = cudaStreamCaptureStatusNone;
-	return cudaSuccess;
-}
+/* cudaStreamIsCapturing[_ptsz]: capture.c */
 
 SG_API cudaError_t cudaProfilerStart(void)
 {

@@ -9,11 +9,15 @@
  *
  * Event objects are pooled and never freed, because queued record
  * operations may still point at an event the application destroyed.
+ *
+ * In a stream capture a record is no operation: the event keeps the
+ * capture's frontier, and a cudaStreamWaitEvent on it forks another stream
+ * into the capture or joins it back (capture.c).
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "simgpu_impl.h"
+#include "graph.h"
 
 struct sg_event {
 	unsigned          flags;
@@ -23,6 +27,7 @@ struct sg_event {
 	atomic_ullong     gen;
 	atomic_ullong     done_gen;
 	_Atomic double    t;
+	struct sg_cevent *cap;      /* recorded in a capture, under mu  */
 	struct sg_event  *pool_next;
 };
 
@@ -43,9 +48,38 @@ static struct sg_event *lookup(cudaEvent_t e)
 	return e && sg_hset_has(&handles, e) ? (struct sg_event *)e : NULL;
 }
 
+struct sg_event *sg_event_lookup(cudaEvent_t e)
+{
+	return lookup(e);
+}
+
+/* Forget a record made in a capture (mu held); the caller frees it. */
+static struct sg_cevent *cap_take(struct sg_event *ev)
+{
+	struct sg_cevent *c = ev->cap;
+
+	ev->cap = NULL;
+	return c;
+}
+
+/* Whether ev was last recorded in a capture that goes on: it cannot be
+ * waited for or queried then (CUDA: cudaErrorStreamCaptureUnsupported). */
+static int in_capture(struct sg_event *ev)
+{
+	int r;
+
+	if (SG_LIKELY(!atomic_load_explicit(&sg_captures, memory_order_relaxed)))
+		return 0;
+	pthread_mutex_lock(&ev->mu);
+	r = sg_cevent_live(ev->cap);
+	pthread_mutex_unlock(&ev->mu);
+	return r;
+}
+
 SG_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
 {
 	struct sg_event *ev;
+	struct sg_cevent *old;
 
 	sg_init();
 	if (!event)
@@ -71,7 +105,9 @@ SG_API cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int fla
 	ev->s = NULL;
 	ev->seq = 0;
 	atomic_fetch_add(&ev->gen, 1);   /* orphan records of a former life */
+	old = cap_take(ev);
 	pthread_mutex_unlock(&ev->mu);
+	sg_cevent_free(old);
 	if (sg_hset_add(&handles, ev) < 0)
 		return sg_err(cudaErrorMemoryAllocation);
 	*event = (cudaEvent_t)ev;
@@ -86,6 +122,7 @@ SG_API cudaError_t cudaEventCreate(cudaEvent_t *event)
 SG_API cudaError_t cudaEventDestroy(cudaEvent_t event)
 {
 	struct sg_event *ev;
+	struct sg_cevent *old;
 
 	sg_init();
 	ev = lookup(event);
@@ -95,7 +132,9 @@ SG_API cudaError_t cudaEventDestroy(cudaEvent_t event)
 	pthread_mutex_lock(&ev->mu);
 	atomic_fetch_add(&ev->gen, 1);
 	ev->s = NULL;
+	old = cap_take(ev);
 	pthread_mutex_unlock(&ev->mu);
+	sg_cevent_free(old);
 	pthread_mutex_lock(&pool_mu);
 	ev->pool_next = pool;
 	pool = ev;
@@ -103,11 +142,60 @@ SG_API cudaError_t cudaEventDestroy(cudaEvent_t event)
 	return cudaSuccess;
 }
 
+cudaError_t sg_event_enqueue_record(struct sg_event *ev, struct sg_stream *s)
+{
+	struct sg_cevent *old;
+	struct sg_op *op;
+
+	op = sg_op_new(SG_OP_RECORD, 0);
+	if (!op)
+		return cudaErrorMemoryAllocation;
+	pthread_mutex_lock(&ev->mu);
+	op->u.rec.ev = ev;
+	op->u.rec.gen = atomic_fetch_add(&ev->gen, 1) + 1;
+	ev->s = s;
+	ev->seq = sg_enqueue(s, op);
+	old = cap_take(ev);
+	pthread_mutex_unlock(&ev->mu);
+	sg_cevent_free(old);
+	return cudaSuccess;
+}
+
+/*
+ * In a capture a record is no node: the event remembers the capture's
+ * frontier for a cudaStreamWaitEvent to fork or join on.  With
+ * cudaEventRecordExternal it is a node, an event record run at each launch.
+ */
+static cudaError_t record_captured(struct sg_event *ev, struct sg_stream *s, unsigned flags)
+{
+	struct sg_cevent *c, *old;
+	struct sg_op *op;
+	cudaError_t e;
+
+	if (flags & cudaEventRecordExternal) {
+		op = sg_op_new(SG_OP_RECORD, 0);
+		if (!op)
+			return cudaErrorMemoryAllocation;
+		op->u.rec.ev = ev;
+		return sg_capture_add(s, op, sizeof(*op), cudaGraphNodeTypeEventRecord);
+	}
+	c = sg_capture_record(s, &e);
+	if (!c)
+		return e == cudaSuccess ? sg_event_enqueue_record(ev, s) : e;  /* it ended */
+	pthread_mutex_lock(&ev->mu);
+	old = ev->cap;
+	ev->cap = c;
+	pthread_mutex_unlock(&ev->mu);
+	sg_cevent_free(old);
+	return cudaSuccess;
+}
+
 static cudaError_t record(cudaEvent_t event, cudaStream_t stream, unsigned flags, int ptsz)
 {
 	struct sg_event *ev;
 	struct sg_stream *s;
-	struct sg_op *op;
+	cudaError_t e;
+	int capturing;
 
 	sg_init();
 	ev = lookup(event);
@@ -118,16 +206,10 @@ static cudaError_t record(cudaEvent_t event, cudaStream_t stream, unsigned flags
 		return sg_err(cudaErrorInvalidResourceHandle);
 	if (flags & ~1u)    /* cudaEventRecordExternal is the only flag */
 		return sg_err(cudaErrorInvalidValue);
-	op = sg_op_new(SG_OP_RECORD, 0);
-	if (!op)
-		return sg_err(cudaErrorMemoryAllocation);
-	pthread_mutex_lock(&ev->mu);
-	op->u.rec.ev = ev;
-	op->u.rec.gen = atomic_fetch_add(&ev->gen, 1) + 1;
-	ev->s = s;
-	ev->seq = sg_enqueue(s, op);
-	pthread_mutex_unlock(&ev->mu);
-	return cudaSuccess;
+	e = sg_capture_gate(s, &capturing);
+	if (e == cudaSuccess)
+		e = capturing ? record_captured(ev, s, flags) : sg_event_enqueue_record(ev, s);
+	return e == cudaSuccess ? e : sg_err(e);
 }
 
 SG_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
@@ -162,6 +244,8 @@ SG_API cudaError_t cudaEventQuery(cudaEvent_t event)
 	ev = lookup(event);
 	if (!ev)
 		return sg_err(cudaErrorInvalidResourceHandle);
+	if (in_capture(ev))
+		return sg_err(cudaErrorStreamCaptureUnsupported);
 	pthread_mutex_lock(&ev->mu);
 	recorded = ev->s != NULL;
 	gen = atomic_load(&ev->gen);
@@ -183,6 +267,8 @@ SG_API cudaError_t cudaEventSynchronize(cudaEvent_t event)
 	ev = lookup(event);
 	if (!ev)
 		return sg_err(cudaErrorInvalidResourceHandle);
+	if (in_capture(ev))
+		return sg_err(cudaErrorStreamCaptureUnsupported);
 	pthread_mutex_lock(&ev->mu);
 	s = ev->s;
 	seq = ev->seq;
@@ -229,20 +315,12 @@ SG_API cudaError_t cudaEventElapsedTime_v2(float *ms, cudaEvent_t start, cudaEve
 	return cudaEventElapsedTime(ms, start, end);
 }
 
-static cudaError_t wait_event(cudaStream_t stream, cudaEvent_t event, unsigned flags, int ptsz)
+cudaError_t sg_event_enqueue_wait(struct sg_stream *s, struct sg_event *ev)
 {
-	struct sg_event *ev;
-	struct sg_stream *s, *es;
+	struct sg_stream *es;
 	struct sg_op *op;
 	uint64_t seq;
 
-	sg_init();
-	s = sg_stream_resolve(stream, ptsz);
-	ev = lookup(event);
-	if (!s || !ev)
-		return sg_err(cudaErrorInvalidResourceHandle);
-	if (flags & ~1u)    /* cudaEventWaitExternal */
-		return sg_err(cudaErrorInvalidValue);
 	pthread_mutex_lock(&ev->mu);
 	es = ev->s;
 	seq = ev->seq;
@@ -251,10 +329,68 @@ static cudaError_t wait_event(cudaStream_t stream, cudaEvent_t event, unsigned f
 		return cudaSuccess;     /* nothing to wait for, or FIFO already */
 	op = sg_op_new(SG_OP_WAIT, 0);
 	if (!op)
-		return sg_err(cudaErrorMemoryAllocation);
+		return cudaErrorMemoryAllocation;
 	sg_op_add_dep(op, es, seq);
 	sg_enqueue(s, op);
 	return cudaSuccess;
+}
+
+/*
+ * With a capture about: an event recorded in a live capture forks s into
+ * it or joins s's nodes (sg_capture_wait); a capturing stream may wait on
+ * an outside event only as a node (cudaEventWaitExternal).
+ */
+static cudaError_t wait_captured(struct sg_stream *s, struct sg_event *ev, unsigned flags,
+				 int capturing, int *done)
+{
+	struct sg_op *op;
+	cudaError_t e = cudaSuccess;
+	int recorded;
+
+	*done = 1;
+	pthread_mutex_lock(&ev->mu);
+	if (sg_cevent_live(ev->cap)) {
+		e = sg_capture_wait(s, ev->cap);
+		pthread_mutex_unlock(&ev->mu);
+		return e;
+	}
+	recorded = ev->s != NULL;
+	pthread_mutex_unlock(&ev->mu);
+	if (!capturing) {
+		*done = 0;              /* an ordinary wait */
+		return cudaSuccess;
+	}
+	if (flags & cudaEventWaitExternal) {
+		op = sg_op_new(SG_OP_WAIT, 0);
+		if (!op)
+			return cudaErrorMemoryAllocation;
+		op->u.rec.ev = ev;
+		return sg_capture_add(s, op, sizeof(*op), cudaGraphNodeTypeWaitEvent);
+	}
+	/* never recorded: nothing to wait for, in a capture too */
+	return recorded ? sg_capture_wait(s, NULL) : cudaSuccess;
+}
+
+static cudaError_t wait_event(cudaStream_t stream, cudaEvent_t event, unsigned flags, int ptsz)
+{
+	struct sg_event *ev;
+	struct sg_stream *s;
+	cudaError_t e;
+	int capturing, done = 0;
+
+	sg_init();
+	s = sg_stream_resolve(stream, ptsz);
+	ev = lookup(event);
+	if (!s || !ev)
+		return sg_err(cudaErrorInvalidResourceHandle);
+	if (flags & ~1u)    /* cudaEventWaitExternal */
+		return sg_err(cudaErrorInvalidValue);
+	e = sg_capture_gate(s, &capturing);
+	if (e == cudaSuccess && atomic_load_explicit(&sg_captures, memory_order_relaxed))
+		e = wait_captured(s, ev, flags, capturing, &done);
+	if (e == cudaSuccess && !done)
+		e = sg_event_enqueue_wait(s, ev);
+	return e == cudaSuccess ? e : sg_err(e);
 }
 
 SG_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)

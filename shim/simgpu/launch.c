@@ -9,7 +9,9 @@
  * argument values into the operation (the layout comes from the cubin),
  * push it on the stream's queue.  No lock, no system call.  If the layout
  * is unknown the launch lends its argument pointers to the executor and
- * waits until the twin has consumed them.
+ * waits until the twin has consumed them.  On a capturing stream the
+ * operation becomes a graph node instead (capture.c); such a kernel, whose
+ * arguments cannot be copied, cannot be captured.
  */
 #include <limits.h>
 #include <linux/futex.h>
@@ -18,7 +20,7 @@
 #include <unistd.h>
 
 #include "engine.h"
-#include "simgpu_impl.h"
+#include "graph.h"
 
 #define CFG_DEPTH 16
 
@@ -89,13 +91,73 @@ static void wait_consumed(atomic_int *flag)
 		syscall(SYS_futex, flag, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
 }
 
+static void set_shape(struct sg_op *op, struct sg_kernel *k, dim3 g, dim3 b, size_t shmem)
+{
+	op->u.kern.k = k;
+	op->u.kern.l.grid.x = g.x;
+	op->u.kern.l.grid.y = g.y;
+	op->u.kern.l.grid.z = g.z;
+	op->u.kern.l.block.x = b.x;
+	op->u.kern.l.block.y = b.y;
+	op->u.kern.l.block.z = b.z;
+	op->u.kern.l.shmem = shmem;
+}
+
+/*
+ * A kernel operation with its argument values copied: pointers, then the
+ * values at their cubin offsets, 16-aligned.  Launches and graph nodes
+ * (kernel nodes, captured launches) both make theirs here.
+ */
+cudaError_t sg_kernel_op_new(struct sg_kernel *k, dim3 g, dim3 b, void **args, size_t shmem,
+			     struct sg_op **out, size_t *size)
+{
+	struct sg_op *op;
+	size_t head;
+	void **argv;
+	char *buf;
+	int n, i;
+
+	if (SG_UNLIKELY(bad_dims(g, b)))
+		return cudaErrorInvalidConfiguration;
+	if (SG_UNLIKELY(shmem > 227 * 1024))
+		return cudaErrorInvalidValue;
+	if (SG_UNLIKELY(!atomic_load_explicit(&k->resolved, memory_order_acquire)))
+		sg_kernel_resolve(k);
+	n = k->params.n;
+	if (n < 0)
+		return cudaErrorNotSupported;      /* nothing says what to copy */
+	if (n > 0 && !args)
+		return cudaErrorInvalidValue;
+	head = (sizeof(*op) + (size_t)n * sizeof(void *) + 15) & ~(size_t)15;
+	op = sg_op_new(SG_OP_KERNEL, head - sizeof(*op) + k->params.total);
+	if (!op)
+		return cudaErrorMemoryAllocation;
+	argv = (void **)(op + 1);
+	buf = (char *)op + head;
+	for (i = 0; i < n; i++) {
+		if (SG_UNLIKELY(!args[i])) {
+			sg_op_free(op);
+			return cudaErrorInvalidValue;
+		}
+		argv[i] = buf + k->params.off[i];
+		memcpy(argv[i], args[i], k->params.size[i]);
+	}
+	op->u.kern.l.args = argv;
+	set_shape(op, k, g, b, shmem);
+	*out = op;
+	*size = head + k->params.total;
+	return cudaSuccess;
+}
+
 static cudaError_t launch(struct sg_kernel *k, dim3 g, dim3 b, void **args, size_t shmem,
 			  cudaStream_t stream, int ptsz, int coop)
 {
 	struct sg_stream *s;
 	struct sg_op *op;
 	atomic_int consumed = 0;
-	int n, i;
+	cudaError_t e;
+	size_t size;
+	int capturing;
 
 	sg_init();
 	if (SG_UNLIKELY(sg_sticky() != cudaSuccess))
@@ -111,50 +173,35 @@ static cudaError_t launch(struct sg_kernel *k, dim3 g, dim3 b, void **args, size
 	s = sg_stream_resolve(stream, ptsz);
 	if (SG_UNLIKELY(!s))
 		return sg_err(cudaErrorInvalidResourceHandle);
+	e = sg_capture_gate(s, &capturing);
+	if (SG_UNLIKELY(e != cudaSuccess))
+		return sg_err(e);
 	if (SG_UNLIKELY(!atomic_load_explicit(&k->resolved, memory_order_acquire)))
 		sg_kernel_resolve(k);
-	n = k->params.n;
-	if (n > 0 && !args)
-		return sg_err(cudaErrorInvalidValue);
-	if (n >= 0) {
-		/* pointers, then the values at their cubin offsets, 16-aligned */
-		size_t head = (sizeof(*op) + (size_t)n * sizeof(void *) + 15) & ~(size_t)15;
-		void **argv;
-		char *buf;
-
-		op = sg_op_new(SG_OP_KERNEL, head - sizeof(*op) + k->params.total);
-		if (!op)
-			return sg_err(cudaErrorMemoryAllocation);
-		argv = (void **)(op + 1);
-		buf = (char *)op + head;
-		for (i = 0; i < n; i++) {
-			if (SG_UNLIKELY(!args[i])) {
-				sg_op_free(op);
-				return sg_err(cudaErrorInvalidValue);
-			}
-			argv[i] = buf + k->params.off[i];
-			memcpy(argv[i], args[i], k->params.size[i]);
+	if (k->params.n >= 0) {
+		e = sg_kernel_op_new(k, g, b, args, shmem, &op, &size);
+		if (e != cudaSuccess)
+			return sg_err(e);
+		if (SG_UNLIKELY(capturing)) {
+			/* recorded, not run: a graph launch runs (and counts) it */
+			e = sg_capture_add(s, op, size, cudaGraphNodeTypeKernel);
+			return e == cudaSuccess ? e : sg_err(e);
 		}
-		op->u.kern.l.args = argv;
 	} else {
+		/* arguments of unknown size cannot be copied into a graph */
+		if (SG_UNLIKELY(capturing) && (e = sg_capture_forbid(s)) != cudaSuccess)
+			return sg_err(e);
 		op = sg_op_new(SG_OP_KERNEL, 0);
 		if (!op)
 			return sg_err(cudaErrorMemoryAllocation);
 		op->u.kern.l.args = args;
 		op->consumed = &consumed;
+		set_shape(op, k, g, b, shmem);
 	}
-	op->u.kern.k = k;
 	op->u.kern.seq = sg_launch_seq();
-	op->u.kern.l.grid.x = g.x;
-	op->u.kern.l.grid.y = g.y;
-	op->u.kern.l.grid.z = g.z;
-	op->u.kern.l.block.x = b.x;
-	op->u.kern.l.block.y = b.y;
-	op->u.kern.l.block.z = b.z;
-	op->u.kern.l.shmem = shmem;
 	atomic_fetch_add_explicit(&k->launches, 1, memory_order_relaxed);
-	sg_enqueue(s, op);
-	if (n < 0)
+	sg_enqueue(s, op);      /* op belongs to the executor from here */
+	if (k->params.n < 0)
 		wait_consumed(&consumed);
 	return cudaSuccess;
 }
@@ -241,18 +288,6 @@ SG_API cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t *config, co
 					    void **args)
 {
 	return launch_ex(config, func, args, 1);
-}
-
-SG_API cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)
-{
-	(void)graphExec, (void)stream;
-	return sg_err(cudaErrorNotSupported);
-}
-
-SG_API cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream)
-{
-	(void)graphExec, (void)stream;
-	return sg_err(cudaErrorNotSupported);
 }
 
 /* ---------------------------------------------------------------- functions */

@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 
 #include "simgpu_impl.h"
+#include "graph.h"
 
 /* Pinned ranges, sorted by address. */
 struct pin {
@@ -108,6 +109,9 @@ SG_API cudaError_t cudaMalloc(void **devPtr, size_t size)
 	sg_init();
 	if (!devPtr)
 		return sg_err(cudaErrorInvalidValue);
+	/* "potentially unsafe" during a stream capture, as in CUDA */
+	if ((e = sg_capture_unsafe()) != cudaSuccess)
+		return sg_err(e);
 	if (size == 0) {
 		*devPtr = NULL;
 		return cudaSuccess;
@@ -122,13 +126,22 @@ SG_API cudaError_t cudaMalloc(void **devPtr, size_t size)
 
 SG_API cudaError_t cudaFree(void *devPtr)
 {
+	cudaError_t e;
+
 	sg_init();
 	if (!devPtr)
 		return cudaSuccess;     /* the classic "init the context" idiom */
 	if (!sg_arena_find(devPtr, NULL, NULL, NULL))
 		return sg_err(cudaErrorInvalidValue);
+	if ((e = sg_capture_unsafe()) != cudaSuccess)
+		return sg_err(e);
 	/* CUDA synchronises here: queued kernels may still use the memory. */
 	sg_sync_all();
+	/* A pool's allocation leaves its pool's books, managed memory its
+	 * advice (mempool.c, hints.c); a pool block already freed is not ours. */
+	if (sg_pool_forget(devPtr) < 0)
+		return sg_err(cudaErrorInvalidValue);
+	sg_hints_forget(devPtr);
 	return sg_err(sg_arena_free(devPtr));
 }
 
@@ -164,11 +177,15 @@ SG_API cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, s
 
 static cudaError_t malloc_async(void **devPtr, size_t size, cudaStream_t stream, int ptsz)
 {
+	struct sg_stream *s;
+
 	sg_init();
-	if (!sg_stream_resolve(stream, ptsz))
+	s = sg_stream_resolve(stream, ptsz);
+	if (!s)
 		return sg_err(cudaErrorInvalidResourceHandle);
-	/* Stream-ordered allocation: usable at once is a valid ordering. */
-	return cudaMalloc(devPtr, size);
+	/* Stream-ordered allocation, from the device's current pool
+	 * (mempool.c): usable at once is a valid ordering. */
+	return sg_pool_malloc(devPtr, size, NULL, s);
 }
 
 SG_API cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
@@ -185,6 +202,7 @@ static cudaError_t free_async(void *devPtr, cudaStream_t stream, int ptsz)
 {
 	struct sg_stream *s;
 	struct sg_op *op;
+	cudaError_t e;
 
 	sg_init();
 	s = sg_stream_resolve(stream, ptsz);
@@ -192,6 +210,10 @@ static cudaError_t free_async(void *devPtr, cudaStream_t stream, int ptsz)
 		return sg_err(cudaErrorInvalidResourceHandle);
 	if (!devPtr)
 		return cudaSuccess;
+	/* Pool memory goes back to its pool when the stream gets there
+	 * (mempool.c); cudaMalloc's memory goes back to the arena. */
+	if (sg_pool_free_async(devPtr, s, &e))
+		return e;
 	if (!sg_arena_find(devPtr, NULL, NULL, NULL))
 		return sg_err(cudaErrorInvalidValue);
 	op = sg_op_new(SG_OP_FREE, 0);

@@ -22,8 +22,17 @@
  *   library.c   cudaLibrary*: kernels of a fat binary loaded at run time
  *   launch.c    kernel launch entry points
  *   device.c    device properties, attributes, versions, odds and ends
+ *   array.c     CUDA arrays, 2D/3D array and pitched copies, cudaMemset2D/3D
+ *   texture.c   texture and surface objects; the twins' sampling API
+ *   capture.c   stream capture: work recorded as graph nodes (graph.h)
+ *   graph.c     CUDA graphs and their nodes
+ *   graphexec.c executable graphs: instantiation, update, cudaGraphLaunch
  *   vmm.c       the driver's VMM calls (cuMemCreate, cuMemMap, ...) emulated,
  *               handed out by cudaGetDriverEntryPoint[ByVersion]
+ *   mempool.c   memory pools: cudaMemPool*, cudaMallocAsync's pool, reuse
+ *   hints.c     managed-memory advice and prefetch, stream attributes
+ *   drvglue.c   private simgpu_drv_* entry points for simgpu's libcuda.so.1
+ *               (shim/simgpu/driver/: the driver API over this device)
  *
  * Everything the application may call is marked SG_API; the library is
  * built with -fvisibility=hidden so nothing else leaks out.
@@ -341,5 +350,27 @@ struct sg_library {
 	struct sg_kernel **k;
 	atomic_int         unloaded;
 };
+
+/* ------------------------------------------------------------------ mempool.c */
+
+/* cudaMallocAsync (pool NULL: the current pool), cudaMallocFromPoolAsync */
+cudaError_t sg_pool_malloc(void **devPtr, size_t size, cudaMemPool_t pool, struct sg_stream *s);
+/* cudaFreeAsync: 0 not pool memory; 1 done, *err the result */
+int  sg_pool_free_async(void *p, struct sg_stream *s, cudaError_t *err);
+/* cudaFree: 0 not pool memory; 1 off the pool's books; -1 freed already */
+int  sg_pool_forget(void *p);
+void sg_pools_reset(void);              /* for cudaDeviceReset */
+
+/* ------------------------------------------------------------------ hints.c */
+
+void sg_hints_forget(const void *p);    /* cudaFree of managed memory */
+void sg_hints_reset(void);              /* for cudaDeviceReset */
+void sg_stream_attr_forget(struct sg_stream *s);   /* for cudaStreamDestroy */
+
+/* ------------------------------------------------------------------ texture.c */
+
+/* For cudaDeviceReset, before the arena is freed: destroys every texture
+ * and surface object and frees every CUDA array (array.c). */
+void sg_textures_reset(void);
 
 #endif

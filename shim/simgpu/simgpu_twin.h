@@ -69,6 +69,81 @@ typedef void (*simgpu_cost_fn)(const simgpu_launch *l, double *flops,
 	for (unsigned ty = 0; ty < (l)->block.y; ty++)                        \
 	for (unsigned tx = 0; tx < (l)->block.x; tx++)
 
+
+/* ================================================================
+ * Textures and surfaces, for twins (texture.c)
+ *
+ * A kernel gets its cudaTextureObject_t / cudaSurfaceObject_t as an
+ * argument (an unsigned long long); its twin passes that value on to
+ * these functions, exported by simgpu's libcudart.so.13 (the twins'
+ * shared object needs no -l flag: simgpu is loaded when it loads them).
+ * Handles belong to the process that made them.
+ *
+ * The functions follow the CUDA Programming Guide, "Texture Fetching":
+ * addressing (wrap, clamp, mirror, border; wrap and mirror need
+ * normalized coordinates, else they act as clamp), point sampling tex(x) = T[floor(x)], linear filtering on the texel grid
+ * shifted by 0.5 with weights in 9-bit fixed point (8 fractional bits).
+ *
+ * Channels: out[0..3] are x, y, z, w; channels the format lacks are 0.
+ * Every function returns 0, or -1 for a handle that is not a live object
+ * of the right kind (out is then all zeros; simgpu logs it once with
+ * SIMGPU_DEBUG).  Never a crash, never a CUDA error.
+ *
+ * Float fetches return what tex*<float|float2|float4> returns: the float
+ * data, or 8/16-bit integer data as normalized float when the texture's
+ * read mode is cudaReadModeNormalizedFloat (unsigned: v / (2^n - 1);
+ * signed: max(v / (2^(n-1) - 1), -1)).  On an element-type integer
+ * texture they return the integers converted to float, and filter as
+ * point: CUDA filters only textures that return floating point.
+ * Integer fetches (_i) return the element-type integers (sign- or zero-
+ * extended to 32 bits; unsigned 32-bit data as its bit pattern); on float
+ * data they return the float's bits.  They sample as point.
+ *
+ * Coordinates: tex1Dfetch takes an element index into linear memory
+ * (out of range: zeros); the others take float texture coordinates, in
+ * [0, N) or normalized [0, 1) per the texture's normalizedCoords.
+ * A texture with fewer dimensions than the call ignores the extra
+ * coordinates; one with more reads index 0 of the dimensions not given.
+ */
+typedef unsigned long long simgpu_tex_t;
+typedef unsigned long long simgpu_surf_t;
+
+int simgpu_tex1Dfetch(simgpu_tex_t tex, int x, float out[4]);
+int simgpu_tex1D(simgpu_tex_t tex, float x, float out[4]);
+int simgpu_tex2D(simgpu_tex_t tex, float x, float y, float out[4]);
+int simgpu_tex3D(simgpu_tex_t tex, float x, float y, float z, float out[4]);
+
+int simgpu_tex1Dfetch_i(simgpu_tex_t tex, int x, int out[4]);
+int simgpu_tex1D_i(simgpu_tex_t tex, float x, int out[4]);
+int simgpu_tex2D_i(simgpu_tex_t tex, float x, float y, int out[4]);
+int simgpu_tex3D_i(simgpu_tex_t tex, float x, float y, float z, int out[4]);
+
+/*
+ * Surfaces: surf*Dread/surf*Dwrite of size bytes (1, 2, 4, 8 or 16) at
+ * byte offset x_bytes of row y of slice z, as CUDA's surf2Dread<T>(&v,
+ * surf, x_bytes, y, mode) with size = sizeof(T).  mode is CUDA's
+ * cudaSurfaceBoundaryMode (the same values):
+ *   SIMGPU_BOUNDARY_ZERO   out of range: reads give zeros, writes are dropped
+ *   SIMGPU_BOUNDARY_CLAMP  out of range: the nearest in-range access
+ *   SIMGPU_BOUNDARY_TRAP   out of range: the kernel fails (CUDA's default) -
+ *                          simgpu records cudaErrorIllegalAddress (sticky),
+ *                          reads give zeros, writes are dropped
+ * Return 0, -1 for a bad handle or size (nothing done), 1 out of range.
+ */
+#define SIMGPU_BOUNDARY_ZERO  0
+#define SIMGPU_BOUNDARY_CLAMP 1
+#define SIMGPU_BOUNDARY_TRAP  2
+
+int simgpu_surf1Dread(simgpu_surf_t surf, void *val, size_t size, int x_bytes, int mode);
+int simgpu_surf1Dwrite(simgpu_surf_t surf, const void *val, size_t size, int x_bytes, int mode);
+int simgpu_surf2Dread(simgpu_surf_t surf, void *val, size_t size, int x_bytes, int y, int mode);
+int simgpu_surf2Dwrite(simgpu_surf_t surf, const void *val, size_t size, int x_bytes, int y,
+		       int mode);
+int simgpu_surf3Dread(simgpu_surf_t surf, void *val, size_t size, int x_bytes, int y, int z,
+		      int mode);
+int simgpu_surf3Dwrite(simgpu_surf_t surf, const void *val, size_t size, int x_bytes, int y,
+		       int z, int mode);
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,6 +23,10 @@
  * Stream objects are never freed: a destroyed stream goes to a pool and is
  * reused, counters and thread included.  Dependencies that point at it
  * stay meaningful because its counters only ever grow.
+ *
+ * A capturing stream (capture.c) runs nothing: synchronising or querying
+ * it is CUDA's cudaErrorStreamCaptureUnsupported, and its host functions
+ * become graph nodes.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -33,7 +37,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 
-#include "simgpu_impl.h"
+#include "graph.h"
 
 #define RING       1024
 #define SPIN_EXEC  30e-6    /* seconds an idle executor polls         */
@@ -298,6 +302,11 @@ struct sg_stream *sg_stream_resolve(cudaStream_t h, int ptsz)
 	if (sg_hset_has(&handles, h))
 		return (struct sg_stream *)h;
 	return NULL;
+}
+
+int sg_stream_blocking(struct sg_stream *s)
+{
+	return s != &legacy_stream && atomic_load_explicit(&s->blocking, memory_order_relaxed);
 }
 
 cudaStream_t sg_stream_handle(struct sg_stream *s)
@@ -588,6 +597,8 @@ SG_API cudaError_t cudaStreamDestroy(cudaStream_t stream)
 		return sg_err(cudaErrorInvalidResourceHandle);
 	s = (struct sg_stream *)stream;
 	sg_hset_del(&handles, s);
+	sg_capture_stream_gone(s);      /* before the object can be reused */
+	sg_stream_attr_forget(s);       /* a reused object starts with none */
 	/* Pending work still runs, in order; the object is reused later. */
 	pthread_mutex_lock(&pool_mu);
 	s->pool_next = pool;
@@ -599,11 +610,15 @@ SG_API cudaError_t cudaStreamDestroy(cudaStream_t stream)
 static cudaError_t stream_sync(cudaStream_t stream, int ptsz)
 {
 	struct sg_stream *s;
+	cudaError_t e;
 
 	sg_init();
 	s = sg_stream_resolve(stream, ptsz);
 	if (!s)
 		return sg_err(cudaErrorInvalidResourceHandle);
+	e = sg_capture_forbid(s);       /* a capturing stream runs nothing */
+	if (e != cudaSuccess)
+		return sg_err(e);
 	sg_stream_drain(s);
 	return sg_sync_status();
 }
@@ -621,11 +636,15 @@ SG_API cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream)
 static cudaError_t stream_query(cudaStream_t stream, int ptsz)
 {
 	struct sg_stream *s;
+	cudaError_t e;
 
 	sg_init();
 	s = sg_stream_resolve(stream, ptsz);
 	if (!s)
 		return sg_err(cudaErrorInvalidResourceHandle);
+	e = sg_capture_forbid(s);
+	if (e != cudaSuccess)
+		return sg_err(e);
 	if (sg_sticky() != cudaSuccess)
 		return sg_err(sg_sticky());
 	/* not an error: cudaErrorNotReady does not become the last error */
@@ -704,6 +723,7 @@ static cudaError_t add_callback(cudaStream_t stream, cudaStreamCallback_t cb, vo
 {
 	struct sg_stream *s;
 	struct sg_op *op;
+	cudaError_t e;
 
 	sg_init();
 	if (!cb || flags != 0)
@@ -711,6 +731,10 @@ static cudaError_t add_callback(cudaStream_t stream, cudaStreamCallback_t cb, vo
 	s = sg_stream_resolve(stream, ptsz);
 	if (!s)
 		return sg_err(cudaErrorInvalidResourceHandle);
+	/* CUDA cannot capture legacy callbacks (cudaLaunchHostFunc it can) */
+	e = sg_capture_forbid(s);
+	if (e != cudaSuccess)
+		return sg_err(e);
 	op = sg_op_new(SG_OP_CALLBACK, 0);
 	if (!op)
 		return sg_err(cudaErrorMemoryAllocation);
@@ -737,6 +761,8 @@ static cudaError_t host_func(cudaStream_t stream, cudaHostFn_t fn, void *data, i
 {
 	struct sg_stream *s;
 	struct sg_op *op;
+	cudaError_t e;
+	int capturing;
 
 	sg_init();
 	if (!fn)
@@ -749,7 +775,15 @@ static cudaError_t host_func(cudaStream_t stream, cudaHostFn_t fn, void *data, i
 		return sg_err(cudaErrorMemoryAllocation);
 	op->u.host.fn = fn;
 	op->u.host.data = data;
-	sg_enqueue(s, op);
+	e = sg_capture_gate(s, &capturing);
+	if (e == cudaSuccess && capturing)
+		e = sg_capture_add(s, op, sizeof(*op), cudaGraphNodeTypeHost);
+	else if (e == cudaSuccess)
+		sg_enqueue(s, op);
+	else
+		sg_op_free(op);
+	if (e != cudaSuccess)
+		return sg_err(e);
 	return cudaSuccess;
 }
 

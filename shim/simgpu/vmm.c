@@ -30,7 +30,10 @@
  * kernels treat them as device memory (sg_vmm_range_ok), as the arena's.
  * Names not in the table answer cudaErrorSymbolNotFound with status
  * cudaDriverEntryPointSymbolNotFound.  The functions are not exported by
- * their cu* names: simgpu is a libcudart, not a libcuda.
+ * their cu* names from libcudart; simgpu's libcuda.so.1 (driver/) exports
+ * them, and while it is loaded cudaGetDriverEntryPoint[ByVersion] asks
+ * its cuGetProcAddress first (drvglue.c), which hands out these same
+ * functions for the VMM names.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -43,6 +46,7 @@
 #include <unistd.h>
 
 #include "simgpu_impl.h"
+#include "drvglue.h"
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
@@ -454,7 +458,22 @@ static const struct {
 	{ "cuMemImportFromShareableHandle", (void *)sg_cuMemImportFromShareableHandle },
 };
 
+/* The emulated function of that name, or NULL: simgpu's libcuda.so.1
+ * hands these out too (drvglue.c), so both ways reach the same code. */
+void *sg_vmm_entry(const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < sizeof(entries) / sizeof(entries[0]); i++)
+		if (!strcmp(name, entries[i].name))
+			return entries[i].fn;
+	return NULL;
+}
+
+/* With simgpu's libcuda.so.1 loaded, its cuGetProcAddress answers, as the
+ * driver answers a real runtime; without it, the VMM table below. */
 static cudaError_t entry_point(const char *symbol, void **fn, unsigned int version,
+			       unsigned long long flags,
 			       enum cudaDriverEntryPointQueryResult *status)
 {
 	size_t i;
@@ -463,6 +482,8 @@ static cudaError_t entry_point(const char *symbol, void **fn, unsigned int versi
 	if (!symbol || !fn)
 		return sg_err(cudaErrorInvalidValue);
 	*fn = NULL;
+	if (sg_drv_entry(symbol, fn, version, flags, status))
+		return *fn ? cudaSuccess : sg_err(cudaErrorSymbolNotFound);
 	for (i = 0; i < sizeof(entries) / sizeof(entries[0]); i++) {
 		if (strcmp(symbol, entries[i].name) != 0)
 			continue;
@@ -486,14 +507,12 @@ SG_API cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **f
 						    unsigned long long flags,
 						    enum cudaDriverEntryPointQueryResult *driverStatus)
 {
-	(void)flags;
-	return entry_point(symbol, funcPtr, cudaVersion, driverStatus);
+	return entry_point(symbol, funcPtr, cudaVersion, flags, driverStatus);
 }
 
 SG_API cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr,
 					   unsigned long long flags,
 					   enum cudaDriverEntryPointQueryResult *driverStatus)
 {
-	(void)flags;
-	return entry_point(symbol, funcPtr, 0, driverStatus);
+	return entry_point(symbol, funcPtr, 0, flags, driverStatus);
 }
