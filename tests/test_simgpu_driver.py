@@ -95,8 +95,8 @@ def test_drvcheck_runs_on_simgpu(built):
     out = drvcheck_json(r.stdout)
     assert out["launches"] == {"saxpy": 3, "_Z5scalePffi": 5, "_Z7add_i32Piii": 2}
     n = 1000 * 4
-    assert out["h2d_bytes"] == 2 * n
-    assert out["d2h_bytes"] == 4 * n + 4          # y, p, z twice, and `magic`
+    assert out["h2d_bytes"] == 2 * n + 4          # x, y, and `magic` by cuMemcpyHtoD_v2
+    assert out["d2h_bytes"] == 4 * n + 8          # y, p, z twice, and `magic` twice
     assert out["d2d_bytes"] == n
     assert out["elapsed_ms"] >= 0
     assert "simgpu" in out["device"]

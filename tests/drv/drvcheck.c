@@ -183,6 +183,15 @@ int main(int argc, char **argv)
 	d2h += sizeof(magic);
 	if (magic != 4242)
 		return fail("initial value of magic", CUDA_ERROR_UNKNOWN);
+	/* the same by the exported names a -lcuda program binds to
+	 * (cuda.h makes them cuMemcpyHtoD_v2 / cuMemcpyDtoH_v2) */
+	CHECK(cuMemcpyHtoD(gmagic, &magic, sizeof(magic)));
+	h2d += sizeof(magic);
+	magic = 0;
+	CHECK(cuMemcpyDtoH(&magic, gmagic, sizeof(magic)));
+	d2h += sizeof(magic);
+	if (magic != 4242)
+		return fail("magic after a direct round trip", CUDA_ERROR_UNKNOWN);
 	CHECK(cuModuleGetGlobal(&gtable, &gsize, mod, "table"));
 	if (gsize != 16 * sizeof(float))
 		return fail("cuModuleGetGlobal size of table", CUDA_ERROR_UNKNOWN);
