@@ -283,7 +283,7 @@ def trace(name: str = typer.Argument(..., help="App name (as `colocate quotas` s
 
 QUOTA_KEYS = ("name", "pid", "class", "quota_pct", "route", "launches", "forwarded",
               "h2d_bytes", "d2h_bytes", "qos_ms", "state", "kernels", "queries", "held", "held_ms",
-              "throughput", "feed")
+              "throughput", "feed", "end")
 
 
 def human_bytes(n: int) -> str:
@@ -342,7 +342,9 @@ def quota_table(apps: list[dict], show_state: bool = False) -> Table:
                human_bytes(a["d2h_bytes"]), "-" if a["qos_ms"] is None else f"{a['qos_ms']:g} ms",
                *query_cells(a.get("queries")), throughput_cell(a),
                f"{a['held_ms'] / 1000:.1f} s" if a.get("held_ms") else "-"]
-        t.add_row(*(Text(c) for c in row), *([a["state"]] if show_state else []))
+        # an exited app says how it ended when that was not a normal exit
+        state = a["state"] if a.get("end") in (None, "exited") else f"{a['state']} ({a['end']})"
+        t.add_row(*(Text(c) for c in row), *([state] if show_state else []))
     return t
 
 
