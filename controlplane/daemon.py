@@ -193,6 +193,17 @@ def _dims(v: Any, what: str) -> tuple[int, int, int]:
     return (v[0], v[1], v[2])
 
 
+def merge_kernels(ledger: list[dict], message: list[dict]) -> list[dict]:
+    """The ledger's kernel table plus the kernels only the exit message
+    names (those the ledger had no room for), launches summed by name."""
+    out = {k["name"]: dict(k) for k in ledger}
+    for k in message:
+        if k["name"] in out:
+            continue                                    # the ledger's count is the exact one
+        out[k["name"]] = dict(k)
+    return list(out.values())
+
+
 def task_features(t: dict, input_bytes: float, occurrence: int) -> dict:
     """A fed task record (schema.TASK) -> the predictors task row, as
     predictors.profile.task_sample builds it from a trace record."""
@@ -326,7 +337,10 @@ class Controller:
         if self.metrics is not None:                    # what the HTTP thread serves
             self.metrics.publish([self.record(a) for a in self.apps.values()])
         for app in list(self.apps.values()):
-            self.check_app(app, now)
+            try:
+                self.check_app(app, now)
+            except Exception:                           # a bug: say so, keep serving the others
+                log.exception("checking app %s (pid %d) failed", app.info.name, app.info.pid)
         if self.pool is not None:
             try:
                 self.unroute(self.pool.check())
@@ -341,6 +355,11 @@ class Controller:
         ledger, the exit message has until the next tick to come."""
         lg = app.ledger
         if lg is not None and lg.state() == "exited":
+            # kernels the ledger had no room for come in the exit message:
+            # give it a tick
+            if lg.counters()["kernels_lost"] and app.dead_at is None:
+                app.dead_at = now
+                return
             self.finish(app, [], "exited")
             return
         if proc_start(app.info.pid) == app.start:
@@ -526,18 +545,25 @@ class Controller:
         """Final record (counters read before the slot is freed), history, policy, release.
         The kernel table comes from the ledger when the app used one (exact,
         and there even after a SIGKILL), else from the exit message."""
-        lg = app.ledger
+        lg, app.ledger = app.ledger, None               # once: a failure below never repeats
         if lg is not None:
-            if lg.attached():
-                kernels = lg.kernels()
-                app.ledger_final = {"queries": lg.queries(), "counters": lg.counters()}
-                lost = app.ledger_final["counters"]["kernels_lost"]
-                if lost:
-                    log.warning("app %s (pid %d): %d kernel(s) missing from its ledger (table full)",
-                                app.info.name, app.info.pid, lost)
-            lg.close()
-            app.ledger = None
-            self.rd.ledger(app.info.slot, app.info.pid).unlink(missing_ok=True)
+            try:
+                if lg.attached():
+                    kernels = merge_kernels(lg.kernels(), kernels)
+                    app.ledger_final = {"queries": lg.queries(), "counters": lg.counters()}
+                    lost = app.ledger_final["counters"]["kernels_lost"]
+                    if lost:
+                        log.warning("app %s (pid %d): %d kernel(s) not in its ledger (table full); "
+                                    "their counts come from its exit message", app.info.name,
+                                    app.info.pid, lost)
+            except Exception:
+                log.exception("reading the ledger of %s (pid %d) failed", app.info.name, app.info.pid)
+            finally:
+                lg.close()
+                try:
+                    self.rd.ledger(app.info.slot, app.info.pid).unlink(missing_ok=True)
+                except OSError as e:
+                    log.warning("cannot remove %s: %s", self.rd.ledger(app.info.slot, app.info.pid), e)
         app.kernels = kernels
         rec = self.record(app, "exited", time.time())
         rec["end"] = end

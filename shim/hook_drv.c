@@ -20,6 +20,7 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "shim_graph.h"
 #include "shim_trace.h"
 #include "shim_vmm.h"
 
@@ -281,6 +282,17 @@ static inline void drv_local_done(CUstream s, int ptsz)
 		shim_fwd_local_done((void *)s, ptsz);
 }
 
+/*
+ * Work on a stream that a runtime capture records (a library with its own
+ * static cudart launching into an app's cudaStreamBeginCapture, as cuBLAS
+ * does under CUDA graphs): it runs nothing now, so it is neither fenced
+ * (a fence would invalidate the capture) nor counted; the graph's
+ * launches count it.  One relaxed load when nothing captures.
+ */
+#define DRV_CAPTURED(strm, ptsz, call)                                    \
+	if (!shim_in_runtime && shim_graph_capturing((void *)(strm), ptsz)) \
+		return call
+
 /* Tracing on or a library task open (shim_task_hot: one relaxed load):
  * the task layer sees the launch, described by desc (struct shim_task_drv). */
 #define TASK_DRV_BEGIN(...)   /* the description's braces hold commas */  \
@@ -301,6 +313,7 @@ static inline void drv_local_done(CUstream s, int ptsz)
 		if (!real)                                                \
 			return CUDA_ERROR_NOT_INITIALIZED;                \
 		shim_start();                                             \
+		DRV_CAPTURED(strm, ptsz, real args);                      \
 		if (drv_fence(strm, ptsz))                                \
 			return CUDA_ERROR_LAUNCH_FAILED;                  \
 		TASK_DRV_BEGIN(desc);                                     \
@@ -335,12 +348,32 @@ SHIM_API CUresult cuLaunchCooperativeKernel CPARAMS LAUNCH(H_COOP, CPARAMS, CARG
 SHIM_API CUresult cuLaunchCooperativeKernel_ptsz CPARAMS
 	LAUNCH(H_COOP_PTSZ, CPARAMS, CARGS, f, s, 1, KDESC(1))
 
-/* a graph launch counts as one launch of an unnamed kernel */
+/*
+ * A graph launch counts each kernel of a graph the runtime hooks walked at
+ * instantiation (shim_graph.c), else one launch of an unnamed kernel:
+ * graphs instantiated through the driver API are not walked.
+ */
 #define GDESC(ptsz) { g, { 0 }, { 0 }, 0, s, ptsz, 1, 0, { 0 } }
-SHIM_API CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
-	LAUNCH(H_GRAPH, (CUgraphExec g, CUstream s), (g, s), NULL, s, 0, GDESC(0))
-SHIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
-	LAUNCH(H_GRAPH_PTSZ, (CUgraphExec g, CUstream s), (g, s), NULL, s, 1, GDESC(1))
+#define GRAPH_LAUNCH(idx, ptsz)                                           \
+	{                                                                 \
+		CUresult (*real)(CUgraphExec, CUstream) = real_of(idx);   \
+		CUresult r;                                               \
+		if (!real)                                                \
+			return CUDA_ERROR_NOT_INITIALIZED;                \
+		shim_start();                                             \
+		DRV_CAPTURED(s, ptsz, real(g, s));                        \
+		if (drv_fence(s, ptsz))                                   \
+			return CUDA_ERROR_LAUNCH_FAILED;                  \
+		TASK_DRV_BEGIN(GDESC(ptsz));                              \
+		r = real(g, s);                                           \
+		drv_local_done(s, ptsz);                                  \
+		if (r == CUDA_SUCCESS && !shim_in_runtime)                \
+			shim_graph_count(g);                              \
+		TASK_DRV_END(r);                                          \
+		return r;                                                 \
+	}
+SHIM_API CUresult cuGraphLaunch(CUgraphExec g, CUstream s) GRAPH_LAUNCH(H_GRAPH, 0)
+SHIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) GRAPH_LAUNCH(H_GRAPH_PTSZ, 1)
 
 /* ---- memory ----------------------------------------------------------
  * COLOCATE_MEM=vmm: a statically linked cudart (and cuBLAS, cuDNN inside
@@ -426,6 +459,7 @@ static inline void count_drv_copy(CUresult r, int dir, size_t n)
 		if (!real)                                                \
 			return CUDA_ERROR_NOT_INITIALIZED;                \
 		shim_start();                                             \
+		DRV_CAPTURED(strm, ptsz, real args);                      \
 		if (drv_fence(strm, ptsz))                                \
 			return CUDA_ERROR_LAUNCH_FAILED;                  \
 		r = real args;                                            \

@@ -36,7 +36,11 @@
 #define LG_MAGIC       0x5245474445444c43ULL /* "CLDEDGER" little-endian */
 #define LG_VERSION     1u
 #define LG_MAX_KERNELS 32768u                /* the shim's MAX_KERNELS  */
-#define LG_NAMES_BYTES (8u << 20)            /* mangled names, NUL-ended */
+/* Mangled names, NUL-ended: written for every registered kernel (so its
+ * counter is in the ledger from its first launch on, without a check on
+ * the launch path); libtorch-sized programs register ~30 000 kernels of
+ * ~200 bytes.  The file is sparse: only names written cost memory. */
+#define LG_NAMES_BYTES (64u << 20)
 
 /* states (lg_header.state) */
 #define LG_NEW     0u   /* created by the controller, not attached yet */

@@ -286,12 +286,17 @@ struct kjson {
 	size_t len;
 	int count;
 	int (*has_twin)(const char *);
+	int private_only;       /* only kernels that count outside the ledger */
 };
 
 static void kernel_json(const struct shim_kernel *k, void *arg)
 {
 	struct kjson *j = arg;
-	int twin = j->has_twin ? j->has_twin(k->name) : -1;
+	int twin;
+
+	if (j->private_only && __atomic_load_n(&k->count, __ATOMIC_RELAXED) != &k->launches)
+		return;
+	twin = j->has_twin ? j->has_twin(k->name) : -1;
 
 	if (strlen(j->buf) + strlen(k->name) + 128 >= j->len)
 		return;   /* bounded message: the controller drops nothing else */
@@ -352,7 +357,7 @@ int shim_ctl_send(const char *json)
 /*
  * The exit message is a nudge: the ledger already says the app exited and
  * holds its kernel table, so the message carries the table only when there
- * is no ledger.  It is sent without blocking and the socket lingers at most
+ * is no ledger (with one: only kernels it had no room for, normally none).  It is sent without blocking and the socket lingers at most
  * EXIT_LINGER_MS for it: a stalled controller never holds up an exit.
  */
 #define EXIT_LINGER_MS 20
@@ -360,7 +365,7 @@ int shim_ctl_send(const char *json)
 void shim_ctl_exit(void)
 {
 	static char msg[60000];
-	struct kjson j = { msg, sizeof(msg) - 8, 0, NULL };
+	struct kjson j = { msg, sizeof(msg) - 8, 0, NULL, 0 };
 	int linger = EXIT_LINGER_MS;
 
 	/* exit() may run on a thread interrupted (by a signal handler that
@@ -375,13 +380,13 @@ void shim_ctl_exit(void)
 		pthread_mutex_unlock(&sock_mu);
 		return;
 	}
-	if (!shim_ledger_on())
-		*(void **)&j.has_twin = shim_dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin");
+	/* with a ledger, only the kernels it had no room for (normally none) */
+	j.private_only = shim_ledger_on();
+	*(void **)&j.has_twin = shim_dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin");
 	msg[0] = 0;
 	json_raw(msg, sizeof(msg), "{\"v\":1,\"type\":\"exit\",\"pid\":%d,\"slot\":%d,\"kernels\":[",
 		 (int)getpid(), slot_index);
-	if (!shim_ledger_on())
-		shim_kernel_each(kernel_json, &j);
+	shim_kernel_each(kernel_json, &j);
 	json_raw(msg, sizeof(msg), "]}");
 	if (zmq.send(zsock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
 		zmq.send(zsock, msg, strlen(msg), 0);

@@ -360,6 +360,9 @@ void shim_graph_count(const void *exec)
 			shim_add(&shim_ctl->d2d_bytes, x->d2d);
 	}
 	pthread_mutex_unlock(&mu);
+	/* not walked: one launch of no known kernel.  Not shim_count_launch:
+	 * learning a name would ask cudaFuncGetName about a graph, which
+	 * fails and leaves that error as the app's last error */
 	if (!x)
-		shim_count_launch(exec);   /* not walked: one launch, as before */
+		shim_count_kernel(NULL, 1);
 }

@@ -22,6 +22,9 @@ import pytest
 
 from conftest import ROOT, Controller, clean_env, colocate, new_rundir, wait_for
 
+SIMGPU = ROOT / "shim" / "lib" / "simgpu"
+CUDA_INCLUDE = Path("/usr/local/cuda/include")
+
 BIN = ROOT / "bench" / "bin"
 QUERIES = 20000
 AFFINE = "_Z6affinePKfPfiff"
@@ -114,5 +117,83 @@ def test_four_busy_apps_a_stalled_controller_and_a_sigkill(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        ctl.stop()
+        shutil.rmtree(ctl.rundir, ignore_errors=True)
+
+
+# A parent and its forked child, each launching a kernel made with
+# simgpu_kernel_define (no fat binary, no nvcc): each has its own ledger,
+# and neither's counts bleed into the other's (the child inherits the
+# parent's mapping, and must not count into it).
+FORK_C = r"""
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_) { printf("FAIL %s: %d\n", #x, e_); exit(1); } } while (0)
+
+int main(void)
+{
+	void *(*define)(const char *, int, const unsigned *) =
+		(void *(*)(const char *, int, const unsigned *))dlsym(RTLD_DEFAULT, "simgpu_kernel_define");
+	unsigned sizes[] = { 8, 4 };
+	dim3 one = { 1, 1, 1 };
+	int *d, k1 = 1, i, st = 0;
+	void *args[] = { &d, &k1 }, *k;
+	pid_t c;
+
+	if (!define)
+		return 2;
+	k = define("t_add", 2, sizes);
+	CK(cudaMalloc((void **)&d, 16));
+	for (i = 0; i < 10; i++)
+		CK(cudaLaunchKernel(k, one, one, args, 0, 0));
+	CK(cudaDeviceSynchronize());
+	c = fork();
+	if (c == 0) {
+		for (i = 0; i < 7; i++)
+			CK(cudaLaunchKernel(k, one, one, args, 0, 0));
+		CK(cudaDeviceSynchronize());
+		exit(0);
+	}
+	waitpid(c, &st, 0);
+	for (i = 0; i < 5; i++)
+		CK(cudaLaunchKernel(k, one, one, args, 0, 0));
+	CK(cudaDeviceSynchronize());
+	printf("PASS child=%d status=%d\n", (int)c, st);
+	return st != 0;
+}
+"""
+
+
+@pytest.mark.skipif(not (SIMGPU / "libcudart.so.13").exists() or not (CUDA_INCLUDE / "cuda_runtime_api.h").exists(),
+                    reason="simgpu or the CUDA headers missing")
+def test_a_forked_child_has_its_own_ledger(tmp_path):
+    src, exe = tmp_path / "forkp.c", tmp_path / "forkp"
+    src.write_text(FORK_C)
+    subprocess.run(["cc", "-O1", "-I", str(CUDA_INCLUDE), "-o", str(exe), str(src), f"-L{SIMGPU}",
+                    "-l:libcudart.so.13", "-ldl"], check=True, capture_output=True, text=True)
+    ctl = Controller(new_rundir())
+    try:
+        r = colocate("run", "--runtime-dir", ctl.rundir, "--device", "sim", "--name", "forkp", "--", exe,
+                     env=clean_env(SIMGPU_TIMESCALE="0", SIMGPU_DIR=str(tmp_path)))
+        assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+        child = int(re.search(r"child=(\d+)", r.stdout).group(1))
+
+        def done():
+            recs = [a for a in ctl.call("list", all=True)["apps"] if a["state"] == "exited"]
+            return recs if len(recs) == 2 else None
+        recs = wait_for(done, timeout=10)
+        assert recs, ctl.call("list", all=True)
+        by_pid = {a["pid"]: a for a in recs}
+        parent = next(p for p in by_pid if p != child)
+        assert [(k["name"], k["launches"]) for k in by_pid[parent]["kernels"]] == [("t_add", 15)]
+        assert [(k["name"], k["launches"]) for k in by_pid[child]["kernels"]] == [("t_add", 7)]
+        assert (by_pid[parent]["launches"], by_pid[child]["launches"]) == (15, 7)
+        assert by_pid[parent]["end"] == by_pid[child]["end"] == "exited"
+    finally:
         ctl.stop()
         shutil.rmtree(ctl.rundir, ignore_errors=True)

@@ -505,3 +505,77 @@ def test_runtime_entry_points_are_the_drivers_once_it_is_loaded(built):
     """))
     assert out == {"alloc": True, "launch_ptsz": True, "vmm": True, "old": [500, 2], "unknown": [500, 1],
                    "unversioned": True}
+
+
+# A library with its own (static) cudart launching through the driver into
+# an app's runtime stream capture, as cuBLAS does under CUDA graphs: the
+# captured launch runs nothing then, and each graph launch runs it once.
+CAPDRV_C = r"""
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#define CK(x) do { int e_ = (int)(x); if (e_) { printf("FAIL %s -> %d\n", #x, e_); exit(1); } } while (0)
+int main(int argc, char **argv)
+{
+	FILE *f = fopen(argv[1], "rb");
+	long n;
+	char *img;
+	CUdevice dev;
+	CUcontext ctx;
+	CUmodule m;
+	CUfunction fa;
+	cudaStream_t s;
+	cudaGraph_t g;
+	cudaGraphExec_t x;
+	int *d, k = 1, nn = 4, h = 0, i;
+	void *params[] = { &d, &k, &nn };
+
+	if (!f)
+		return 2;
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	rewind(f);
+	img = malloc(n);
+	if (!img || fread(img, 1, n, f) != (size_t)n)
+		return 2;
+	fclose(f);
+	CK(cuInit(0));
+	CK(cuDeviceGet(&dev, 0));
+	CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+	CK(cuCtxSetCurrent(ctx));
+	CK(cuModuleLoadData(&m, img));
+	CK(cuModuleGetFunction(&fa, m, "_Z7add_i32Piii"));
+	CK(cudaMalloc((void **)&d, 1024));
+	CK(cudaMemset(d, 0, 1024));
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+	CK(cuLaunchKernel(fa, 1, 1, 1, 32, 1, 1, 0, (CUstream)s, params, NULL));
+	CK(cudaStreamEndCapture(s, &g));
+	CK(cudaGraphInstantiate(&x, g, 0));
+	for (i = 0; i < 5; i++)
+		CK(cudaGraphLaunch(x, s));
+	CK(cudaStreamSynchronize(s));
+	CK(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost));
+	printf("PASS d0=%d\n", h);
+	return h != 5;
+}
+"""
+
+
+def test_a_driver_launch_into_a_runtime_capture_counts_once_per_graph_launch(built, controller, rundir,
+                                                                              tmp_path):
+    src, exe = tmp_path / "capdrv.c", tmp_path / "capdrv"
+    src.write_text(CAPDRV_C)
+    inc = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+    subprocess.run(["cc", "-O1", "-I", str(inc), "-o", str(exe), str(src), f"-L{paths.SIMGPU_DIR}",
+                    "-l:libcuda.so.1", "-l:libcudart.so.13"], check=True, capture_output=True, text=True)
+    env = dict(os.environ, SIMGPU_TWINS=str(BIN / "drvcheck.twins.so"), SIMGPU_TIMESCALE="0")
+    res = subprocess.run([*COLOCATE, "run", "--runtime-dir", str(rundir), "--device", "sim", "--name",
+                          "capdrv", "--", str(exe), str(BIN / "drvcheck.fatbin")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert res.returncode == 0 and "PASS d0=5" in res.stdout, res.stdout + res.stderr
+    rec = wait_until(lambda: (r := app_record(rundir, "capdrv"))["state"] == "exited" and r,
+                     what="final record")
+    assert [(k["name"], k["launches"]) for k in rec["kernels"]] == [("_Z7add_i32Piii", 5)], rec
+    assert rec["launches"] == 5

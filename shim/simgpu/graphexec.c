@@ -311,6 +311,12 @@ SG_API cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t hGraphExec,
 	e = sg_kernel_node_op(p, &op, &size);
 	if (e != cudaSuccess)
 		return sg_err(e);
+	/* CUDA: "the function cannot change" (only its arguments and shape);
+	 * the shim's count of this exec's kernels relies on it too */
+	if (op->u.kern.k != x->v[i].op->u.kern.k) {
+		free(op);
+		return sg_err(cudaErrorInvalidValue);
+	}
 	free(x->v[i].op);
 	x->v[i].op = op;
 	x->v[i].size = size;
