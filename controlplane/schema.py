@@ -136,8 +136,8 @@ RECORD = {
                     doc="batch apps: object throughput; null for QoS apps"),
     "end": F("str", required=False, null=True, choices=("exited", "killed", "vanished"),
              doc="exited apps: exited normally (its ledger or exit message says so), killed "
-                 "(gone without exiting, e.g. SIGKILL: records from its ledger), vanished (gone, "
-                 "no ledger: kernels unknown)"),
+                 "(gone without its exit handler running: a signal such as SIGKILL, _exit, an exec; "
+                 "records from its ledger), vanished (gone, no ledger: kernels unknown)"),
 }
 
 WORKER = {
