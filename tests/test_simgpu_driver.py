@@ -548,6 +548,7 @@ int main(int argc, char **argv)
 	CK(cuModuleGetFunction(&fa, m, "_Z7add_i32Piii"));
 	CK(cudaMalloc((void **)&d, 1024));
 	CK(cudaMemset(d, 0, 1024));
+	CK(cudaDeviceSynchronize());   /* s does not wait for the legacy stream */
 	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
 	CK(cuLaunchKernel(fa, 1, 1, 1, 32, 1, 1, 0, (CUstream)s, params, NULL));
