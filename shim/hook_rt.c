@@ -58,6 +58,12 @@ __typeof__(cudaMemset) cudaMemset_ptds;
 __typeof__(cudaMemsetAsync) cudaMemsetAsync_ptsz;
 __typeof__(cudaMemcpy2D) cudaMemcpy2D_ptds;
 __typeof__(cudaMemcpy2DAsync) cudaMemcpy2DAsync_ptsz;
+__typeof__(cudaMemcpy2DToArray) cudaMemcpy2DToArray_ptds;
+__typeof__(cudaMemcpy2DToArrayAsync) cudaMemcpy2DToArrayAsync_ptsz;
+__typeof__(cudaMemcpy2DFromArray) cudaMemcpy2DFromArray_ptds;
+__typeof__(cudaMemcpy2DFromArrayAsync) cudaMemcpy2DFromArrayAsync_ptsz;
+__typeof__(cudaMemcpy3D) cudaMemcpy3D_ptds;
+__typeof__(cudaMemcpy3DAsync) cudaMemcpy3DAsync_ptsz;
 __typeof__(cudaMemcpyToSymbol) cudaMemcpyToSymbol_ptds;
 __typeof__(cudaMemcpyToSymbolAsync) cudaMemcpyToSymbolAsync_ptsz;
 __typeof__(cudaMemcpyFromSymbol) cudaMemcpyFromSymbol_ptds;
@@ -536,6 +542,153 @@ static int count_symbol_copy(int to, const void *host, size_t n, enum cudaMemcpy
 		return count_copy(NULL, NULL, n, k);
 	return -1;
 }
+
+/*
+ * Copies to and from CUDA arrays: the array is device memory, like a
+ * symbol, so the other side decides a cudaMemcpyDefault (count_symbol_copy).
+ * width is in bytes for the 2D calls.
+ */
+#define TO_ARRAY2D_HOOK(name, ptsz)                                       \
+	SHIM_API cudaError_t name(cudaArray_t a, size_t wo, size_t ho, const void *s, size_t sp, \
+				  size_t w, size_t h, enum cudaMemcpyKind k)  \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
+		r = IN_RUNTIME(real_(a, wo, ho, s, sp, w, h, k));         \
+		if (r == cudaSuccess)                                     \
+			shim_task_copy(count_symbol_copy(1, s, w * h, k), w * h, 1); \
+		FWD_LOCAL(NULL, ptsz);                                    \
+		return r;                                                 \
+	}
+TO_ARRAY2D_HOOK(cudaMemcpy2DToArray, 0)
+TO_ARRAY2D_HOOK(cudaMemcpy2DToArray_ptds, 1)
+
+#define TO_ARRAY2D_ASYNC_HOOK(name, ptsz)                                 \
+	SHIM_API cudaError_t name(cudaArray_t a, size_t wo, size_t ho, const void *s, size_t sp, \
+				  size_t w, size_t h, enum cudaMemcpyKind k, cudaStream_t st) \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		CAPTURED(st, ptsz, real_(a, wo, ho, s, sp, w, h, k, st)); \
+		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
+		r = IN_RUNTIME(real_(a, wo, ho, s, sp, w, h, k, st));     \
+		if (r == cudaSuccess)                                     \
+			shim_task_copy(count_symbol_copy(1, s, w * h, k), w * h, 0); \
+		FWD_LOCAL(st, ptsz);                                      \
+		return r;                                                 \
+	}
+TO_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DToArrayAsync, 0)
+TO_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DToArrayAsync_ptsz, 1)
+
+#define FROM_ARRAY2D_HOOK(name, ptsz)                                     \
+	SHIM_API cudaError_t name(void *d, size_t dp, cudaArray_const_t a, size_t wo, size_t ho, \
+				  size_t w, size_t h, enum cudaMemcpyKind k)  \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
+		r = IN_RUNTIME(real_(d, dp, a, wo, ho, w, h, k));         \
+		if (r == cudaSuccess)                                     \
+			shim_task_copy(count_symbol_copy(0, d, w * h, k), w * h, 1); \
+		FWD_LOCAL(NULL, ptsz);                                    \
+		return r;                                                 \
+	}
+FROM_ARRAY2D_HOOK(cudaMemcpy2DFromArray, 0)
+FROM_ARRAY2D_HOOK(cudaMemcpy2DFromArray_ptds, 1)
+
+#define FROM_ARRAY2D_ASYNC_HOOK(name, ptsz)                               \
+	SHIM_API cudaError_t name(void *d, size_t dp, cudaArray_const_t a, size_t wo, size_t ho, \
+				  size_t w, size_t h, enum cudaMemcpyKind k, cudaStream_t st) \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		CAPTURED(st, ptsz, real_(d, dp, a, wo, ho, w, h, k, st)); \
+		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
+		r = IN_RUNTIME(real_(d, dp, a, wo, ho, w, h, k, st));     \
+		if (r == cudaSuccess)                                     \
+			shim_task_copy(count_symbol_copy(0, d, w * h, k), w * h, 0); \
+		FWD_LOCAL(st, ptsz);                                      \
+		return r;                                                 \
+	}
+FROM_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DFromArrayAsync, 0)
+FROM_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DFromArrayAsync_ptsz, 1)
+
+/*
+ * cudaMemcpy3D: extent.width counts bytes between pitched pointers and
+ * elements when an array takes part (its element size from the runtime).
+ * Returns the kind counted, for the task layer (-1: none).
+ */
+static int count_copy_3d(const struct cudaMemcpy3DParms *p, size_t *n)
+{
+	static __typeof__(&cudaArrayGetInfo) info;
+	cudaArray_const_t arr;
+	struct cudaChannelFormatDesc desc;
+	struct cudaExtent ext;
+	enum cudaMemcpyKind k;
+	unsigned flags;
+	size_t es = 1;
+	int sdev, ddev;
+
+	*n = 0;
+	if (!p || shim_in_runtime)
+		return -1;
+	arr = p->srcArray ? (cudaArray_const_t)p->srcArray : p->dstArray;
+	if (arr) {
+		if (!info && !(info = (__typeof__(info))shim_real_rt("cudaArrayGetInfo")))
+			return -1;
+		shim_in_runtime++;
+		if (info(&desc, &ext, &flags, (cudaArray_t)arr) == cudaSuccess)
+			es = (size_t)(desc.x + desc.y + desc.z + desc.w) / 8;
+		shim_in_runtime--;
+	}
+	k = p->kind;
+	if (k == cudaMemcpyDefault) {
+		sdev = p->srcArray || is_device_ptr(p->srcPtr.ptr);
+		ddev = p->dstArray || is_device_ptr(p->dstPtr.ptr);
+		k = ddev ? (sdev ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+			 : (sdev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+	}
+	*n = p->extent.width * es * p->extent.height * p->extent.depth;
+	return count_copy(NULL, NULL, *n, k);
+}
+
+#define COPY3D_HOOK(name, ptsz)                                           \
+	SHIM_API cudaError_t name(const struct cudaMemcpy3DParms *p)      \
+	{                                                                 \
+		cudaError_t r;                                            \
+		size_t n_;                                                \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
+		r = IN_RUNTIME(real_(p));                                 \
+		if (r == cudaSuccess) {                                   \
+			int k_ = count_copy_3d(p, &n_);                   \
+			shim_task_copy(k_, n_, 1);                        \
+		}                                                         \
+		FWD_LOCAL(NULL, ptsz);                                    \
+		return r;                                                 \
+	}
+COPY3D_HOOK(cudaMemcpy3D, 0)
+COPY3D_HOOK(cudaMemcpy3D_ptds, 1)
+
+#define COPY3D_ASYNC_HOOK(name, ptsz)                                     \
+	SHIM_API cudaError_t name(const struct cudaMemcpy3DParms *p, cudaStream_t st) \
+	{                                                                 \
+		cudaError_t r;                                            \
+		size_t n_;                                                \
+		REAL(name, NOSYM);                                        \
+		CAPTURED(st, ptsz, real_(p, st));                         \
+		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
+		r = IN_RUNTIME(real_(p, st));                             \
+		if (r == cudaSuccess) {                                   \
+			int k_ = count_copy_3d(p, &n_);                   \
+			shim_task_copy(k_, n_, 0);                        \
+		}                                                         \
+		FWD_LOCAL(st, ptsz);                                      \
+		return r;                                                 \
+	}
+COPY3D_ASYNC_HOOK(cudaMemcpy3DAsync, 0)
+COPY3D_ASYNC_HOOK(cudaMemcpy3DAsync_ptsz, 1)
 
 #define TO_SYMBOL_HOOK(name, ptsz)                                        \
 	SHIM_API cudaError_t name(const void *sym, const void *s, size_t n, size_t off, \

@@ -363,3 +363,67 @@ def test_sampling_rules_and_errors_through_ctypes(simdir):
     assert o["surf_bad_size"] == -1 and o["surf_bogus"] == -1
     assert o["err_before_trap"] == 0
     assert o["surf_trap"] == 1 and o["err_after_trap"] == ILLEGAL_ADDRESS
+
+
+# The shim counts the bytes of array copies like any other copy: the array
+# is device memory, so host->array is H2D and array->host D2H.
+ARRAYCOPY_C = r"""
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <string.h>
+#define CK(x) do { cudaError_t e_ = (x); if (e_) { printf("FAIL %s: %d\n", #x, e_); return 1; } } while (0)
+int main(void)
+{
+	static float h[32][64], back[32][64];
+	struct cudaChannelFormatDesc d = cudaCreateChannelDesc(32, 0, 0, 0, cudaChannelFormatKindFloat);
+	struct cudaMemcpy3DParms p;
+	cudaArray_t a;
+	int i, j;
+
+	for (i = 0; i < 32; i++)
+		for (j = 0; j < 64; j++)
+			h[i][j] = (float)(i * 64 + j);
+	CK(cudaMallocArray(&a, &d, 64, 32, 0));
+	CK(cudaMemcpy2DToArray(a, 0, 0, h, sizeof(h[0]), sizeof(h[0]), 32, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy2DFromArray(back, sizeof(back[0]), a, 0, 0, sizeof(back[0]), 32, cudaMemcpyDefault));
+	memset(&p, 0, sizeof(p));
+	p.srcPtr.ptr = h;
+	p.srcPtr.pitch = sizeof(h[0]);
+	p.srcPtr.xsize = 64;
+	p.srcPtr.ysize = 32;
+	p.dstArray = a;
+	p.extent.width = 64;    /* elements: an array takes part */
+	p.extent.height = 32;
+	p.extent.depth = 1;
+	p.kind = cudaMemcpyHostToDevice;
+	CK(cudaMemcpy3D(&p));
+	CK(cudaDeviceSynchronize());
+	if (memcmp(h, back, sizeof(h)))
+		return 1;
+	printf("PASS bytes=%zu\n", sizeof(h));
+	return 0;
+}
+"""
+
+
+def test_the_shim_counts_array_copies(tmp_path):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import Controller, clean_env, colocate, new_rundir, wait_for
+    _ensure_simgpu()
+    src, exe = tmp_path / "arraycopy.c", tmp_path / "arraycopy"
+    src.write_text(ARRAYCOPY_C)
+    inc = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+    subprocess.run(["cc", "-O1", "-I", str(inc), "-o", str(exe), str(src), f"-L{SIMGPU_LIB}",
+                    "-l:libcudart.so.13"], check=True, capture_output=True, text=True)
+    ctl = Controller(new_rundir())
+    try:
+        r = colocate("run", "--runtime-dir", ctl.rundir, "--device", "sim", "--name", "arraycopy", "--", exe,
+                     env=clean_env(SIMGPU_TIMESCALE="0", SIMGPU_DIR=str(tmp_path)))
+        assert r.returncode == 0 and "PASS bytes=8192" in r.stdout, r.stdout + r.stderr
+        rec = wait_for(lambda: next((a for a in ctl.call("list", all=True)["apps"]
+                                     if a["state"] == "exited"), None), timeout=10)
+        assert rec, ctl.call("list", all=True)
+        assert (rec["h2d_bytes"], rec["d2h_bytes"]) == (2 * 8192, 8192), rec
+    finally:
+        ctl.stop()
+        shutil.rmtree(ctl.rundir, ignore_errors=True)
