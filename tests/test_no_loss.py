@@ -197,3 +197,28 @@ def test_a_forked_child_has_its_own_ledger(tmp_path):
     finally:
         ctl.stop()
         shutil.rmtree(ctl.rundir, ignore_errors=True)
+
+
+def test_without_a_ledger_the_exit_message_carries_the_records(tmp_path):
+    """The controller cannot make ledgers (its apps/ directory is a file
+    here): apps still register, run and are recorded, by message."""
+    ctl = Controller(new_rundir())
+    try:
+        apps = Path(ctl.rundir) / "apps"
+        shutil.rmtree(apps)
+        apps.write_text("not a directory\n")
+        r = colocate("run", "--runtime-dir", ctl.rundir, "--device", "sim", "--name", "noledger", "--class",
+                     "qos", "--", BIN / "querydemo", "--queries", 20, "--n", 64,
+                     env=clean_env(SIMGPU_TIMESCALE="0", SIMGPU_DIR=str(tmp_path)))
+        assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+        s = stats(r.stdout)
+        rec = wait_for(lambda: next((a for a in ctl.call("list", all=True)["apps"]
+                                     if a["state"] == "exited"), None), timeout=10)
+        assert rec, ctl.call("list", all=True)
+        assert rec["end"] == "exited"
+        assert rec["kernels"] == [{"name": AFFINE, "launches": s["launches"], "twin": True}], rec
+        assert rec["queries"]["done"] == 20 and rec["queries"].get("begun") is None, rec["queries"]
+        assert "no ledger" in ctl.output()
+    finally:
+        ctl.stop()
+        shutil.rmtree(ctl.rundir, ignore_errors=True)
