@@ -8,7 +8,7 @@
 # There (device tool: carry [".whl"], timeout_s 600), from the repository root,
 # in two calls (one call may run 10 minutes; the machine stays warm between):
 #     OUT=$OUT bash bench/gpu_session.sh build pool
-#     OUT=$OUT bash bench/gpu_session.sh fwd demo vmmapp
+#     OUT=$OUT bash bench/gpu_session.sh fwd demo vmmapp apis
 # Steps, each optional, in this order; everything goes to $OUT (default
 # bench/out/gpu): a log per step and session.log with each step's exit code.
 #   build   a .venv on the image's python3 (its numpy, scikit-learn, rich,
@@ -26,6 +26,12 @@
 #           the time slice without MPS, PCIe contention (calib.jsonl); then
 #           calibrate.py fit: simgpu's parameters and its error per case
 #           (calib_fit.json).  A call of its own: it takes most of 10 minutes
+#   apis    issue 13's programs (bench/progs/texture, graphs, pools and the
+#           driver-API tests/drv/drvcheck) on the GPU: their own checks hold
+#           simgpu's reference semantics against the hardware; then under
+#           the shim with a controller, whose records (apis_quotas.json)
+#           must count what the programs print (graphs: 100 per captured
+#           kernel; drvcheck: its launches and bytes)
 # Not yet run on a GPU: read session.log first.
 set -u
 OUT=${OUT:-bench/out/gpu}
@@ -97,7 +103,32 @@ calib() {
 	return $rc
 }
 
-export -f build vmmapp calib
+apis() {
+	local rd rc=0 p native=()
+	[ "$DEV" = sim ] && native=(env LD_LIBRARY_PATH="$PWD/shim/lib/simgpu" SIMGPU_TIMESCALE=0)
+	for p in texture graphs pools; do
+		echo "== $p natively"
+		"${native[@]}" bench/bin/$p || rc=1
+	done
+	echo "== drvcheck natively"
+	"${native[@]}" bench/bin/drvcheck 5 3 4 || rc=1
+	rd=$(mktemp -d /tmp/cgpu-XXXXXX)
+	.venv/bin/colocate serve --runtime-dir "$rd" --device "$DEV" --pool none --detach || return 1
+	trap '.venv/bin/colocate stop --runtime-dir "$rd" >/dev/null 2>&1' EXIT
+	for p in texture graphs pools; do
+		echo "== $p under the shim"
+		.venv/bin/colocate run --runtime-dir "$rd" --device "$DEV" --name "$p" -- bench/bin/$p || rc=1
+	done
+	echo "== drvcheck under the shim"
+	.venv/bin/colocate run --runtime-dir "$rd" --device "$DEV" --name drvcheck -- bench/bin/drvcheck 5 3 4 || rc=1
+	sleep 0.5
+	.venv/bin/colocate quotas --runtime-dir "$rd" --all --json >"$OUT/apis_quotas.json" || rc=1
+	.venv/bin/colocate quotas --runtime-dir "$rd" --all || true
+	.venv/bin/colocate stop --runtime-dir "$rd"
+	return $rc
+}
+
+export -f build vmmapp calib apis
 export OUT JOBS PY DEV SECS
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 echo "session $(date -u +%FT%TZ) on $(head -n 12 "$OUT/nvidia-smi.txt" | grep -m1 -o 'NVIDIA [A-Z0-9][^|]*' || echo 'no GPU')" \
@@ -110,6 +141,7 @@ for s in "$@"; do
 	demo) step demo 180 .venv/bin/colocate demo ;;
 	vmmapp) step vmmapp 240 vmmapp ;;
 	calib) step calib 580 calib ;;
-	*) echo "unknown step $s (build pool fwd demo vmmapp calib)" | tee -a "$OUT/session.log"; exit 2 ;;
+	apis) step apis 240 apis ;;
+	*) echo "unknown step $s (build pool fwd demo vmmapp calib apis)" | tee -a "$OUT/session.log"; exit 2 ;;
 	esac
 done
