@@ -53,6 +53,7 @@ RECENT_EXITS = 64                  # exited apps whose late query boundaries sti
 OCC_QUERIES = 64                   # recent queries whose task occurrences are kept per app
 THROUGHPUT_WINDOW_S = 5.0         # a live batch app's throughput: launches over the last this long
 BATCH_TASK_EVERY_S = 0.005         # a batch app's same-named tasks reach the policy at most this often
+RELEASE_GRACE_S = 2.0              # an exited app's slot is freed when its pid is gone, or after this
 
 
 class Reject(Exception):
@@ -240,6 +241,7 @@ class Controller:
         self.apps: dict[int, App] = {}                  # slot -> live app
         self.history: collections.deque = collections.deque(maxlen=HISTORY_MAX)
         self.recent: collections.OrderedDict[int, App] = collections.OrderedDict()   # pid -> exited app
+        self.releasing: dict[int, tuple[App, float]] = {}   # slot -> (finished app, when), see release()
         self.stopping = False
         self.bad_tasks = 0                              # malformed "tasks" messages
         self.cb = ControlBlock.create(rd.ctlblock)
@@ -341,6 +343,8 @@ class Controller:
                 self.check_app(app, now)
             except Exception:                           # a bug: say so, keep serving the others
                 log.exception("checking app %s (pid %d) failed", app.info.name, app.info.pid)
+        if self.releasing:
+            self.release_due(now)
         if self.pool is not None:
             try:
                 self.unroute(self.pool.check())
@@ -578,10 +582,26 @@ class Controller:
                 f.write(json.dumps(rec) + "\n")
         except OSError as e:
             log.error("cannot append to %s: %s", self.rd.history, e)
-        self.cb.release(app.info.slot)
+        self.release(app)
         self.decide("on_exit", app.info)
         log.info("app %s (pid %d) finished: %d launches", app.info.name, app.info.pid, rec["launches"])
         return rec
+
+    def release(self, app: App, now: float | None = None) -> None:
+        """Free a finished app's control-block slot once its process is gone,
+        or RELEASE_GRACE_S after it said it exited: an exiting process may
+        still have a thread that loaded the slot's counters before its exit
+        handler moved them, and its last add must not land in the slot of
+        the app that gets it next."""
+        now = time.monotonic() if now is None else now
+        self.releasing.setdefault(app.info.slot, (app, now))
+        self.release_due(now)
+
+    def release_due(self, now: float) -> None:
+        for slot, (a, since) in list(self.releasing.items()):
+            if proc_start(a.info.pid) != a.start or now - since >= RELEASE_GRACE_S:
+                del self.releasing[slot]
+                self.cb.release(slot)
 
     def by_pid(self, pid: int) -> App | None:
         return next((a for a in self.apps.values() if a.info.pid == pid), None)

@@ -91,7 +91,13 @@ def test_exit_message(controller, cb, sleeper):
     assert controller.call("exit", pid=p.pid, slot=slot, kernels=kernels) == {"v": 1, "type": "ok"}
     rec = records(controller)[p.pid]
     assert (rec["state"], rec["launches"], rec["d2h_bytes"], rec["kernels"]) == ("exited", 3, 10, kernels)
-    assert cb.control(slot)["state"] == FREE
+    # the slot stays the exiting process's while it lives (a stray counter
+    # add of its last threads must not land in the next app's slot) ...
+    assert cb.control(slot)["state"] != FREE
+    p.kill()
+    p.wait()
+    # ... and is freed once it is gone
+    assert wait_for(lambda: cb.control(slot)["state"] == FREE, timeout=3)
 
 
 def test_register_refuses_dead_pid(controller, sleeper):
