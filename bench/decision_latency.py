@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from controlplane.policies import AppInfo, make_policy
+from controlplane.policies import AppInfo, QueryEvent, TaskDone, make_policy
 from controlplane.policies import claius as C
 
 TARGET_US = 100.0
@@ -97,7 +97,7 @@ def bench_policy(n: int, apps: int, units: int, use_c: bool, seed: int,
     batch = [AppInfo(i + 1, 1001 + i, f"b{i}", "batch") for i in range(apps)]
     for b in batch:
         pol.on_register(b)
-        pol.on_task_done(b, {"features": {"task": b.name}})
+        pol.on_task_done(b, TaskDone(features={"task": b.name}))
     tasks = [{"task": f"k{i}"} for i in range(10)]
     rng = np.random.default_rng(seed)
     out = []
@@ -106,11 +106,11 @@ def bench_policy(n: int, apps: int, units: int, use_c: bool, seed: int,
         for j, b in enumerate(batch):          # new ready tasks: new predictions, as
             pol.set_batch_curves(b.slot, v[j], bw[j])   # on_task_done sets them
         size = float(rng.uniform(0.5, 2.0))    # Eq. 3 lands on 30..90 %
-        info = {"id": i, "size": size, "t_us": i * 1000, "tasks": tasks}
+        info = QueryEvent(id=i, size=size, t_us=i * 1000, tasks=tuple(tasks))
         t0 = time.perf_counter()
         pol.on_query_begin(svc, info)
         out.append(time.perf_counter() - t0)
-        pol.on_query_end(svc, {"id": i})
+        pol.on_query_end(svc, QueryEvent(id=i))
     return out
 
 

@@ -34,7 +34,7 @@ import zmq
 
 from controlplane import schema
 from controlplane import metrics
-from controlplane.policies.base import AppInfo, Decision, Policy, make_policy_spec
+from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, TaskDone, make_policy_spec
 from controlplane.rundir import ColocateError, RunDir, version
 from predictors import schema as pschema
 from predictors.profile import RunFailed, lib_params
@@ -721,7 +721,7 @@ class Controller:
             app.final["queries"] = self.queries(app)
         elif q.rule == m["rule"]:
             # a live app's boundary, by the rule in force: the policy hears it
-            info = {"id": m["id"], "size": m["size"], "t_us": t_us, "rule": m["rule"]}
+            info = QueryEvent(id=m["id"], size=m["size"], t_us=t_us, rule=m["rule"])
             self.decide("on_query_begin" if begin else "on_query_end", app.info, info)
         return schema.message("ok")
 
@@ -777,8 +777,8 @@ class Controller:
                     continue
                 n, us = app.skipped.pop(t["name"], (0, 0.0))
                 self.decide("on_task_done", app.info,
-                            {"features": row, "duration_us": dur, "quota_pct": t["quota"],
-                             "query": t["query"], "count": n + 1, "total_us": us + dur})
+                            TaskDone(features=row, duration_us=dur, quota_pct=t["quota"],
+                                     query=t["query"], count=n + 1, total_us=us + dur))
         if app.final is not None:
             app.final["feed"] = self.feed(app)
         return None

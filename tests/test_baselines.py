@@ -7,8 +7,8 @@ import pytest
 
 from conftest import PY, ROOT, clean_env, colocate
 from controlplane.daemon import Controller as Ctl
-from controlplane.policies import (AppInfo, Decision, Policy, make_policy, make_policy_spec, parse_policy_spec,
-                                   register_policy)
+from controlplane.policies import (AppInfo, Decision, Policy, QueryEvent, TaskDone, make_policy, make_policy_spec,
+                                   parse_policy_spec, register_policy)
 from controlplane.rundir import ensure
 from processpool import Pool, parse_spec
 
@@ -83,12 +83,12 @@ class Recorder(Policy):
     """Records the query hooks the controller calls."""
     calls: list = []
 
-    def on_query_begin(self, app: AppInfo, info: dict) -> list[Decision]:
-        Recorder.calls.append(("begin", app.name, info["id"], info["size"], info["rule"]))
+    def on_query_begin(self, app: AppInfo, info: QueryEvent) -> list[Decision]:
+        Recorder.calls.append(("begin", app.name, info.id, info.size, info.rule))
         return [Decision(app.slot, 40, 0)]
 
-    def on_query_end(self, app: AppInfo, info: dict) -> list[Decision]:
-        Recorder.calls.append(("end", app.name, info["id"], info["rule"]))
+    def on_query_end(self, app: AppInfo, info: QueryEvent) -> list[Decision]:
+        Recorder.calls.append(("end", app.name, info.id, info.rule))
         return []
 
 
@@ -137,22 +137,22 @@ def test_baymax_holds_a_batch_task_that_does_not_fit_and_releases_when_it_does()
     p.pred = baymax_predictor()
     assert p.wants_tasks(BB1) and p.wants_tasks(BSVC)
     assert p.on_register(BB1) == [Decision(1, 100, None)]
-    assert p.on_task_done(BB1, {"features": {"task": "long"}, "duration_us": 100}) == []
+    assert p.on_task_done(BB1, TaskDone(features={"task": "long"}, duration_us=100)) == []
     assert p.batch[1].next_ms == 6.0                     # predicted, not the measured 0.1
     assert p.on_register(BSVC) == [Decision(0, 100, None)]
     # 0 spent + 4 remaining + 6 > 9: hold
-    d = p.on_query_begin(BSVC, {"id": 1, "size": 1, "tasks": PLAN})
+    d = p.on_query_begin(BSVC, QueryEvent(id=1, size=1, tasks=tuple(PLAN)))
     assert d == [Decision(1, 100, None, hold=True)]
     # 1 spent + 3 remaining + 6 = 10 > 9: still held
-    assert p.on_task_done(BSVC, {"features": PLAN[0], "duration_us": 1000, "query": 1}) == []
-    assert p.on_task_done(BSVC, {"features": PLAN[1], "duration_us": 500, "query": 1}) == []
+    assert p.on_task_done(BSVC, TaskDone(features=PLAN[0], duration_us=1000, query=1)) == []
+    assert p.on_task_done(BSVC, TaskDone(features=PLAN[1], duration_us=500, query=1)) == []
     # faster than predicted: 1.7 spent + 1 remaining + 6 = 8.7 <= 9: released
-    d = p.on_task_done(BSVC, {"features": PLAN[2], "duration_us": 200, "query": 1})
+    d = p.on_task_done(BSVC, TaskDone(features=PLAN[2], duration_us=200, query=1))
     assert d == [Decision(1, 100, None)]
     # the released batch task's time is charged to the query: 1.7 + 6 + 1 + 6 > 9
-    assert p.on_task_done(BB1, {"features": {"task": "long"}, "duration_us": 6000}) == \
+    assert p.on_task_done(BB1, TaskDone(features={"task": "long"}, duration_us=6000)) == \
         [Decision(1, 100, None, hold=True)]
-    assert p.on_query_end(BSVC, {"id": 1}) == [Decision(1, 100, None)]      # released at the end
+    assert p.on_query_end(BSVC, QueryEvent(id=1)) == [Decision(1, 100, None)]      # released at the end
 
 
 def test_baymax_releases_at_query_end_and_packs_the_headroom_in_slot_order():
@@ -160,18 +160,18 @@ def test_baymax_releases_at_query_end_and_packs_the_headroom_in_slot_order():
     p.pred = baymax_predictor()
     for a in (BSVC, BB1, BB2):
         p.on_register(a)
-    p.on_task_done(BB1, {"features": {"task": "short"}, "duration_us": 1})
-    p.on_task_done(BB2, {"features": {"task": "long"}, "duration_us": 1})
+    p.on_task_done(BB1, TaskDone(features={"task": "short"}, duration_us=1))
+    p.on_task_done(BB2, TaskDone(features={"task": "long"}, duration_us=1))
     # 4 + 2 (b1) fits; 4 + 2 + 6 (b2) does not
-    assert p.on_query_begin(BSVC, {"id": 1, "size": 1, "tasks": PLAN}) == \
+    assert p.on_query_begin(BSVC, QueryEvent(id=1, size=1, tasks=tuple(PLAN))) == \
         [Decision(2, 100, None, hold=True)]
-    assert p.on_query_end(BSVC, {"id": 1}) == [Decision(2, 100, None)]
+    assert p.on_query_end(BSVC, QueryEvent(id=1)) == [Decision(2, 100, None)]
     # the next query's plan is the tasks seen (none here: the query's own 4 ms)
-    p.on_task_done(BB2, {"features": {"task": "short"}, "duration_us": 1})
-    assert p.on_query_begin(BSVC, {"id": 2, "size": 1}) == []     # 4 + 2 + 2 <= 9
-    assert p.on_query_end(BSVC, {"id": 2}) == []
+    p.on_task_done(BB2, TaskDone(features={"task": "short"}, duration_us=1))
+    assert p.on_query_begin(BSVC, QueryEvent(id=2, size=1)) == []     # 4 + 2 + 2 <= 9
+    assert p.on_query_end(BSVC, QueryEvent(id=2)) == []
     # a bigger query: 6 + 2 (b1) <= 9, 6 + 2 + 2 (b2) > 9
-    assert p.on_query_begin(BSVC, {"id": 3, "size": 1.5}) == [Decision(2, 100, None, hold=True)]
+    assert p.on_query_begin(BSVC, QueryEvent(id=3, size=1.5)) == [Decision(2, 100, None, hold=True)]
 
 
 def test_baymax_unknown_batch_task_waits_during_a_query():
@@ -179,7 +179,7 @@ def test_baymax_unknown_batch_task_waits_during_a_query():
     p.pred = baymax_predictor()
     p.on_register(BSVC)
     assert p.on_register(BB1) == [Decision(1, 100, None)]
-    assert p.on_query_begin(BSVC, {"id": 1, "size": 1}) == [Decision(1, 100, None, hold=True)]
+    assert p.on_query_begin(BSVC, QueryEvent(id=1, size=1)) == [Decision(1, 100, None, hold=True)]
 
 
 def test_baymax_holds_nothing_without_qos_apps():
@@ -187,7 +187,7 @@ def test_baymax_holds_nothing_without_qos_apps():
     p.pred = baymax_predictor()
     got = p.on_register(BB1) + p.on_register(BB2)
     for f in ("long", "short", "long"):
-        got += p.on_task_done(BB1, {"features": {"task": f}, "duration_us": 9e6})
+        got += p.on_task_done(BB1, TaskDone(features={"task": f}, duration_us=9e6))
     got += p.on_exit(BB2)
     assert got == [Decision(1, 100, None), Decision(2, 100, None)]
     assert not any(p.held.values())
@@ -204,7 +204,7 @@ def test_baymax_batch_apps_take_turns_in_time_slices():
     now[0] = 0.021                                                     # b1's slice is over
     assert p.on_tick(now[0]) == [Decision(1, 100, None, hold=True), Decision(2, 100, None)]
     now[0] = 0.042
-    assert p.on_task_done(BB2, {"features": {"task": "short"}, "duration_us": 1}) == \
+    assert p.on_task_done(BB2, TaskDone(features={"task": "short"}, duration_us=1)) == \
         [Decision(1, 100, None), Decision(2, 100, None, hold=True)]      # round robin
     assert p.on_exit(BB1) == [Decision(2, 100, None)]                  # the one left runs
     with pytest.raises(ValueError):
@@ -215,13 +215,13 @@ def test_baymax_without_predictor_uses_measured_times():
     p = make_policy_spec("baymax")
     for a in (BSVC, BB1):
         p.on_register(a)
-    p.on_task_done(BB1, {"features": {"task": "x"}, "duration_us": 2000})     # measured 2 ms
+    p.on_task_done(BB1, TaskDone(features={"task": "x"}, duration_us=2000))     # measured 2 ms
     # the first query is unknown: the batch app waits until it ends
-    assert p.on_query_begin(BSVC, {"id": 1, "size": 1}) == [Decision(1, 100, None, hold=True)]
-    p.on_task_done(BSVC, {"duration_us": 3000, "query": 1})
-    assert p.on_query_end(BSVC, {"id": 1}) == [Decision(1, 100, None)]
+    assert p.on_query_begin(BSVC, QueryEvent(id=1, size=1)) == [Decision(1, 100, None, hold=True)]
+    p.on_task_done(BSVC, TaskDone(features=None, duration_us=3000, query=1))
+    assert p.on_query_end(BSVC, QueryEvent(id=1)) == [Decision(1, 100, None)]
     # now it took 3 ms: 3 + 2 <= 10 (no PCIe figure without a predictor)
-    assert p.on_query_begin(BSVC, {"id": 2, "size": 1}) == []
+    assert p.on_query_begin(BSVC, QueryEvent(id=2, size=1)) == []
     # 8 ms charged to the query + 3 remaining + the next 8 ms > 10
-    p.on_task_done(BB1, {"features": {"task": "x"}, "duration_us": 8000})
+    p.on_task_done(BB1, TaskDone(features={"task": "x"}, duration_us=8000))
     assert p.held[1] is True

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from controlplane.policies import AppInfo, Decision, make_policy
+from controlplane.policies import AppInfo, Decision, QueryEvent, TaskDone, make_policy
 from controlplane.policies import claius as C
 
 Q = np.arange(10, 101, 10, dtype=np.float64)
@@ -34,7 +34,7 @@ def test_eq3_none_feasible_runs_at_100_and_logs(caplog):
     svc = AppInfo(0, 100, "svc", "qos", qos_ms=1.0)
     pol.on_register(svc)
     with caplog.at_level(logging.WARNING, logger="colocate.claius"):
-        d = pol.on_query_begin(svc, {"id": 7, "size": 1, "t_us": 0})
+        d = pol.on_query_begin(svc, QueryEvent(id=7, size=1, t_us=0))
     assert pol.qos[0].query.quota == 100
     assert "no quota meets" in caplog.text and "svc query 7" in caplog.text
     assert d == [] or d == [Decision(0, 100, None)]             # already 100 since register
@@ -221,10 +221,10 @@ def start(**opts) -> C.CLaius:
     # the hand values below are IPC sums: the objective as printed
     pol = make_policy("claius", predictor=scripted_predictor(), **{"objective": "ipc", **opts})
     assert pol.on_register(B1) == [Decision(1, 10, None)]           # unseen: one unit to run
-    assert pol.on_task_done(B1, {"features": {"task": "b1k"}}) == [Decision(1, 100, None)]
+    assert pol.on_task_done(B1, TaskDone(features={"task": "b1k"})) == [Decision(1, 100, None)]
     # b2 unseen: one unit, b1 the other 9
     assert pol.on_register(B2) == [Decision(1, 90, None), Decision(2, 10, None)]
-    assert pol.on_task_done(B2, {"features": {"task": "b2k"}}) == []   # b1 9 + b2 1: IPC 11
+    assert pol.on_task_done(B2, TaskDone(features={"task": "b2k"})) == []   # b1 9 + b2 1: IPC 11
     assert pol.last_packing.choice == [9, 1]
     assert pol.on_register(SVC) == [Decision(0, 100, None)]
     return pol
@@ -233,33 +233,33 @@ def start(**opts) -> C.CLaius:
 def test_policy_scripted_run_with_lag_and_rollback(caplog):
     pol = start()
     # Eq. 3: 400/q <= 10 - 1 -> 50 %; the knapsack over 5 units: b1 4 + b2 1 (IPC 6)
-    d = pol.on_query_begin(SVC, {"id": 1, "size": 1, "t_us": 0, "tasks": TASKS})
+    d = pol.on_query_begin(SVC, QueryEvent(id=1, size=1, t_us=0, tasks=tuple(TASKS)))
     assert d == [Decision(0, 50, None), Decision(1, 40, None)]
-    assert pol.on_task_done(SVC, {"features": TASKS[0], "duration_us": 2000}) == []   # on time
+    assert pol.on_task_done(SVC, TaskDone(features=TASKS[0], duration_us=2000)) == []   # on time
     with caplog.at_level(logging.INFO, logger="colocate.claius"):
-        d = pol.on_task_done(SVC, {"features": TASKS[1], "duration_us": 4000})
+        d = pol.on_task_done(SVC, TaskDone(features=TASKS[1], duration_us=4000))
     # lag 2 ms; Eq. 6: 6 + 200/q <= 9 -> 70 %; batch gets 3 units: b1 2 + b2 1
     assert d == [Decision(0, 70, None), Decision(1, 20, None)]
     assert "lags 2.000 ms" in caplog.text and "50% -> 70%" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="colocate.claius"):
-        d = pol.on_task_done(SVC, {"features": TASKS[2], "duration_us": 300})
+        d = pol.on_task_done(SVC, TaskDone(features=TASKS[2], duration_us=300))
     # 6.3 ms spent + 2 ms for the last task at 50 % <= 9: roll back
     assert d == [Decision(0, 50, None), Decision(1, 40, None)]
     assert "rollback 70% -> 50%" in caplog.text
-    assert pol.on_task_done(SVC, {"features": TASKS[3], "duration_us": 2000}) == []
+    assert pol.on_task_done(SVC, TaskDone(features=TASKS[3], duration_us=2000)) == []
     # query over: the batch apps get the whole device again; the next query
     # reuses this query's tasks as its plan
-    assert pol.on_query_end(SVC, {"id": 1}) == [Decision(1, 90, None)]
-    d = pol.on_query_begin(SVC, {"id": 2, "size": 1, "t_us": 10_000})
+    assert pol.on_query_end(SVC, QueryEvent(id=1)) == [Decision(1, 90, None)]
+    d = pol.on_query_begin(SVC, QueryEvent(id=2, size=1, t_us=10_000))
     assert d == [Decision(1, 40, None)] and pol.qos[0].query.plan == TASKS
 
 
 def test_policy_no_compensation_ablation():
     pol = start(compensation=False)
-    pol.on_query_begin(SVC, {"id": 1, "size": 1, "t_us": 0, "tasks": TASKS})
-    pol.on_task_done(SVC, {"features": TASKS[0], "duration_us": 2000})
-    assert pol.on_task_done(SVC, {"features": TASKS[1], "duration_us": 4000}) == []
+    pol.on_query_begin(SVC, QueryEvent(id=1, size=1, t_us=0, tasks=tuple(TASKS)))
+    pol.on_task_done(SVC, TaskDone(features=TASKS[0], duration_us=2000))
+    assert pol.on_task_done(SVC, TaskDone(features=TASKS[1], duration_us=4000)) == []
     assert pol.sent[0] == 50
 
 
@@ -272,9 +272,9 @@ def test_policy_bandwidth_cap_and_nb_ablation():
                           device_bw_gbs=600.0, bandwidth_cap=cap, objective="ipc")
         for a in (B1, B2):
             pol.on_register(a)
-            pol.on_task_done(a, {"features": {"task": a.name}})
+            pol.on_task_done(a, TaskDone(features={"task": a.name}))
         pol.on_register(SVC)
-        pol.on_query_begin(SVC, {"id": 1, "size": 1, "t_us": 0, "tasks": TASKS})
+        pol.on_query_begin(SVC, QueryEvent(id=1, size=1, t_us=0, tasks=tuple(TASKS)))
         assert {s: pol.sent[s] for s in (1, 2)} == want
         if cap:
             assert pol.last_packing.bw + 200.0 <= 600.0
@@ -288,7 +288,7 @@ def test_bandwidth_cap_binds_only_while_a_query_is_in_flight():
                           objective="ipc", hysteresis=0, cap_idle=cap_idle)
         for a in (B1, B2):
             pol.on_register(a)
-            pol.on_task_done(a, {"features": {"task": a.name}})
+            pol.on_task_done(a, TaskDone(features={"task": a.name}))
         assert {s: pol.sent[s] for s in (1, 2)} == want, cap_idle
         if cap_idle:
             assert pol.last_packing.bw <= 600.0
@@ -307,16 +307,16 @@ def test_policy_two_qos_services_share_by_slope():
     b = AppInfo(3, 13, "b", "qos", qos_ms=6.05)      # Eq. 3: 60 %, slope 1 ms per step
     pol.on_register(a)
     pol.on_register(b)
-    assert pol.on_query_begin(b, {"id": 1, "size": 1}) == [Decision(3, 60, None)]
-    d = pol.on_query_begin(a, {"id": 1, "size": 1})
+    assert pol.on_query_begin(b, QueryEvent(id=1, size=1)) == [Decision(3, 60, None)]
+    d = pol.on_query_begin(a, QueryEvent(id=1, size=1))
     assert sorted(d, key=lambda x: x.slot) == [Decision(0, 60, None), Decision(3, 40, None)]
-    assert pol.on_query_end(a, {"id": 1}) == [Decision(3, 60, None)]
+    assert pol.on_query_end(a, QueryEvent(id=1)) == [Decision(3, 60, None)]
 
 
 def test_policy_without_predictor_is_static_like():
     pol = make_policy("claius")
     assert pol.on_register(SVC) == [Decision(0, 100, None)]
-    pol.on_query_begin(SVC, {"id": 1, "size": 1})
+    pol.on_query_begin(SVC, QueryEvent(id=1, size=1))
     assert pol.on_register(B1) == [Decision(1, 10, None)]   # QoS holds 100 %: b1 a unit
     assert pol.sent[1] == 10
 
@@ -325,7 +325,7 @@ def test_granularity_option():
     pol = make_policy("claius", predictor=scripted_predictor(), granularity=20)
     assert list(pol.quotas) == [20, 40, 60, 80, 100]
     pol.on_register(SVC)
-    pol.on_query_begin(SVC, {"id": 1, "size": 1, "tasks": TASKS})
+    pol.on_query_begin(SVC, QueryEvent(id=1, size=1, tasks=tuple(TASKS)))
     assert pol.sent[0] == 60                           # 400/q <= 9 -> 44.4 -> next step 60
     with pytest.raises(ValueError):
         make_policy("claius", granularity=30)
@@ -336,13 +336,13 @@ def test_granularity_option():
 def test_batch_app_given_no_units_is_held_then_released():
     pol = start()
     # Eq. 3: 400/q <= 5 - 1 only at 100 %: no unit left for the batch apps
-    d = pol.on_query_begin(SVC, {"id": 1, "size": 1, "t_us": 0, "tasks": TASKS, "qos_ms": 5.0})
+    d = pol.on_query_begin(SVC, QueryEvent(id=1, size=1, t_us=0, tasks=tuple(TASKS), qos_ms=5.0))
     # held at the quota each had (90 / 10), so that holding moves nothing
     assert d == [Decision(1, 90, None, hold=True), Decision(2, 10, None, hold=True)]
     assert pol.held == {0: False, 1: True, 2: True}
     # a new ready task of a held app changes nothing while no unit is free
-    assert pol.on_task_done(B2, {"features": {"task": "b2-other"}}) == []
-    d = pol.on_query_end(SVC, {"id": 1})
+    assert pol.on_task_done(B2, TaskDone(features={"task": "b2-other"})) == []
+    d = pol.on_query_end(SVC, QueryEvent(id=1))
     assert d == [Decision(1, 90, None), Decision(2, 10, None)]          # released
     assert not any(x.hold for x in d)
 
@@ -360,7 +360,7 @@ def test_normalised_objective_does_not_starve_a_memory_bound_app():
         pol = make_policy("claius", predictor=p, objective=obj, hysteresis=0)
         for a in (B1, B2):
             pol.on_register(a)
-            pol.on_task_done(a, {"features": {"task": a.name}})
+            pol.on_task_done(a, TaskDone(features={"task": a.name}))
         got[obj] = (pol.last_packing.choice, pol.held)
     assert got["ipc"][0] == [10, 0] and got["ipc"][1][2] is True
     assert got["normalised"][0] == [7, 3]          # b2 at its 30 % knee, b1 the rest
@@ -379,12 +379,12 @@ def test_batch_curves_are_time_weighted_over_recent_tasks():
     pol = make_policy("claius", predictor=p)
     app = AppInfo(1, 101, "lud", "batch")
     pol.on_register(app)
-    pol.on_task_done(app, {"features": {"task": "diag"}})
+    pol.on_task_done(app, TaskDone(features={"task": "diag"}))
     assert pol.batch[1].ipc[1:] == pytest.approx(np.ones(10))     # alone: flat
-    pol.on_task_done(app, {"features": {"task": "internal"}})
+    pol.on_task_done(app, TaskDone(features={"task": "internal"}))
     t = np.array([0.1 + 100.0 / q for q in range(10, 101, 10)])
     assert pol.batch[1].ipc[1:] == pytest.approx(t[-1] / t)
-    d = pol.on_task_done(app, {"features": {"task": "diag", "n": 2}})
+    d = pol.on_task_done(app, TaskDone(features={"task": "diag", "n": 2}))
     t2 = t + 0.1
     assert pol.batch[1].ipc[1:] == pytest.approx(t2[-1] / t2)
     assert d == []                                  # moved < 2 %: nothing decided again
@@ -401,13 +401,13 @@ def test_hysteresis_keeps_a_packing_that_is_nearly_as_good():
     pol = make_policy("claius", predictor=p)
     for a in (B1, B2):
         pol.on_register(a)
-        pol.on_task_done(a, {"features": {"task": a.name, "n": 0}})
+        pol.on_task_done(a, TaskDone(features={"task": a.name, "n": 0}))
     placed = dict(pol.sent)
     # b2's tasks get 3 % faster at 10 % only: a new best exists, not 5 % better
     speed["b2"] = 1.0
     p.task["b2"] = lambda f, q: (97.0 if q == 10 else 100.0) / q
     for i in range(1, 20):
-        pol.on_task_done(B2, {"features": {"task": "b2", "n": i}})
+        pol.on_task_done(B2, TaskDone(features={"task": "b2", "n": i}))
     assert pol.sent == placed
     assert sum(pol.sent.values()) == 100
 
@@ -418,17 +418,17 @@ def test_late_tasks_complete_their_own_querys_plan_only():
     query 2 is not counted as query 2's progress."""
     pol = make_policy("claius", predictor=scripted_predictor())
     pol.on_register(SVC)
-    pol.on_query_begin(SVC, {"id": 1, "size": 1, "t_us": 0})
-    pol.on_task_done(SVC, {"features": TASKS[0], "duration_us": 1000, "query": 1})
-    pol.on_query_end(SVC, {"id": 1, "t_us": 5000})
+    pol.on_query_begin(SVC, QueryEvent(id=1, size=1, t_us=0))
+    pol.on_task_done(SVC, TaskDone(features=TASKS[0], duration_us=1000, query=1))
+    pol.on_query_end(SVC, QueryEvent(id=1, t_us=5000))
     for t in TASKS[1:3]:                                    # late, query 1's
-        assert pol.on_task_done(SVC, {"features": t, "duration_us": 1000, "query": 1}) == []
+        assert pol.on_task_done(SVC, TaskDone(features=t, duration_us=1000, query=1)) == []
     assert pol.qos[0].last_plan == TASKS[:3]
-    pol.on_query_begin(SVC, {"id": 2, "size": 1, "t_us": 10000})
+    pol.on_query_begin(SVC, QueryEvent(id=2, size=1, t_us=10000))
     assert pol.qos[0].query.plan == TASKS[:3]
-    pol.on_task_done(SVC, {"features": TASKS[3], "duration_us": 1000, "query": 1})
+    pol.on_task_done(SVC, TaskDone(features=TASKS[3], duration_us=1000, query=1))
     assert pol.qos[0].query.measured == []
-    pol.on_task_done(SVC, {"features": TASKS[0], "duration_us": 1000, "query": 2})
+    pol.on_task_done(SVC, TaskDone(features=TASKS[0], duration_us=1000, query=2))
     assert pol.qos[0].query.measured == [1.0]
 
 
@@ -496,23 +496,22 @@ def test_fast_path_decides_like_the_reference_on_random_runs():
                 live.discard(a.slot)
                 in_q.pop(a.slot, None)
             elif a.cls == "batch":
-                ev = ("on_task_done", a, {"features": {"task": tasks[int(rng.integers(4))]},
-                                          "duration_us": 1000.0})
+                ev = ("on_task_done", a, TaskDone(features={"task": tasks[int(rng.integers(4))]},
+                                                  duration_us=1000.0))
             elif a.slot not in in_q:
                 qid[a.slot] += 1
                 plan = None if rng.random() < 0.4 else \
                     [{"task": tasks[int(rng.integers(4))]} for _ in range(int(rng.integers(1, 6)))]
                 in_q[a.slot] = plan or []
-                info = {"id": qid[a.slot], "size": float(rng.uniform(0.5, 2.0)), "t_us": step}
-                if plan is not None:
-                    info["tasks"] = plan
+                info = QueryEvent(id=qid[a.slot], size=float(rng.uniform(0.5, 2.0)), t_us=step,
+                                  tasks=None if plan is None else tuple(plan))
                 ev = ("on_query_begin", a, info)
             elif r < 0.25:
                 in_q.pop(a.slot)
-                ev = ("on_query_end", a, {"id": qid[a.slot]})
+                ev = ("on_query_end", a, QueryEvent(id=qid[a.slot]))
             else:
-                ev = ("on_task_done", a, {"features": {"task": tasks[int(rng.integers(4))]},
-                                          "duration_us": float(rng.uniform(100, 4000))})
+                ev = ("on_task_done", a, TaskDone(features={"task": tasks[int(rng.integers(4))]},
+                                                  duration_us=float(rng.uniform(100, 4000))))
             got = [getattr(p, ev[0])(*ev[1:]) for p in pols]
             assert got[0] == got[1], (run, step, ev)
             assert pols[0].sent == pols[1].sent and pols[0].held == pols[1].held

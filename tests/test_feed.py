@@ -4,6 +4,8 @@ them as "tasks" messages, and the policy hears each one in on_task_done with
 its predictors task row, device time, quota and query."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import re
 import subprocess
@@ -15,7 +17,7 @@ import pytest
 from conftest import ROOT, clean_env, wait_for
 from controlplane.daemon import Controller as Ctl
 from controlplane.launcher import libzmq_path
-from controlplane.policies.base import AppInfo, Decision, Policy, make_policy_spec, register_policy
+from controlplane.policies.base import AppInfo, Decision, Policy, TaskDone, make_policy_spec, register_policy
 from controlplane.rundir import ensure
 from shim import paths
 
@@ -34,8 +36,8 @@ class Feed(Policy):
     def wants_tasks(self, app: AppInfo) -> bool:
         return True
 
-    def on_task_done(self, app: AppInfo, task: dict) -> list[Decision]:
-        Feed.calls.append((app.name, task))
+    def on_task_done(self, app: AppInfo, task: TaskDone) -> list[Decision]:
+        Feed.calls.append((app.name, dataclasses.asdict(task)))   # the assertions read fields by key
         return []
 
 

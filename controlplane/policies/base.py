@@ -13,7 +13,7 @@ does I/O of its own.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,32 @@ class Decision:
                                           # later Decision for the slot has hold=False
 
 
+@dataclass(frozen=True)
+class QueryEvent:
+    """A query boundary: what on_query_begin and on_query_end receive."""
+    id: int                               # the query's id (the app's own with the API, else counted)
+    size: float = 0                       # its input: the app's unit (API) or bytes copied in (inferred)
+    t_us: float | None = None             # when, on the shim's monotonic clock; None: unknown
+    rule: str = "api"                     # how it was found: "api" (marked) or "inferred" (copies)
+    tasks: tuple[Mapping[str, Any], ...] | None = None
+                                          # the predictors task rows the query will run, when the
+                                          # caller knows them (a simulator's plan); None: the policy
+                                          # guesses from what it saw
+    qos_ms: float | None = None           # a latency target for this query alone; None: the app's
+
+
+@dataclass(frozen=True)
+class TaskDone:
+    """A completed task from the app's feed: what on_task_done receives."""
+    features: Mapping[str, Any] | None    # a predictors task row (schema.task_row, with "occurrence")
+    duration_us: float | None = None      # its device time
+    quota_pct: int | None = None          # the SM quota it ran at; None: unknown
+    query: int | None = None              # the id of the query it belongs to (QoS apps), else None
+    count: int = 1                        # how many tasks of its name it stands for (batch apps:
+                                          # the ones in between were not passed on)
+    total_us: float | None = None         # their device time together; None: duration_us
+
+
 class Policy:
     """Base policy: every hook decides nothing."""
     name = "base"
@@ -52,19 +78,15 @@ class Policy:
     def on_exit(self, app: AppInfo) -> list[Decision]:
         return []
 
-    def on_query_begin(self, app: AppInfo, info: dict) -> list[Decision]:
+    def on_query_begin(self, app: AppInfo, info: QueryEvent) -> list[Decision]:
         return []
 
-    def on_query_end(self, app: AppInfo, info: dict) -> list[Decision]:
+    def on_query_end(self, app: AppInfo, info: QueryEvent) -> list[Decision]:
         return []
 
-    def on_task_done(self, app: AppInfo, task: dict) -> list[Decision]:
+    def on_task_done(self, app: AppInfo, task: TaskDone) -> list[Decision]:
         """A task of the app completed (sent only when the controller asks the
-        shim for task feedback; see wants_tasks).  task: {"features": a
-        predictors task row (schema.task_row, with "occurrence"), "duration_us":
-        device time, "quota_pct": the quota it ran at, "query": the id of the
-        query it belongs to or None, "count": how many tasks of its name it
-        stands for, "total_us": their device time}.  A batch app's tasks come
+        shim for task feedback; see wants_tasks).  A batch app's tasks come
         at most every few ms per kernel name (count > 1: the ones in between
         were not passed on); a QoS app's come one by one (count 1), possibly
         after the query's end."""

@@ -54,7 +54,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from controlplane.policies.base import AppInfo, Decision, Policy, register_policy
+from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, TaskDone, register_policy
 from controlplane.policies.claius import ModelPredictor, Predictor, Row
 
 log = logging.getLogger("colocate.baymax")
@@ -131,11 +131,11 @@ class Baymax(Policy):
             log.debug("baymax: no task prediction for %s (%s)", app.name, e)
             return None
 
-    def _query(self, s: Service, info: dict) -> Query:
-        target = info.get("qos_ms") or s.info.qos_ms
-        size = float(info.get("size") or 0)
-        plan = list(info.get("tasks") or s.last_plan)
-        qid = int(info.get("id", 0))
+    def _query(self, s: Service, info: QueryEvent) -> Query:
+        target = info.qos_ms or s.info.qos_ms
+        size = float(info.size or 0)
+        plan = list(info.tasks or s.last_plan)
+        qid = int(info.id)
         if target is None:
             target = math.inf
         pcie, total, plan_ms = 0.0, math.inf, None
@@ -221,7 +221,7 @@ class Baymax(Policy):
         self.held.pop(app.slot, None)
         return self._decide()
 
-    def on_query_begin(self, app: AppInfo, info: dict) -> list[Decision]:
+    def on_query_begin(self, app: AppInfo, info: QueryEvent) -> list[Decision]:
         s = self.qos.get(app.slot)
         if s is None:
             return []
@@ -229,7 +229,7 @@ class Baymax(Policy):
         s.query = self._query(s, info)
         return self._decide()
 
-    def on_query_end(self, app: AppInfo, info: dict) -> list[Decision]:
+    def on_query_end(self, app: AppInfo, info: QueryEvent) -> list[Decision]:
         s = self.qos.get(app.slot)
         if s is None or s.query is None:
             return []
@@ -241,15 +241,15 @@ class Baymax(Policy):
         s.query = None
         return self._decide()
 
-    def on_task_done(self, app: AppInfo, task: dict) -> list[Decision]:
-        dur_ms = float(task.get("duration_us") or 0.0) / 1000.0
+    def on_task_done(self, app: AppInfo, task: TaskDone) -> list[Decision]:
+        dur_ms = float(task.duration_us or 0.0) / 1000.0
         # a batch report may stand for several tasks (the controller passes
         # on one per kernel every few ms): all their time was device time
-        total_ms = float(task.get("total_us") or task.get("duration_us") or 0.0) / 1000.0
-        feats = task.get("features")
+        total_ms = float(task.total_us or task.duration_us or 0.0) / 1000.0
+        feats = task.features
         s = self.qos.get(app.slot)
         if s is not None:
-            tq = task.get("query")
+            tq = task.query
             if s.query is None or (tq is not None and tq != s.query.id):
                 return []                  # late: its query has ended
             if feats is not None:

@@ -14,13 +14,13 @@ Everything here is pure: predictions come from an injected Predictor (a
 table for tests, ModelPredictor for trained models), time comes from the
 events, and the only output is Decisions and log lines.
 
-What the hooks read (the daemon passes these dicts):
-  on_query_begin  info: id, size (input size), t_us; optional qos_ms (overrides
-                  the app's), tasks (feature dicts of the query's tasks, in
-                  order; otherwise the previous query's tasks are the plan)
+What the hooks read (base.QueryEvent and base.TaskDone):
+  on_query_begin  info: id, size (input size), t_us; qos_ms (overrides the
+                  app's), tasks (feature dicts of the query's tasks, in
+                  order; None: the previous query's tasks are the plan)
   on_task_done    task: features (a predictors task row), duration_us
-                  (measured), quota_pct (it ran at); optional query (id),
-                  count (tasks it stands for).  QoS tasks advance their
+                  (measured), quota_pct (it ran at), query (id), count
+                  (tasks it stands for).  QoS tasks advance their
                   query's progress (a late one, of an ended query, completes
                   that query's plan); batch tasks join the app's recent tasks,
                   which its knapsack curves are time-weighted over.
@@ -47,7 +47,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from controlplane.policies.base import AppInfo, Decision, Policy, register_policy
+from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, TaskDone, register_policy
 
 log = logging.getLogger("colocate.claius")
 
@@ -868,13 +868,13 @@ class CLaius(Policy):
         self._bm = None
         return self._decide()
 
-    def on_query_begin(self, app: AppInfo, info: dict) -> list[Decision]:
+    def on_query_begin(self, app: AppInfo, info: QueryEvent) -> list[Decision]:
         a = self.qos.get(app.slot)
         if a is None:
             return []
-        target = info.get("qos_ms") or app.qos_ms
-        size = float(info.get("size") or 0)
-        plan = list(info.get("tasks") or a.last_plan)
+        target = info.qos_ms or app.qos_ms
+        size = float(info.size or 0)
+        plan = list(info.tasks or a.last_plan)
         cache = None
         if self.fast:
             if a.pcache is None or a.pcache.plan != plan:
@@ -898,44 +898,44 @@ class CLaius(Policy):
                 if q is None:
                     log.warning("claius: %s query %s (size %g): no quota meets %.3g ms "
                                 "(%.3g ms + %.3g ms PCIe and host at 100 %%): 100 %%", app.name,
-                                info.get("id"), size, target, t[-1], pc[-1])
+                                info.id, size, target, t[-1], pc[-1])
                     q = 100
                 q0, pcie, curve = q, float(pc[self._qidx(q)]), np.asarray(t, dtype=np.float64)
-        a.query = QueryState(int(info.get("id", 0)), float(info.get("t_us") or 0.0), float(target),
+        a.query = QueryState(int(info.id), float(info.t_us or 0.0), float(target),
                              pcie, q0, curve, q0, plan, cache=cache,
                              host_ms=a.host_ms if curve.any() else 0.0)
         return self._decide()
 
-    def on_task_done(self, app: AppInfo, task: dict) -> list[Decision]:
+    def on_task_done(self, app: AppInfo, task: TaskDone) -> list[Decision]:
         b = self.batch.get(app.slot)
         if b is not None:
-            feats = task.get("features")
+            feats = task.features
             if feats is None or self.pred is None:
                 return []
             b.task = feats
-            if not self._batch_preds(b, int(task.get("count") or 1)):
+            if not self._batch_preds(b, int(task.count or 1)):
                 return []
             return self._decide()
         a = self.qos.get(app.slot)
         if a is None:
             return []
-        tq = task.get("query")
+        tq = task.query
         if a.query is None or (tq is not None and tq != a.query.id):
             # a task reported after its query ended (the feed lags the query
             # boundaries): it completes that query's plan, and no other's
-            if tq is not None and tq == a.last_qid and task.get("features") is not None:
+            if tq is not None and tq == a.last_qid and task.features is not None:
                 base = [] if a.late_restarts else a.last_plan
-                a.last_plan, a.late_restarts = base + [task["features"]], False
+                a.last_plan, a.late_restarts = base + [task.features], False
             return []
         q = a.query
-        if task.get("features") is not None:
-            a.seen.append(task["features"])
+        if task.features is not None:
+            a.seen.append(task.features)
         i = len(q.measured)
-        q.measured.append(float(task.get("duration_us", 0.0)) / 1000.0)
+        q.measured.append(float(task.duration_us or 0.0) / 1000.0)
         if self.pred is None or not q.plan or i >= len(q.plan) or math.isinf(q.target_ms):
             return []
         pred = self._plan_pred(a)
-        ran_at = int(task.get("quota_pct") or self.sent.get(app.slot, q.quota))   # the quota it ran at
+        ran_at = int(task.quota_pct or self.sent.get(app.slot, q.quota))   # the quota it ran at
         q.predicted.append(float(pred[i, self._qidx(ran_at)]))
         if not self.compensation:
             return []
@@ -976,7 +976,7 @@ class CLaius(Policy):
         q.quota, q.compensated = new, True
         return self._decide()
 
-    def on_query_end(self, app: AppInfo, info: dict) -> list[Decision]:
+    def on_query_end(self, app: AppInfo, info: QueryEvent) -> list[Decision]:
         a = self.qos.get(app.slot)
         if a is None or a.query is None:
             return []
@@ -986,7 +986,7 @@ class CLaius(Policy):
         a.seen = []
         q, a.query = a.query, None
         a.last_qid = q.id
-        end_us = info.get("t_us")
+        end_us = info.t_us
         if self.learn_host and end_us is not None and q.arrival_us and not math.isinf(q.target_ms) \
                 and q.curve.any():
             lat = (float(end_us) - q.arrival_us) / 1000.0
