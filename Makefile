@@ -25,7 +25,7 @@ DRVLIB  ?= $(firstword $(wildcard $(CUDA_HOME)/lib64/stubs/libcuda.so $(CUDA_HOM
 DRVPROG := bench/bin/drvcheck bench/bin/drvcheck.fatbin bench/bin/drvcheck.twins.so \
 	   bench/bin/test-drvapi.fatbin bench/bin/test-drvapi.twins.so
 
-.PHONY: all build native progs test demo clean gpu-wheels
+.PHONY: all build native progs test lint demo clean gpu-wheels
 all: build
 
 build: $(VENV)/.installed native progs
@@ -107,7 +107,12 @@ bench/bin/test-%: tests/progs/%.c
 # the Tonic services (bench/tonic) add their own targets to `progs`
 -include bench/tonic/build.mk
 
-test: build
+# ruff (pyproject.toml's [tool.ruff]) over every Python folder, mypy over the packages
+lint: $(VENV)/.installed
+	$(BIN)/ruff check controlplane predictors processpool shim bench tests
+	$(BIN)/mypy
+
+test: build lint
 	$(BIN)/python -m pytest -q
 
 demo: build

@@ -58,9 +58,10 @@ if str(REPO) not in sys.path:
 
 import zmq  # noqa: E402
 
-from controlplane.launcher import cuda_usable as driver_present, libzmq_path  # noqa: E402
-from shim import paths  # noqa: E402
+from controlplane.launcher import cuda_usable as driver_present  # noqa: E402
+from controlplane.launcher import libzmq_path  # noqa: E402
 from processpool.mps import Mps  # noqa: E402
+from shim import paths  # noqa: E402
 from shim.ctlblock import ControlBlock  # noqa: E402
 
 BIN = REPO / "bench" / "bin"

@@ -128,7 +128,7 @@ def parse_quotas(text: str) -> list[int]:
     try:
         qs = sorted({int(x) for x in text.split(",") if x.strip()}, reverse=True)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad quota list {text!r}: integers 1..100, comma-separated")
+        raise argparse.ArgumentTypeError(f"bad quota list {text!r}: integers 1..100, comma-separated") from None
     if not qs or any(not 1 <= q <= 100 for q in qs):
         raise argparse.ArgumentTypeError(f"bad quota list {text!r}: integers 1..100, comma-separated")
     if 100 not in qs:
@@ -145,7 +145,7 @@ def parse_pairs(text: str) -> list[tuple[int, int]]:
         try:
             p, c = (int(v) for v in item.split("/"))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"bad pair {item!r}: PARENT/CHILD percentages, e.g. 30/70")
+            raise argparse.ArgumentTypeError(f"bad pair {item!r}: PARENT/CHILD percentages, e.g. 30/70") from None
         if not (1 <= p <= 100 and 1 <= c <= 100):
             raise argparse.ArgumentTypeError(f"bad pair {item!r}: percentages are 1..100")
         out.append((p, c))

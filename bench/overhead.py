@@ -130,7 +130,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     """Per side its figures, plus ratio and added ns against `without`."""
     sides = {name: side(r) for name, r in runs.items()}
     base = sides["without"]
-    for name, s in sides.items():
+    for s in sides.values():
         s["ratio"] = s["median_launches_per_s"] / base["median_launches_per_s"]
         s["added_ns_per_launch"] = s["ns_per_launch"] - base["ns_per_launch"]
         s["added_issue_ns_per_launch"] = (s["median_issue_ns_per_launch"]

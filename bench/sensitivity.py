@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from colocation import MECHS   # bench/ is this script's folder
+from colocation import MECHS  # bench/ is this script's folder
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("full", *(f"-{m}" for m in MECHS), "fluid")

@@ -9,7 +9,7 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich import box
@@ -20,7 +20,9 @@ from rich.text import Text
 
 from controlplane import daemon, launcher, rundir, schema
 from controlplane.rundir import ColocateError
-from predictors.cli import app as predictors_app, profile as predictors_profile, train as predictors_train
+from predictors.cli import app as predictors_app
+from predictors.cli import profile as predictors_profile
+from predictors.cli import train as predictors_train
 from processpool import SPEC_HELP, parse_spec
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
@@ -230,7 +232,8 @@ def trace(name: str = typer.Argument(..., help="App name (as `colocate quotas` s
                                                     help="The program to run and its arguments (after --)."),
           out_file: Optional[Path] = typer.Option(None, "--out", metavar="FILE",
                                                   help="Where to write it (default: NAME.trace.jsonl / .csv)."),
-          fmt: TraceFormat = typer.Option(TraceFormat.jsonl, "--format", help="JSON lines, or CSV converted from them."),
+          fmt: TraceFormat = typer.Option(TraceFormat.jsonl, "--format",
+                                          help="JSON lines, or CSV converted from them."),
           cls: str = typer.Option("batch", "--class", help="qos (latency-critical) or batch."),
           qos_ms: Optional[float] = typer.Option(None, "--qos-ms", help="Latency target in ms (qos only)."),
           quota: Optional[int] = typer.Option(None, help="Requested SM share in percent (1..100)."),
@@ -286,7 +289,7 @@ QUOTA_KEYS = ("name", "pid", "class", "quota_pct", "route", "launches", "forward
               "throughput", "feed", "end")
 
 
-def human_bytes(n: int) -> str:
+def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             break
@@ -411,11 +414,13 @@ def kernels(name: Optional[str] = typer.Argument(None, help="Only this app."),
         print(json.dumps(rows, indent=2))
         return
     t = Table(box=box.SIMPLE_HEAD, title=f"colocate: {len(rows)} kernel(s)")
-    for col, j in (("app", "left"), ("pid", "right"), ("kernel", "left"), ("launches", "right"),
-                   ("twin", "left")):
+    cols: tuple[tuple[str, Literal["left", "right"]], ...] = (
+        ("app", "left"), ("pid", "right"), ("kernel", "left"), ("launches", "right"), ("twin", "left"))
+    for col, j in cols:
         t.add_column(col, justify=j)
     for r in rows:
-        twin = {True: "yes", False: Text("no", style="bold red"), None: "-"}[r.get("twin")]
+        twins: dict[bool | None, str | Text] = {True: "yes", False: Text("no", style="bold red"), None: "-"}
+        twin = twins[r.get("twin")]
         t.add_row(r["app"], str(r["pid"]), r["name"], str(r["launches"]), twin)
     out.print(t)
 
@@ -508,8 +513,9 @@ def schema_cmd(as_json: bool = typer.Option(False, "--json", help="Print it as J
     if as_json:
         print(json.dumps(schema.as_json(), indent=2))
         return
-    out.print(f'protocol v{schema.PROTOCOL} (revision {schema.REVISION}): DEALER -> ROUTER at ipc://DIR/ctl.sock, frames [b"", JSON object] '
-              f'of at most {schema.MAX_BYTES} bytes; every message has "v": {schema.PROTOCOL} and "type".',
+    out.print(f'protocol v{schema.PROTOCOL} (revision {schema.REVISION}): DEALER -> ROUTER at '
+              f'ipc://DIR/ctl.sock, frames [b"", JSON object] of at most {schema.MAX_BYTES} bytes; '
+              f'every message has "v": {schema.PROTOCOL} and "type".',
               markup=False)
     for title, table in (("requests (-> reply)", schema.REQUESTS), ("replies", schema.REPLIES),
                          ("objects", {"kernel": schema.KERNEL, "record": schema.RECORD,

@@ -32,8 +32,7 @@ from typing import Any
 
 import zmq
 
-from controlplane import schema
-from controlplane import metrics
+from controlplane import metrics, schema
 from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, TaskDone, make_policy_spec
 from controlplane.rundir import ColocateError, RunDir, version
 from predictors import schema as pschema
@@ -814,7 +813,7 @@ def request(rd: RunDir, type: str, timeout: float = 1.0, **fields: Any) -> dict:
     Raises NoController when none answers, ColocateError on an error reply."""
     if not rd.sock.exists():
         raise NoController(f"no controller is running in {rd.path} (start one: colocate serve --detach)")
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     try:
@@ -857,7 +856,7 @@ def lock_pidfile(rd: RunDir) -> int:
             os.close(fd)
             pid = read_pid(rd)
             raise ColocateError(f"a controller is already running in {rd.path}"
-                                + (f" (pid {pid})" if pid else "") + "; stop it with `colocate stop`")
+                                + (f" (pid {pid})" if pid else "") + "; stop it with `colocate stop`") from None
         try:
             same = os.stat(rd.pidfile).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:

@@ -15,7 +15,6 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-
 ENV = "COLOCATE_RUNTIME_DIR"
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path, minus the terminating NUL
 
@@ -31,7 +30,8 @@ class ColocateError(Exception):
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError, version as dist_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
     try:
         return dist_version("colocate")
     except PackageNotFoundError:

@@ -94,7 +94,8 @@ TASK = {
     "stream": F("str", required=False, default="0x0"),
     "host_us": F("number", required=False, null=True, doc="CLOCK_MONOTONIC at issue"),
     "start_us": F("number", null=True, doc="device start (us from the app's first task)"),
-    "dur_us": F("number", null=True, min=0, doc="device duration (the worker's, for a forwarded task); null: not timed"),
+    "dur_us": F("number", null=True, min=0,
+                doc="device duration (the worker's, for a forwarded task); null: not timed"),
     "quota": F("int", min=1, max=100, doc="the SM quota it ran at"),
     "route": F("str", required=False, choices=("local", "worker"), default="local"),
     "worker": F("int", required=False, null=True),
@@ -236,7 +237,8 @@ REPLY_TO = {"register": "registered", "exit": "ok", "ping": "pong", "list": "app
             "tasks": None}
 
 
-_PY = {"int": int, "number": (int, float), "str": str, "bool": bool, "list": list, "object": dict}
+_PY: dict[str, type | tuple[type, ...]] = {"int": int, "number": (int, float), "str": str, "bool": bool,
+                                           "list": list, "object": dict}
 
 
 def _jtype(v: Any) -> str:

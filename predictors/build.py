@@ -61,7 +61,7 @@ ffibuilder = make_ffi(Path(os.path.relpath(HERE)))
 
 def build_inplace(force: bool = False) -> Path:
     """Compile predictors/_cinfer*.so when missing or older than its sources."""
-    from shim.build import cffi_inplace     # not at the top: setup.py runs this file alone
+    from shim.build import cffi_inplace  # not at the top: setup.py runs this file alone
     return cffi_inplace(make_ffi, HERE, "_cinfer", [HERE / s for s in SOURCES + HEADERS] + [Path(__file__)], force)
 
 

@@ -288,7 +288,7 @@ def _profile_gpu(tgts: list, qs: list[int], reps: int, st, timeout: float, progr
             return P.profile(tgts, qs, reps, st, timeout=timeout, progress=progress, gpu=gpu)
     except P.GpuUnavailable as e:
         print(f"colocate: {e}", file=sys.stderr)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     except P.ProfileError as e:
         _fail(str(e))
 
@@ -314,7 +314,7 @@ def _profile_groups(tgts: list, qs: list[int], quotas: str, st, n: int, group_si
         _fail(str(e))
     except (P.RunFailed, StoreError) as e:
         print(f"colocate: {e}", file=sys.stderr)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     per = (f", {summ.elapsed_s / max(summ.added, 1) * 100:.1f} s per 100"
            if summ.added else "")
     sizes = ", ".join(f"{k}: {v}" for k, v in sorted(summ.members.items()))

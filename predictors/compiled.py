@@ -19,7 +19,8 @@ import numpy as np
 log = logging.getLogger("predictors")
 
 try:
-    from predictors._cinfer import ffi as _ffi, lib as _lib
+    from predictors._cinfer import ffi as _ffi
+    from predictors._cinfer import lib as _lib
     C_ERROR = ""
 except ImportError as e:          # not built: numpy fallback
     _ffi = _lib = None

@@ -178,12 +178,12 @@ def resolve(names: Sequence[str], inputs: Sequence[str] = (), service_args: str 
             continue
         if n.startswith("tonic:"):
             raise ProfileError(f"unknown Tonic net {n[6:]!r} (one of {', '.join(TONIC)})")
-        exe = n if "/" in n else shutil.which(n)
-        if exe is None or not os.access(exe, os.X_OK) or os.path.isdir(exe):
+        found = n if "/" in n else shutil.which(n)
+        if found is None or not os.access(found, os.X_OK) or os.path.isdir(found):
             raise ProfileError(f"unknown app {n!r}: not a Rodinia app ({', '.join(RODINIA)}), "
                                f"not tonic:NET ({', '.join(TONIC)}), not an executable")
         labels.append(cmd_name or os.path.basename(n))
-        targets.append(Target(labels[-1], "app", [str(Path(exe).absolute())] + list(names[i + 1:]),
+        targets.append(Target(labels[-1], "app", [str(Path(found).absolute())] + list(names[i + 1:]),
                               [""]))
         break
     given = _parse_inputs(inputs, labels)

@@ -4,7 +4,8 @@ Every sample written here has src "synthetic", and the report says so.
 
 Task durations follow simgpu's fluid model (SIMGPU_MODEL=fluid:
 shim/simgpu/engine.c with every mechanism off) exactly (tested against simgpu
-itself; the default block-level model adds waves, warps and queueing): a kernel of F flops and B bytes that can use s SMs (its quota,
+itself; the default block-level model adds waves, warps and queueing): a
+kernel of F flops and B bytes that can use s SMs (its quota,
 and no more SMs than its blocks fill) takes
 
     launch + max(F / (s * sm_flops), B / min(s * sm_bw, bw))

@@ -37,7 +37,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import zmq
 
@@ -184,7 +184,7 @@ class Worker:
     ready_at: float | None = None
     exit_reason: str = ""
     buf: bytes = b""
-    log_file: object = None
+    log_file: Any = None
     forwarded: int = 0
     apps: int = 0
     extra: dict = field(default_factory=dict)  # OPTIONAL_STATS its last answer carried
@@ -281,6 +281,7 @@ class Pool:
             self._died(w, now, f"cannot start {argv[0]}: {e.strerror or e}")
             return w
         w.pid = w.proc.pid
+        assert w.proc.stdout is not None                 # stdout=PIPE
         os.set_blocking(w.proc.stdout.fileno(), False)
         log.info("worker %d (quota %d%%) starting: pid %d", wid, pos.quota_pct, w.pid)
         return w
@@ -390,7 +391,8 @@ class Pool:
                     self._died(w, now, why)
                 elif w.state == "starting" and now - w.started_at > self.ready_timeout:
                     self._kill(w)
-                    w.proc.wait()
+                    if w.proc is not None:
+                        w.proc.wait()
                     gone.append(w.id)
                     self._died(w, now, f"was not ready within {self.ready_timeout:g} s")
             if w.state == "dead" and pos.retry_at is not None and now >= pos.retry_at:
@@ -413,32 +415,32 @@ class Pool:
     def stop(self) -> None:
         """SIGTERM every worker, wait, SIGKILL stragglers, then quit MPS if we started it."""
         self.stopping_now = True
-        live = [p.worker for p in self.positions
+        live = [(p.worker, p.worker.proc) for p in self.positions
                 if p.worker and p.worker.proc is not None and p.worker.proc.poll() is None]
-        for w in live:
+        for _, proc in live:
             try:
-                w.proc.terminate()
+                proc.terminate()
             except ProcessLookupError:
                 pass
         end = time.monotonic() + self.stop_timeout
-        for w in live:
+        for w, proc in live:
             try:
-                w.proc.wait(max(0.0, end - time.monotonic()))
+                proc.wait(max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("worker %d (pid %d) ignored SIGTERM for %g s; killing it", w.id, w.proc.pid,
+                log.warning("worker %d (pid %d) ignored SIGTERM for %g s; killing it", w.id, proc.pid,
                             self.stop_timeout)
-                w.proc.kill()
-                w.proc.wait()
+                proc.kill()
+                proc.wait()
         for p in self.positions:
-            w = p.worker
-            if w is None:
+            wp = p.worker
+            if wp is None:
                 continue
-            if w.proc is not None:
-                w.proc.poll()
-            if w.state in ("starting", "ready"):
-                w.state = "dead"
-                w.exit_reason = "stopped"
-            self._close(w)
+            if wp.proc is not None:
+                wp.proc.poll()
+            if wp.state in ("starting", "ready"):
+                wp.state = "dead"
+                wp.exit_reason = "stopped"
+            self._close(wp)
             p.retry_at = None
         if live:
             log.info("process pool stopped (%d worker(s))", len(live))

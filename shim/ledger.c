@@ -137,11 +137,16 @@ void lg_close(struct lg_header *lg)
 		munmap(lg, lg_size());
 }
 
+/*
+ * The offsets come from this file's constants, never from the header in
+ * shared memory: the app could rewrite that, and the controller would then
+ * read outside the mapping.
+ */
 struct lg_kernel *lg_kernel_at(struct lg_header *lg, uint32_t i)
 {
 	if (i >= LG_MAX_KERNELS)
 		return NULL;
-	return (struct lg_kernel *)((char *)lg + lg->kernels_off) + i;
+	return (struct lg_kernel *)((char *)lg + kernels_off()) + i;
 }
 
 const char *lg_name_at(struct lg_header *lg, uint32_t off, uint32_t len)
@@ -149,5 +154,5 @@ const char *lg_name_at(struct lg_header *lg, uint32_t off, uint32_t len)
 	/* the app writes names; the reader trusts nothing it did not check */
 	if ((uint64_t)off + len >= LG_NAMES_BYTES)
 		return NULL;
-	return (const char *)lg + lg->names_off + off;
+	return (const char *)lg + names_off() + off;
 }

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import Any
 
 from shim._ctlblock import ffi, lib
 
@@ -111,7 +112,7 @@ class Ledger:
         rule = RULES.get(lib.cb_load32(ffi.addressof(h, "q_rule")))
         hist = self.histogram()
         ended = sum(n for _, n in hist)
-        out = {"rule": rule, "begun": c["q_begun"], "ended": c["q_ended"],
+        out: dict[str, Any] = {"rule": rule, "begun": c["q_begun"], "ended": c["q_ended"],
                "violations": c["q_violations"], "mean_ms": None, "max_ms": None,
                "p50_ms": None, "p99_ms": None}
         if ended:

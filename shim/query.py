@@ -32,6 +32,8 @@ def _lookup() -> tuple[Any, Any] | None:
     global _api, _looked_up
     with _lock:
         if not _looked_up:
+            begin: Any = None
+            end: Any = None
             try:
                 lib = ctypes.CDLL(None)
                 begin, end = lib.colocate_query_begin_v1, lib.colocate_query_end_v1

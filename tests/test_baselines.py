@@ -4,11 +4,20 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import PY, ROOT, clean_env, colocate
+
 from controlplane.daemon import Controller as Ctl
-from controlplane.policies import (AppInfo, Decision, Policy, QueryEvent, TaskDone, make_policy, make_policy_spec,
-                                   parse_policy_spec, register_policy)
+from controlplane.policies import (
+    AppInfo,
+    Decision,
+    Policy,
+    QueryEvent,
+    TaskDone,
+    make_policy,
+    make_policy_spec,
+    parse_policy_spec,
+    register_policy,
+)
 from controlplane.rundir import ensure
 from processpool import Pool, parse_spec
 

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import clean_env, driver_present, run_json
 
 ROOT = Path(__file__).resolve().parents[1]

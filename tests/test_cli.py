@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PY, ROOT, clean_env, colocate, wait_for
-from controlplane import launcher, rundir as rundir_mod
+
+from controlplane import launcher
+from controlplane import rundir as rundir_mod
 from controlplane.cli import QUOTA_KEYS
 from controlplane.launcher import AppSpec, UsageError
 from shim import paths

@@ -9,10 +9,10 @@ import socket
 import time
 
 import pytest
+from conftest import Client, Controller, colocate, new_rundir, wait_for
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from conftest import Client, Controller, colocate, new_rundir, wait_for
 from controlplane import schema
 from controlplane.policies.base import AppInfo, Decision, Policy, make_policy, policy_names, register_policy
 from shim.ctlblock import FREE, LIVE, ControlBlock
@@ -433,7 +433,8 @@ def test_bad_solo_file_is_refused(tmp_path):
 
 
 def test_batch_tasks_reach_the_policy_at_a_bounded_rate():
-    from controlplane.daemon import BATCH_TASK_EVERY_S, App, Controller as Ctl
+    from controlplane.daemon import BATCH_TASK_EVERY_S, App
+    from controlplane.daemon import Controller as Ctl
     batch = App(AppInfo(1, 1, "b", "batch"), 0, "/bin/true", 0.0)
     qos = App(AppInfo(2, 2, "q", "qos", 5.0), 0, "/bin/true", 0.0)
     assert Ctl.batch_task_due(batch, "k1")

@@ -5,7 +5,6 @@ its predictors task row, device time, quota and query."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import re
 import subprocess
@@ -13,8 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, clean_env, wait_for
+
 from controlplane.daemon import Controller as Ctl
 from controlplane.launcher import libzmq_path
 from controlplane.policies.base import AppInfo, Decision, Policy, TaskDone, make_policy_spec, register_policy

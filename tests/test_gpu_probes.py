@@ -19,6 +19,7 @@ probes are for, on a GPU (bench/gpu_pool.py's docstring has the command).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -27,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import clean_env, driver_present, run_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,11 +225,11 @@ def test_parse_quotas_and_pairs():
     assert gpu_pool.parse_quotas("10, 50,30") == [100, 50, 30, 10]
     assert gpu_pool.parse_quotas("100,20") == [100, 20]
     for bad in ("0,50", "101", "a", ""):
-        with pytest.raises(Exception):
+        with pytest.raises(argparse.ArgumentTypeError):
             gpu_pool.parse_quotas(bad)
     assert gpu_pool.parse_pairs("100/100, 30/70") == [(100, 100), (30, 70)]
     for bad in ("30", "30/0", "x/y", ""):
-        with pytest.raises(Exception):
+        with pytest.raises(argparse.ArgumentTypeError):
             gpu_pool.parse_pairs(bad)
 
 

@@ -8,14 +8,12 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import TONIC_SMALL
 
 from predictors import groups as G

@@ -7,15 +7,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PY, ROOT, Client, wait_for
-from controlplane.policies.base import AppInfo, Decision, Policy, register_policy
 from test_feed import BIN, app_env, launches
+
+from controlplane.policies.base import AppInfo, Decision, Policy, register_policy
 
 pytestmark = pytest.mark.skipif(not (BIN / "launchloop").exists(), reason="bench programs not built")
 

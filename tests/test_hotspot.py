@@ -24,8 +24,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import pinned_sim_env
+
 from shim import paths
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,11 +18,9 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-
 from conftest import wait_until
 
 from shim import paths

@@ -4,9 +4,9 @@ from __future__ import annotations
 import socket
 import urllib.request
 
+from conftest import Controller, colocate
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Controller, colocate
 from controlplane.metrics import exposition
 
 

@@ -43,10 +43,10 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_forwarding import HOT, result_of
 
 from bench.forwarding import Rig
 from shim import paths
-from test_forwarding import HOT, result_of
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "bench" / "bin"
@@ -610,7 +610,7 @@ def test_module_files_the_worker_refuses(mod_worker):
     app = FakeApp(r, 5)
     try:
         cases = bad_files(r)
-        for mid, (name, (path, size, h, _)) in enumerate(cases.items()):
+        for mid, (path, size, h, _) in enumerate(cases.values()):
             app.send(module_frame(mid, size, h, str(path).encode()))
             app.send(define_frame(mid, VECADD, VECADD_PARAMS, 28, mid))
         assert app.errors() == []

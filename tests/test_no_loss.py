@@ -8,7 +8,6 @@ stalled controller never stalls an app.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -19,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, Controller, clean_env, colocate, new_rundir, wait_for
 
 SIMGPU = ROOT / "shim" / "lib" / "simgpu"

@@ -13,13 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PY, ROOT, Controller, clean_env, colocate, new_rundir, wait_for
+
 from controlplane import schema
 from controlplane.policies.base import Decision, Policy, make_policy, register_policy
-from processpool import DEFAULT_SPEC, MAX_WORKERS, Mps, MpsError, Pool, PoolError, SpecError, parse_spec
+from processpool import DEFAULT_SPEC, MAX_WORKERS, Mps, MpsError, Pool, PoolError, SpecError, parse_spec, worker_env
 from processpool import pool as pool_mod
-from processpool import worker_env
 from shim import paths
 from shim.ctlblock import ControlBlock
 

@@ -32,8 +32,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import RODINIA_SMALL, ROOT, clean_env, colocate, wait_for
+
 from shim import paths
 
 BIN = ROOT / "bench" / "bin"

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import RODINIA_SMALL, pinned_sim_env
+
 from shim import paths
 
 ROOT = Path(__file__).resolve().parents[1]

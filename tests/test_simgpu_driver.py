@@ -27,7 +27,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import wait_until
 
 from shim import paths

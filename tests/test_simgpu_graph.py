@@ -27,7 +27,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import clean_env, wait_until
 
 from shim import paths

@@ -9,12 +9,11 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import PY, ROOT, Controller, clean_env, colocate, new_rundir, wait_for
+
 from controlplane.cli import TRACE_COLUMNS
 from shim import paths, query
 

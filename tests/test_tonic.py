@@ -13,11 +13,9 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
-
 from conftest import TONIC_SMALL, wait_until
 
 from shim import paths

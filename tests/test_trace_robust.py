@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, clean_env
+
 from shim import paths
 
 BIN = ROOT / "bench" / "bin"

@@ -31,7 +31,6 @@ which may span mappings.
 from __future__ import annotations
 
 import array
-import json
 import os
 import signal
 import socket
@@ -43,11 +42,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_forwarding import HOT, result_of
+from test_modules import LUD, by_module_worker, lud_result
 
 from bench.forwarding import Rig
 from shim import paths
-from test_forwarding import HOT, result_of
-from test_modules import LUD, by_module_worker, lud_result
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "bench" / "bin"

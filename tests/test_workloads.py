@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import RODINIA_SMALL, TONIC_SMALL
+
 from shim import paths
 
 ROOT = Path(__file__).resolve().parents[1]

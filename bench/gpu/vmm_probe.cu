@@ -10,7 +10,7 @@
 // for every MPS client; --child-pct Q gives the child another one (default:
 // the same environment), and --child-mps-pipe DIR its own MPS pipe
 // directory (so that a parent outside MPS hands memory to an MPS client, as
-// an app under `colocate run` does to a pool worker).  The production plan of ARCHITECTURE.md, step by
+// an app under `colocate run` does to a pool worker).  The production plan of docs/ARCHITECTURE.md, step by
 // step:
 //
 //   parent  context; CU_DEVICE_ATTRIBUTE_MPS_ENABLED; reserve the arena

@@ -126,6 +126,7 @@ def _load_all() -> None:
     """Import every module of this package once, so that each registers itself."""
     import importlib
     import pkgutil
+
     from controlplane import policies
     for m in pkgutil.iter_modules(policies.__path__):
         importlib.import_module(f"{policies.__name__}.{m.name}")

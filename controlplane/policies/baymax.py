@@ -147,8 +147,9 @@ class Baymax(Policy):
                 log.warning("baymax: no query prediction for %s (%s)", s.info.name, e)
             if plan:
                 ms = [self._task_ms(s.info, t) for t in plan]
-                if all(m is not None for m in ms):
-                    plan_ms = [float(m) for m in ms]
+                known = [m for m in ms if m is not None]
+                if len(known) == len(ms):
+                    plan_ms = known
         elif s.last_total_ms is not None:
             total = s.last_total_ms
         return Query(qid, float(target), pcie, plan_ms, total)
@@ -180,12 +181,12 @@ class Baymax(Policy):
             if not live:
                 out[slot] = False
                 continue
-            fits = b.next_ms is not None and all(
-                q.spent_ms + q.remaining_ms() + used + b.next_ms <= q.target_ms - q.pcie_ms
-                for q in live)
+            nxt = b.next_ms
+            fits = nxt is not None and all(
+                q.spent_ms + q.remaining_ms() + used + nxt <= q.target_ms - q.pcie_ms for q in live)
             out[slot] = not fits
-            if fits:
-                used += b.next_ms
+            if nxt is not None and fits:
+                used += nxt
         return out
 
     def _decide(self) -> list[Decision]:

@@ -44,7 +44,7 @@ ffibuilder = make_ffi(Path(os.path.relpath(HERE)))
 
 def build_inplace(force: bool = False) -> Path:
     """Compile controlplane/policies/_knapsack*.so when missing or older than its sources."""
-    from shim.build import cffi_inplace     # not at the top: setup.py runs this file alone
+    from shim.build import cffi_inplace  # not at the top: setup.py runs this file alone
     return cffi_inplace(make_ffi, HERE, "_knapsack", [HERE / s for s in SOURCES] + [Path(__file__)], force)
 
 

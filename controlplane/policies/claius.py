@@ -43,7 +43,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, cast
 
 import numpy as np
 
@@ -52,7 +52,8 @@ from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, Ta
 log = logging.getLogger("colocate.claius")
 
 try:
-    from controlplane.policies._knapsack import ffi as _ffi, lib as _lib
+    from controlplane.policies._knapsack import ffi as _ffi
+    from controlplane.policies._knapsack import lib as _lib
     KS_C_ERROR = ""
 except ImportError as e:              # not built: the Python search below
     _ffi = _lib = None
@@ -341,7 +342,7 @@ def knapsack_py(value: np.ndarray, bw: np.ndarray, bw_cap: float, use_cap: bool 
     minbw = [0.0] * (n + 1)
     for i in range(n - 1, -1, -1):
         minbw[i] = minbw[i + 1] + min(BW[i])
-    st = {"best": 0.0, "bw": 0.0, "found": False, "choice": [0] * n, "nodes": 0}
+    st: dict[str, Any] = {"best": 0.0, "bw": 0.0, "found": False, "choice": [0] * n, "nodes": 0}
     cur = [0] * n
     # Lagrangian bounds (see knapsack.c): the DP over value - lam * bandwidth
     lams: list[float] = []
@@ -606,11 +607,13 @@ class CLaius(Policy):
         """plan x quotas predicted task times of the current query (once per
         query; on the fast path once per plan)."""
         q = a.query
+        assert q is not None
         if q.pred is None:
             pc = q.cache
             if pc is not None and pc.pred is not None:
                 q.pred = pc.pred
                 return q.pred
+            assert self.pred is not None          # a plan is predicted only with a predictor
             rows = [self.pred.task_ms(a.info.name, t, self.quotas) for t in q.plan]
             q.pred = np.array(rows, dtype=np.float64).reshape(len(q.plan), self.n)
             if pc is not None:
@@ -619,6 +622,7 @@ class CLaius(Policy):
 
     def _rem_sum(self, a: QosApp, done: int) -> np.ndarray:
         """Predicted time of the plan's tasks from index done on, per quota."""
+        assert a.query is not None
         pc = a.query.cache
         if pc is None:
             return self._plan_pred(a)[done:].sum(axis=0)
@@ -632,6 +636,7 @@ class CLaius(Policy):
         their time-weighted mean (the default: the bytes it moves over the
         time it runs; a peak held for the whole query idles the batch apps
         through every query of a service with one memory-bound layer)."""
+        assert self.pred is not None and a.query is not None
         m = np.array([self.pred.task_bw(a.info.name, t, self.quotas) for t in a.query.plan])
         if self.qos_bw_mode == "peak":
             return m.max(axis=0)
@@ -672,6 +677,7 @@ class CLaius(Policy):
         count: how many tasks like this one ran (the controller passes on one
         per kernel name every few ms and says how many it stands for)."""
         name = b.info.name
+        assert self.pred is not None and b.task is not None   # on_task_done checked both
         try:
             t = np.asarray(self.pred.task_ms(name, b.task, self.quotas), dtype=np.float64)
             bw = np.asarray(self.pred.task_bw(name, b.task, self.quotas), dtype=np.float64)
@@ -692,8 +698,8 @@ class CLaius(Policy):
             val = total[-1] / total
         bwv = (np.array([r[1] for r in b.recent]) * ts).sum(axis=0) / total
         val, bwv = np.concatenate(([0.0], val)), np.concatenate(([0.0], bwv))
-        if (b.ipc is not None and len(b.ipc) == len(val) and np.allclose(val, b.ipc, rtol=CURVE_RTOL)
-                and np.allclose(bwv, b.bw, rtol=CURVE_RTOL)):
+        if (b.ipc is not None and b.bw is not None and len(b.ipc) == len(val)
+                and np.allclose(val, b.ipc, rtol=CURVE_RTOL) and np.allclose(bwv, b.bw, rtol=CURVE_RTOL)):
             return False
         self.set_batch_curves(b.info.slot, val, bwv)
         return True
@@ -719,20 +725,19 @@ class CLaius(Policy):
     def _stacked(self, known: list[BatchApp], free: int) -> tuple[np.ndarray, np.ndarray]:
         """The knapsack input over free units: the reference stacks the
         curves each time; the fast path keeps the stack and its slices."""
+        # "known": every one has its curves
+        ipcs = [cast(np.ndarray, b.ipc) for b in known]
+        bws = [cast(np.ndarray, b.bw) for b in known]
         if not self.fast:
-            return (np.stack([b.ipc[:free + 1] for b in known]),
-                    np.stack([b.bw[:free + 1] for b in known]))
+            return (np.stack([v[:free + 1] for v in ipcs]), np.stack([w[:free + 1] for w in bws]))
         bm = self._bm
         if bm is None or len(bm.refs) != len(known) or any(
-                r[0] is not b.ipc or r[1] is not b.bw for r, b in zip(bm.refs, known)):
-            if any(len(b.ipc) != self.n + 1 or len(b.bw) != self.n + 1 for b in known):
+                r[0] is not v or r[1] is not w for r, v, w in zip(bm.refs, ipcs, bws)):
+            if any(len(v) != self.n + 1 or len(w) != self.n + 1 for v, w in zip(ipcs, bws)):
                 self._bm = None
-                return (np.stack([b.ipc[:free + 1] for b in known]),
-                        np.stack([b.bw[:free + 1] for b in known]))
-            bm = self._bm = BatchMats(tuple(b.info.slot for b in known),
-                                      [(b.ipc, b.bw) for b in known],
-                                      np.stack([b.ipc for b in known]),
-                                      np.stack([b.bw for b in known]))
+                return (np.stack([v[:free + 1] for v in ipcs]), np.stack([w[:free + 1] for w in bws]))
+            bm = self._bm = BatchMats(tuple(b.info.slot for b in known), list(zip(ipcs, bws)),
+                                      np.stack(ipcs), np.stack(bws))
         c = bm.cut.get(free)
         if c is None:
             c = bm.cut[free] = (np.ascontiguousarray(bm.V[:, :free + 1]),
@@ -744,6 +749,7 @@ class CLaius(Policy):
         """Predicted time of the query's tasks still to run, per quota: from
         its plan when it has one, else the whole query's curve."""
         q = a.query
+        assert q is not None
         if q.plan:
             return self._rem_sum(a, len(q.measured))
         return q.curve
@@ -754,6 +760,7 @@ class CLaius(Policy):
         claims = []
         for a in live:
             q = a.query
+            assert q is not None
             need = self._units(q.quota)
             cls, slope, fn = 2, 0.0, None
             if self.pred is not None and not math.isinf(q.target_ms):
@@ -928,6 +935,7 @@ class CLaius(Policy):
                 a.last_plan, a.late_restarts = base + [task.features], False
             return []
         q = a.query
+        assert q is not None
         if task.features is not None:
             a.seen.append(task.features)
         i = len(q.measured)
@@ -945,6 +953,7 @@ class CLaius(Policy):
         """Lag compensation after a task: Eq. 6 when behind, rollback to Eq. 3's
         quota once that quota is enough again."""
         q = a.query
+        assert q is not None
         done = len(q.measured)
         rem = self._rem_sum(a, done)
         spent = sum(q.measured)

@@ -260,11 +260,13 @@ class StaticOptimal(Policy):
     def split(self) -> Split:
         qos = sorted(s for s, a in self.apps.items() if a.cls == "qos")
         batch = sorted(s for s, a in self.apps.items() if a.cls != "qos")
-        needs = {s: need_units(self.curve[s], self.apps[s].qos_ms) for s in qos}
+        maybe = {s: need_units(self.curve[s], self.apps[s].qos_ms) for s in qos}
+        needs = {s: v for s, v in maybe.items() if v is not None}
+        curves = [c for c in (self.curve[s] for s in batch) if c is not None]   # all: _throughput
         res = None
-        if all(v is not None for v in needs.values()):
+        if len(needs) == len(maybe) and len(curves) == len(batch):
             free = self.n - sum(needs.values())
-            res = best_batch([self.curve[s] for s in batch], free) if free >= 0 else None
+            res = best_batch(curves, free) if free >= 0 else None
         if res is None:
             units = {s: self.n for s in qos}
             units.update({s: round_share(100.0 / len(batch), self.g) // self.g for s in batch})
@@ -285,6 +287,7 @@ class StaticOptimal(Policy):
                 lat = "unknown" if c is None else f"{c[u - 1]:.3g} ms"
                 parts.append(f"{a.name} {q}% (latency {lat}, target {a.qos_ms} ms)")
             else:
+                assert c is not None                     # _throughput always has one
                 parts.append(f"{a.name} {q}% (throughput {c[u - 1]:.3g} of solo)")
         if sp.feasible:
             log.info("static-optimal: split for %d apps: %s; batch throughput sum %.3g",
