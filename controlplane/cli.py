@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from controlplane import daemon, launcher, rundir, schema
+from controlplane import daemon, launcher, protocol, rundir
 from controlplane.rundir import ColocateError
 from predictors.cli import app as predictors_app
 from predictors.cli import profile as predictors_profile
@@ -500,7 +500,7 @@ def set_quota(name: str = typer.Argument(..., help="App name (as `colocate quota
 
 # --- schema / demo ----------------------------------------------------------
 
-def _notes(f: schema.F) -> str:
+def _notes(f: protocol.Field) -> str:
     notes = [f.bounds()] if f.bounds() else []
     if not f.required and f.default not in (None, [], ""):
         notes.append(f"default {json.dumps(f.default)}")
@@ -511,24 +511,24 @@ def _notes(f: schema.F) -> str:
 def schema_cmd(as_json: bool = typer.Option(False, "--json", help="Print it as JSON.")) -> None:
     """Print the controller protocol (message types and their fields)."""
     if as_json:
-        print(json.dumps(schema.as_json(), indent=2))
+        print(json.dumps(protocol.as_json(), indent=2))
         return
-    out.print(f'protocol v{schema.PROTOCOL} (revision {schema.REVISION}): DEALER -> ROUTER at '
-              f'ipc://DIR/ctl.sock, frames [b"", JSON object] of at most {schema.MAX_BYTES} bytes; '
-              f'every message has "v": {schema.PROTOCOL} and "type".',
+    out.print(f'protocol v{protocol.PROTOCOL} (revision {protocol.REVISION}): DEALER -> ROUTER at '
+              f'ipc://DIR/ctl.sock, frames [b"", JSON object] of at most {protocol.MAX_BYTES} bytes; '
+              f'every message has "v": {protocol.PROTOCOL} and "type".',
               markup=False)
-    for title, table in (("requests (-> reply)", schema.REQUESTS), ("replies", schema.REPLIES),
-                         ("objects", {"kernel": schema.KERNEL, "record": schema.RECORD,
-                                      "worker": schema.WORKER, "queries": schema.QUERIES,
-                                      "task": schema.TASK, "feed": schema.FEED,
-                                      "throughput": schema.THROUGHPUT})):
+    for title, table in (("requests (-> reply)", protocol.REQUESTS), ("replies", protocol.REPLIES),
+                         ("objects", {"kernel": protocol.KERNEL, "record": protocol.RECORD,
+                                      "worker": protocol.WORKER, "queries": protocol.QUERIES,
+                                      "task": protocol.TASK, "feed": protocol.FEED,
+                                      "throughput": protocol.THROUGHPUT})):
         t = Table(title=title)
         for c in ("message", "field", "type", "required", "notes"):
             t.add_column(c)
         for name, fields in table.items():
             label = name
-            if table is schema.REQUESTS and name in schema.REPLY_TO:
-                label += f" -> {schema.REPLY_TO[name]}" if schema.REPLY_TO[name] else " (one-way)"
+            if table is protocol.REQUESTS and name in protocol.REPLY_TO:
+                label += f" -> {protocol.REPLY_TO[name]}" if protocol.REPLY_TO[name] else " (one-way)"
             rows = [(f, spec.describe(), "yes" if spec.required else "no", _notes(spec))
                     for f, spec in fields.items()] or [("-", "", "", "")]
             for i, row in enumerate(rows):

@@ -5,7 +5,7 @@ sending [b"", json]; every request gets exactly one reply [b"", json] (an
 "error" message for anything malformed).  The loop also runs a ~100 ms tick:
 a check of each app's ledger (shim/ledger.h: exited, or killed and gone) and of
 its pid, which collects apps whatever happened to their messages, then the
-policy's on_tick.  Handlers are `on_<type>` methods; see schema.py.
+policy's on_tick.  Handlers are `on_<type>` methods; see protocol.py.
 
 With a process pool (processpool.Pool, `serve --pool SPEC`), the tick also
 checks the workers: apps routed to a worker that died go back to route 0
@@ -32,10 +32,10 @@ from typing import Any
 
 import zmq
 
-from controlplane import metrics, schema
+from controlplane import metrics, protocol
 from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, TaskDone, make_policy_spec
 from controlplane.rundir import ColocateError, RunDir, version
-from predictors import schema as pschema
+from predictors import schema
 from predictors.profile import RunFailed, lib_params
 from processpool import Pool, parse_spec
 from shim.ctlblock import ROUTE_HOLD, ControlBlock, ControlBlockFull
@@ -45,7 +45,7 @@ log = logging.getLogger("colocate")
 VERSION = version()
 TICK_S = 0.1
 HISTORY_MAX = 10_000
-RECV_MAX = 16 * schema.MAX_BYTES   # bigger ones make zmq drop the peer; 64 KiB..1 MiB get an error
+RECV_MAX = 16 * protocol.MAX_BYTES   # bigger ones make zmq drop the peer; 64 KiB..1 MiB get an error
 QUERY_WINDOW = 1000                # latencies behind each app's p50/p99
 QUERY_IN_FLIGHT_MAX = 4096         # begun, not ended: the oldest is given up beyond this
 RECENT_EXITS = 64                  # exited apps whose late query boundaries still count
@@ -166,7 +166,7 @@ class App:
     queries: QueryStats = field(default_factory=QueryStats)
     final: dict | None = None                           # its history record, once exited
     held: bool = False                                  # route CB_ROUTE_HOLD written
-    feed: dict | None = None                            # task feedback counts (schema.FEED)
+    feed: dict | None = None                            # task feedback counts (protocol.FEED)
     # occurrence of each task name: per query (QoS apps; recent queries only) or per run
     occ: collections.OrderedDict = field(default_factory=collections.OrderedDict)
     query_size: collections.OrderedDict = field(default_factory=collections.OrderedDict)
@@ -205,10 +205,10 @@ def merge_kernels(ledger: list[dict], message: list[dict]) -> list[dict]:
 
 
 def task_features(t: dict, input_bytes: float, occurrence: int) -> dict:
-    """A fed task record (schema.TASK) -> the predictors task row, as
+    """A fed task record (protocol.TASK) -> the predictors task row, as
     predictors.profile.task_sample builds it from a trace record."""
     if t["kind"] == "kernel":
-        return pschema.task_row(t["name"], input_bytes, _dims(t["grid"], "grid"),
+        return schema.task_row(t["name"], input_bytes, _dims(t["grid"], "grid"),
                                 _dims(t["block"], "block"), t["shmem"] or 0, t["quota"],
                                 occurrence=occurrence)
     params = t.get("params")
@@ -221,7 +221,7 @@ def task_features(t: dict, input_bytes: float, occurrence: int) -> dict:
         lp = lib_params(t["name"], params)
     except RunFailed as e:                              # more parameters than the schema has
         raise BadTask(str(e)) from None
-    return pschema.task_row(t["name"], input_bytes, quota=t["quota"], params=lp, occurrence=occurrence)
+    return schema.task_row(t["name"], input_bytes, quota=t["quota"], params=lp, occurrence=occurrence)
 
 
 # --- the controller ---------------------------------------------------------
@@ -304,7 +304,7 @@ class Controller:
             if reply is None:                           # one-way message ("tasks")
                 continue
             try:
-                self.sock.send_multipart([frames[0], b"", schema.encode(reply)], zmq.NOBLOCK)
+                self.sock.send_multipart([frames[0], b"", protocol.encode(reply)], zmq.NOBLOCK)
             except zmq.ZMQError as e:                   # peer gone or its queue full
                 log.warning("reply dropped: %s", e)
 
@@ -314,20 +314,20 @@ class Controller:
         t = None
         try:
             if len(frames) != 2 or frames[0] != b"":
-                raise schema.SchemaError(f"expected 2 frames [empty delimiter, JSON], got {len(frames)}"
+                raise protocol.SchemaError(f"expected 2 frames [empty delimiter, JSON], got {len(frames)}"
                                          + ("" if len(frames) != 2 else " with a non-empty delimiter"))
-            raw = schema.decode(frames[1])
+            raw = protocol.decode(frames[1])
             t = raw.get("type") if isinstance(raw, dict) and isinstance(raw.get("type"), str) else None
-            msg = schema.validate(raw)
+            msg = protocol.validate(raw)
             return getattr(self, "on_" + msg["type"])(msg)
-        except (schema.SchemaError, Reject) as e:
+        except (protocol.SchemaError, Reject) as e:
             if t == "tasks":
                 self.bad_tasks += 1
             log.warning("bad request (%s): %s; got %s", t, e, _preview(frames))
-            return schema.error(str(e), t if t in schema.REQUESTS else None)
+            return protocol.error(str(e), t if t in protocol.REQUESTS else None)
         except Exception as e:                          # a bug: say so, keep serving
             log.exception("internal error handling %s", t)
-            return schema.error(f"internal error: {e}", t if t in schema.REQUESTS else None)
+            return protocol.error(f"internal error: {e}", t if t in protocol.REQUESTS else None)
 
     def tick(self, now: float) -> None:
         for app in self.apps.values():
@@ -631,9 +631,9 @@ class Controller:
             log.info("registered %s (pid %d, %s, %s) in slot %d: quota %d%% route %d", info.name, pid,
                      info.cls, app.exe or "?", slot, app.quota_pct, app.route)
         extra = {} if app.fwd_window is None else {"fwd_window": app.fwd_window}
-        return schema.message("registered", slot=app.info.slot, quota_pct=app.quota_pct,
+        return protocol.message("registered", slot=app.info.slot, quota_pct=app.quota_pct,
                               route=app.route, controller_pid=os.getpid(), feed=app.feed is not None,
-                              revision=schema.REVISION, **extra)
+                              revision=protocol.REVISION, **extra)
 
     def fwd_window(self, info: AppInfo) -> int | None:
         try:
@@ -655,27 +655,27 @@ class Controller:
         if app is None or app.info.pid != m["pid"]:
             done = self.recent.get(m["pid"])
             if done is not None and done.info.slot == m["slot"]:
-                return schema.message("ok")             # collected from its ledger already
+                return protocol.message("ok")             # collected from its ledger already
             raise Reject(f"slot {m['slot']} is not registered to pid {m['pid']}")
         self.finish(app, m["kernels"])
-        return schema.message("ok")
+        return protocol.message("ok")
 
     def on_ping(self, m: dict) -> dict:
-        return schema.message("pong", controller_pid=os.getpid(), policy=self.policy.name,
+        return protocol.message("pong", controller_pid=os.getpid(), policy=self.policy.name,
                               device=self.device, version=VERSION, apps=len(self.apps))
 
     def on_list(self, m: dict) -> dict:
         apps = [self.record(a) for a in sorted(self.apps.values(), key=lambda a: a.info.slot)]
-        return schema.message("apps", apps=apps + (list(self.history) if m["all"] else []))
+        return protocol.message("apps", apps=apps + (list(self.history) if m["all"] else []))
 
     def on_pool(self, m: dict) -> dict:
         if self.pool is None:
-            return schema.message("pool", workers=[], spec="none", note=self.pool_note or "no process pool")
+            return protocol.message("pool", workers=[], spec="none", note=self.pool_note or "no process pool")
         rows = self.pool.stats()
         load = self.load()
         for r in rows:
             r["routed"] = load.get(r["id"], 0)
-        return schema.message("pool", workers=rows, spec=self.pool.spec, note=self.pool_note)
+        return protocol.message("pool", workers=rows, spec=self.pool.spec, note=self.pool_note)
 
     def on_set_quota(self, m: dict) -> dict:
         name, q = m["name"], m["quota_pct"]
@@ -689,7 +689,7 @@ class Controller:
         for a, route in routes:
             self.set_route(a, q, route)
             log.info("set_quota: %s (slot %d) -> %d%% route %d", name, a.info.slot, q, route)
-        return schema.message("ok", slot=apps[0].info.slot, route=routes[0][1],
+        return protocol.message("ok", slot=apps[0].info.slot, route=routes[0][1],
                               slots=[a.info.slot for a in apps], routes=[r for _, r in routes])
 
     def query_app(self, pid: int) -> App:
@@ -722,7 +722,7 @@ class Controller:
             # a live app's boundary, by the rule in force: the policy hears it
             info = QueryEvent(id=m["id"], size=m["size"], t_us=t_us, rule=m["rule"])
             self.decide("on_query_begin" if begin else "on_query_end", app.info, info)
-        return schema.message("ok")
+        return protocol.message("ok")
 
     def on_query_begin(self, m: dict) -> dict:
         return self.on_query(m, True)
@@ -799,7 +799,7 @@ class Controller:
     def on_stop(self, m: dict) -> dict:
         log.info("stop requested")
         self.stopping = True
-        return schema.message("ok")
+        return protocol.message("ok")
 
 
 def _preview(frames: list[bytes], n: int = 120) -> str:
@@ -818,10 +818,10 @@ def request(rd: RunDir, type: str, timeout: float = 1.0, **fields: Any) -> dict:
     s.setsockopt(zmq.LINGER, 0)
     try:
         s.connect(rd.endpoint)
-        s.send_multipart([b"", schema.encode(schema.message(type, **fields))])
+        s.send_multipart([b"", protocol.encode(protocol.message(type, **fields))])
         if not s.poll(int(timeout * 1000)):
             raise NoController(f"no controller answers on {rd.sock} (waited {timeout:g} s)")
-        reply = schema.decode(s.recv_multipart()[-1])
+        reply = protocol.decode(s.recv_multipart()[-1])
     finally:
         s.close()
     if reply.get("type") == "error":

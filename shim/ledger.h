@@ -47,7 +47,7 @@
 #define LG_LIVE    1u   /* the app mapped it and counts into it        */
 #define LG_EXITED  2u   /* the app's exit handler finished its counts  */
 
-/* query rules (lg_header.q_rule), as controlplane/schema.py names them */
+/* query rules (lg_header.q_rule), as controlplane/protocol.py names them */
 #define LG_RULE_NONE     0u
 #define LG_RULE_INFERRED 1u
 #define LG_RULE_API      2u

@@ -1,6 +1,6 @@
 /*
  * shim_ctl.c - the control path: ZeroMQ messages between this process and
- * the controller (`colocate serve`), protocol v1 (controlplane/schema.py).
+ * the controller (`colocate serve`), protocol v1 (controlplane/protocol.py).
  *
  * libzmq is dlopen'ed (zmqdl.c), preferably the copy bundled in pyzmq's wheel
  * ($COLOCATE_LIBZMQ, set by `colocate run`), so no system package is needed

@@ -16,7 +16,7 @@
  * Inference runs only for QoS apps and under a trace, where something
  * reads it (infer_wanted).  Each boundary is counted in the ledger
  * (shim_ledger.c: begun, ended, late, a latency histogram) and goes to the
- * controller as a query_begin / query_end message (controlplane/schema.py)
+ * controller as a query_begin / query_end message (controlplane/protocol.py)
  * and into the trace.  Messages leave on
  * the app's controller connection (shim_ctl_send), once it is registered,
  * without blocking: a full queue drops the message (logged once), it never

@@ -13,7 +13,7 @@ from conftest import Client, Controller, colocate, new_rundir, wait_for
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from controlplane import schema
+from controlplane import protocol
 from controlplane.policies.base import AppInfo, Decision, Policy, make_policy, policy_names, register_policy
 from shim.ctlblock import FREE, LIVE, ControlBlock
 
@@ -56,7 +56,7 @@ def test_register_and_counters(controller, cb, sleeper):
                                 "h2d_bytes", "d2h_bytes", "qos_ms", "state", "slot")} == {
         "name": "svc", "class": "qos", "quota_pct": 30, "route": 0, "launches": 12345, "forwarded": 67,
         "h2d_bytes": 2**40 + 1, "d2h_bytes": 2**63 + 5, "qos_ms": 50, "state": "live", "slot": slot}
-    assert set(rec) == set(schema.RECORD)
+    assert set(rec) == set(protocol.RECORD)
     assert register(controller, p.pid, "svc", "qos")["slot"] == slot     # same live pid: same slot
 
 
@@ -176,8 +176,8 @@ message = st.dictionaries(fields, json_value, max_size=6).flatmap(
 def _harmless(frames: list[bytes]) -> bool:
     """Skip the rare generated request that is valid and would change state."""
     try:
-        msg = schema.parse(frames[1]) if len(frames) == 2 and frames[0] == b"" else None
-    except schema.SchemaError:
+        msg = protocol.parse(frames[1]) if len(frames) == 2 and frames[0] == b"" else None
+    except protocol.SchemaError:
         return True
     return msg is None or msg["type"] in ("ping", "list")
 

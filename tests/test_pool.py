@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import PY, ROOT, Controller, clean_env, colocate, new_rundir, wait_for
 
-from controlplane import schema
+from controlplane import protocol
 from controlplane.policies.base import Decision, Policy, make_policy, register_policy
 from processpool import DEFAULT_SPEC, MAX_WORKERS, Mps, MpsError, Pool, PoolError, SpecError, parse_spec, worker_env
 from processpool import pool as pool_mod
@@ -255,7 +255,7 @@ def test_pool_cli_lists_workers(pctl):
     t = colocate("pool", "--runtime-dir", pctl.rundir)
     assert t.returncode == 0 and "quota %" in t.stdout and "ready" in t.stdout
     raw = pctl.call("pool")
-    schema.validate(raw, schema.REPLIES)
+    protocol.validate(raw, protocol.REPLIES)
     assert raw["spec"] == "10:1,40:2,100:1,30:1"
 
 

@@ -29,7 +29,7 @@ class SchemaError(ValueError):
 
 
 @dataclass(frozen=True)
-class F:
+class Field:
     """One field: JSON type, required?, nullable?, allowed values/range."""
     type: str                                  # int | number | str | bool | list | object
     required: bool = True
@@ -38,7 +38,7 @@ class F:
     min: float | None = None
     max: float | None = None
     positive: bool = False                     # number must be > 0
-    items: dict[str, "F"] | None = None        # schema of the objects in a list
+    items: dict[str, "Field"] | None = None        # schema of the objects in a list
     of: str = "object"                         # name of those objects
     default: Any = None
     doc: str = ""
@@ -60,176 +60,177 @@ class F:
 
 
 KERNEL = {
-    "name": F("str", doc="mangled kernel name"),
-    "launches": F("int", min=0),
-    "twin": F("bool", required=False, null=True, doc="simgpu ran it with a host twin"),
+    "name": Field("str", doc="mangled kernel name"),
+    "launches": Field("int", min=0),
+    "twin": Field("bool", required=False, null=True, doc="simgpu ran it with a host twin"),
 }
 
 QUERIES = {
-    "rule": F("str", null=True, choices=("api", "inferred"),
+    "rule": Field("str", null=True, choices=("api", "inferred"),
               doc="how the shim finds queries: marked by the app (api) or inferred from copies"),
-    "done": F("int", doc="queries completed (under the current rule)"),
-    "in_flight": F("int", doc="begun, not ended"),
-    "p50_ms": F("number", null=True, doc="median latency over the recent window"),
-    "p99_ms": F("number", null=True, doc="99th percentile latency over the recent window"),
-    "window": F("int", doc="latencies in that window (the most recent ones)"),
-    "unmatched": F("int", doc="ends without a begin, and begins given up"),
-    "violations": F("int", doc="queries that ended later than the app's QoS target (qos_ms)"),
-    "begun": F("int", required=False, null=True,
+    "done": Field("int", doc="queries completed (under the current rule)"),
+    "in_flight": Field("int", doc="begun, not ended"),
+    "p50_ms": Field("number", null=True, doc="median latency over the recent window"),
+    "p99_ms": Field("number", null=True, doc="99th percentile latency over the recent window"),
+    "window": Field("int", doc="latencies in that window (the most recent ones)"),
+    "unmatched": Field("int", doc="ends without a begin, and begins given up"),
+    "violations": Field("int", doc="queries that ended later than the app's QoS target (qos_ms)"),
+    "begun": Field("int", required=False, null=True,
                doc="queries begun, from the app's ledger (exact; null without one)"),
-    "messages": F("int", required=False, null=True,
+    "messages": Field("int", required=False, null=True,
                   doc="query ends that arrived as messages (done counts them all, from the ledger)"),
-    "run": F("object", required=False, null=True,
+    "run": Field("object", required=False, null=True,
              doc="latency over the whole run from the ledger's histogram (±1.6 %): "
                  "p50_ms, p99_ms, mean_ms, max_ms"),
 }
 
 TASK = {
-    "n": F("int", min=0, doc="the app's task number (tasks fed or dropped before it)"),
-    "kind": F("str", choices=("kernel", "library")),
-    "name": F("str", doc="mangled kernel name, or the library entry point"),
-    "grid": F("list", null=True, doc="[x, y, z]; null for graphs and library tasks"),
-    "block": F("list", null=True),
-    "shmem": F("int", null=True, min=0),
-    "stream": F("str", required=False, default="0x0"),
-    "host_us": F("number", required=False, null=True, doc="CLOCK_MONOTONIC at issue"),
-    "start_us": F("number", null=True, doc="device start (us from the app's first task)"),
-    "dur_us": F("number", null=True, min=0,
+    "n": Field("int", min=0, doc="the app's task number (tasks fed or dropped before it)"),
+    "kind": Field("str", choices=("kernel", "library")),
+    "name": Field("str", doc="mangled kernel name, or the library entry point"),
+    "grid": Field("list", null=True, doc="[x, y, z]; null for graphs and library tasks"),
+    "block": Field("list", null=True),
+    "shmem": Field("int", null=True, min=0),
+    "stream": Field("str", required=False, default="0x0"),
+    "host_us": Field("number", required=False, null=True, doc="CLOCK_MONOTONIC at issue"),
+    "start_us": Field("number", null=True, doc="device start (us from the app's first task)"),
+    "dur_us": Field("number", null=True, min=0,
                 doc="device duration (the worker's, for a forwarded task); null: not timed"),
-    "quota": F("int", min=1, max=100, doc="the SM quota it ran at"),
-    "route": F("str", required=False, choices=("local", "worker"), default="local"),
-    "worker": F("int", required=False, null=True),
-    "query": F("int", null=True, min=0, max=2**64 - 1, doc="the query open when it was issued"),
-    "params": F("object", required=False, null=True, doc="library task: its parameters"),
-    "kernels": F("int", required=False, null=True, doc="library task: kernels it launched"),
-    "rc": F("int", required=False, null=True, doc="library task: its status"),
+    "quota": Field("int", min=1, max=100, doc="the SM quota it ran at"),
+    "route": Field("str", required=False, choices=("local", "worker"), default="local"),
+    "worker": Field("int", required=False, null=True),
+    "query": Field("int", null=True, min=0, max=2**64 - 1, doc="the query open when it was issued"),
+    "params": Field("object", required=False, null=True, doc="library task: its parameters"),
+    "kernels": Field("int", required=False, null=True, doc="library task: kernels it launched"),
+    "rc": Field("int", required=False, null=True, doc="library task: its status"),
 }
 
 FEED = {
-    "tasks": F("int", doc="tasks received"),
-    "untimed": F("int", doc="of those, without a device time (not passed to the policy)"),
-    "dropped": F("int", doc="tasks the shim could not send (it says how many)"),
-    "bad": F("int", doc="task records refused as malformed"),
-    "fed": F("int", required=False, null=True, doc="tasks the shim took (its ledger; exact)"),
+    "tasks": Field("int", doc="tasks received"),
+    "untimed": Field("int", doc="of those, without a device time (not passed to the policy)"),
+    "dropped": Field("int", doc="tasks the shim could not send (it says how many)"),
+    "bad": Field("int", doc="task records refused as malformed"),
+    "fed": Field("int", required=False, null=True, doc="tasks the shim took (its ledger; exact)"),
 }
 
 THROUGHPUT = {
-    "launches_per_s": F("number", null=True, doc="over the last 5 s while live; over the run once exited"),
-    "solo_launches_per_s": F("number", null=True, doc="alone at 100 % (serve --solo); null: unknown"),
-    "normalised": F("number", null=True, doc="launches_per_s / solo_launches_per_s"),
+    "launches_per_s": Field("number", null=True, doc="over the last 5 s while live; over the run once exited"),
+    "solo_launches_per_s": Field("number", null=True, doc="alone at 100 % (serve --solo); null: unknown"),
+    "normalised": Field("number", null=True, doc="launches_per_s / solo_launches_per_s"),
 }
 
 RECORD = {
-    "name": F("str"), "pid": F("int"), "class": F("str", choices=("qos", "batch")),
-    "quota_pct": F("int"), "route": F("int", doc="0 = local, N = worker N"),
-    "launches": F("int"), "forwarded": F("int"), "h2d_bytes": F("int"), "d2h_bytes": F("int"),
-    "qos_ms": F("number", null=True), "state": F("str", choices=("live", "exited")),
-    "slot": F("int"), "kernels": F("list", items=KERNEL, of="kernel"),
-    "registered_at": F("number", doc="unix time"), "exited_at": F("number", null=True),
-    "worker": F("object", null=True, doc="route's pool worker {id, quota_pct}; null = local"),
-    "queries": F("object", required=False, null=True, doc="query statistics (object queries)"),
-    "held": F("bool", required=False, default=False,
+    "name": Field("str"), "pid": Field("int"), "class": Field("str", choices=("qos", "batch")),
+    "quota_pct": Field("int"), "route": Field("int", doc="0 = local, N = worker N"),
+    "launches": Field("int"), "forwarded": Field("int"), "h2d_bytes": Field("int"), "d2h_bytes": Field("int"),
+    "qos_ms": Field("number", null=True), "state": Field("str", choices=("live", "exited")),
+    "slot": Field("int"), "kernels": Field("list", items=KERNEL, of="kernel"),
+    "registered_at": Field("number", doc="unix time"), "exited_at": Field("number", null=True),
+    "worker": Field("object", null=True, doc="route's pool worker {id, quota_pct}; null = local"),
+    "queries": Field("object", required=False, null=True, doc="query statistics (object queries)"),
+    "held": Field("bool", required=False, default=False,
               doc="the policy holds its kernel launches (route CB_ROUTE_HOLD)"),
-    "held_ms": F("number", required=False, default=0.0, doc="time its launches waited on holds"),
-    "feed": F("object", required=False, null=True,
+    "held_ms": Field("number", required=False, default=0.0, doc="time its launches waited on holds"),
+    "feed": Field("object", required=False, null=True,
               doc="task feedback (object feed); null when the policy does not want it"),
-    "throughput": F("object", required=False, null=True,
+    "throughput": Field("object", required=False, null=True,
                     doc="batch apps: object throughput; null for QoS apps"),
-    "end": F("str", required=False, null=True, choices=("exited", "killed", "vanished"),
+    "end": Field("str", required=False, null=True, choices=("exited", "killed", "vanished"),
              doc="exited apps: exited normally (its ledger or exit message says so), killed "
                  "(gone without its exit handler running: a signal such as SIGKILL, _exit, an exec; "
                  "records from its ledger), vanished (gone, no ledger: kernels unknown)"),
 }
 
 WORKER = {
-    "id": F("int", doc="worker id (never reused; a restarted worker gets a new one)"),
-    "quota_pct": F("int", doc="its CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
-    "pid": F("int", null=True),
-    "state": F("str", choices=("starting", "ready", "unresponsive", "dead", "failed"),
+    "id": Field("int", doc="worker id (never reused; a restarted worker gets a new one)"),
+    "quota_pct": Field("int", doc="its CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+    "pid": Field("int", null=True),
+    "state": Field("str", choices=("starting", "ready", "unresponsive", "dead", "failed"),
                doc="unresponsive: ready but did not answer stats in time; failed: kept dying, not restarted"),
-    "forwarded": F("int", doc="tasks it ran (last answer)"),
-    "apps": F("int", doc="apps connected to it (last answer)"),
-    "routed": F("int", required=False, doc="live apps the controller routes to it"),
-    "modules": F("int", required=False, doc="apps' fat binaries it holds loaded (last answer)"),
-    "module_loads": F("int", required=False, doc="fat binaries it loaded since it started (last answer)"),
-    "refused_kernels": F("int", required=False,
+    "forwarded": Field("int", doc="tasks it ran (last answer)"),
+    "apps": Field("int", doc="apps connected to it (last answer)"),
+    "routed": Field("int", required=False, doc="live apps the controller routes to it"),
+    "modules": Field("int", required=False, doc="apps' fat binaries it holds loaded (last answer)"),
+    "module_loads": Field("int", required=False, doc="fat binaries it loaded since it started (last answer)"),
+    "refused_kernels": Field("int", required=False,
                          doc="kernels it could not serve; they ran in their apps (last answer)"),
-    "translated": F("int", required=False,
+    "translated": Field("int", required=False,
                     doc="launches whose pointer arguments it moved: app memory it could not map "
                         "at the app's address (last answer)"),
 }
 
-REQUESTS: dict[str, dict[str, F]] = {
+REQUESTS: dict[str, dict[str, Field]] = {
     "register": {
-        "pid": F("int", min=1, max=2**31 - 1),
-        "name": F("str"),
-        "class": F("str", choices=("qos", "batch")),
-        "qos_ms": F("number", required=False, null=True, positive=True, max=86_400_000,
+        "pid": Field("int", min=1, max=2**31 - 1),
+        "name": Field("str"),
+        "class": Field("str", choices=("qos", "batch")),
+        "qos_ms": Field("number", required=False, null=True, positive=True, max=86_400_000,
                     doc="latency target"),
-        "quota_pct": F("int", required=False, null=True, min=1, max=100, doc="requested SM share"),
-        "device": F("str", required=False, choices=("sim", "cuda", "unknown"), default="unknown"),
-        "exe": F("str", required=False, default=""),
+        "quota_pct": Field("int", required=False, null=True, min=1, max=100, doc="requested SM share"),
+        "device": Field("str", required=False, choices=("sim", "cuda", "unknown"), default="unknown"),
+        "exe": Field("str", required=False, default=""),
     },
     "exit": {
-        "pid": F("int", min=1, max=2**31 - 1),
-        "slot": F("int", min=0, max=2**31 - 1),
-        "kernels": F("list", required=False, items=KERNEL, of="kernel", default=[]),
+        "pid": Field("int", min=1, max=2**31 - 1),
+        "slot": Field("int", min=0, max=2**31 - 1),
+        "kernels": Field("list", required=False, items=KERNEL, of="kernel", default=[]),
     },
     "ping": {},
-    "list": {"all": F("bool", required=False, default=False, doc="include exited apps")},
+    "list": {"all": Field("bool", required=False, default=False, doc="include exited apps")},
     "stop": {},
     "pool": {},
     # query boundaries, sent by the shim (shim/shim_query.c) without waiting for the reply
     "query_begin": {
-        "pid": F("int", min=1, max=2**31 - 1),
-        "id": F("int", min=0, max=2**64 - 1, doc="the app's query id (unique among its queries in flight)"),
-        "size": F("int", required=False, default=0, min=0, max=2**64 - 1,
+        "pid": Field("int", min=1, max=2**31 - 1),
+        "id": Field("int", min=0, max=2**64 - 1, doc="the app's query id (unique among its queries in flight)"),
+        "size": Field("int", required=False, default=0, min=0, max=2**64 - 1,
                   doc="input size: the app's unit (api) or bytes copied to the device (inferred)"),
-        "rule": F("str", required=False, choices=("api", "inferred"), default="api"),
-        "t_us": F("int", required=False, null=True, min=0, max=2**63 - 1,
+        "rule": Field("str", required=False, choices=("api", "inferred"), default="api"),
+        "t_us": Field("int", required=False, null=True, min=0, max=2**63 - 1,
                   doc="the app's CLOCK_MONOTONIC in us; null: the controller's arrival time"),
     },
     "query_end": {
-        "pid": F("int", min=1, max=2**31 - 1),
-        "id": F("int", min=0, max=2**64 - 1),
-        "size": F("int", required=False, default=0, min=0, max=2**64 - 1),
-        "rule": F("str", required=False, choices=("api", "inferred"), default="api"),
-        "t_us": F("int", required=False, null=True, min=0, max=2**63 - 1),
+        "pid": Field("int", min=1, max=2**31 - 1),
+        "id": Field("int", min=0, max=2**64 - 1),
+        "size": Field("int", required=False, default=0, min=0, max=2**64 - 1),
+        "rule": Field("str", required=False, choices=("api", "inferred"), default="api"),
+        "t_us": Field("int", required=False, null=True, min=0, max=2**63 - 1),
     },
     # completed tasks, sent by the shim's feed thread (shim/shim_trace.c) when
     # "registered" said "feed": true; one-way: no reply (an error reply when malformed)
     "tasks": {
-        "pid": F("int", min=1, max=2**31 - 1),
-        "slot": F("int", min=-1, max=2**31 - 1),
-        "dropped": F("int", required=False, default=0, min=0, max=2**64 - 1,
+        "pid": Field("int", min=1, max=2**31 - 1),
+        "slot": Field("int", min=-1, max=2**31 - 1),
+        "dropped": Field("int", required=False, default=0, min=0, max=2**64 - 1,
                      doc="tasks the shim dropped so far (socket full)"),
-        "tasks": F("list", items=TASK, of="task"),
+        "tasks": Field("list", items=TASK, of="task"),
     },
     "set_quota": {
-        "name": F("str", doc="app name; every live app of that name"),
-        "quota_pct": F("int", min=1, max=100, doc="route to a ready pool worker of exactly this quota "
+        "name": Field("str", doc="app name; every live app of that name"),
+        "quota_pct": Field("int", min=1, max=100, doc="route to a ready pool worker of exactly this quota "
                                                     "(100 without a 100 % worker: local)"),
     },
 }
 
-REPLIES: dict[str, dict[str, F]] = {
-    "registered": {"slot": F("int"), "quota_pct": F("int"), "route": F("int"), "controller_pid": F("int"),
-                   "feed": F("bool", required=False, default=False,
+REPLIES: dict[str, dict[str, Field]] = {
+    "registered": {"slot": Field("int"), "quota_pct": Field("int"), "route": Field("int"),
+                   "controller_pid": Field("int"),
+                   "feed": Field("bool", required=False, default=False,
                              doc="send completed tasks (message tasks); absent: no"),
-                   "revision": F("int", required=False, doc="the controller's schema REVISION"),
-                   "fwd_window": F("int", required=False, min=1, max=4096,
+                   "revision": Field("int", required=False, doc="the controller's schema REVISION"),
+                   "fwd_window": Field("int", required=False, min=1, max=4096,
                                    doc="at most this many routed launches in flight; absent: 4096")},
-    "ok": {"slot": F("int", required=False, doc="set_quota: the (first) app's slot"),
-           "route": F("int", required=False, doc="set_quota: its new route"),
-           "slots": F("list", required=False, doc="set_quota: every app's slot"),
-           "routes": F("list", required=False, doc="set_quota: their routes")},
-    "pong": {"controller_pid": F("int"), "policy": F("str"), "device": F("str"),
-             "version": F("str"), "apps": F("int", doc="live apps")},
-    "apps": {"apps": F("list", items=RECORD, of="record")},
-    "pool": {"workers": F("list", items=WORKER, of="worker"),
-             "spec": F("str", doc="QUOTA:COUNT,... or none"),
-             "note": F("str", required=False, doc="why there is no pool, when there is none")},
-    "error": {"error": F("str"), "in_reply_to": F("str", null=True)},
+    "ok": {"slot": Field("int", required=False, doc="set_quota: the (first) app's slot"),
+           "route": Field("int", required=False, doc="set_quota: its new route"),
+           "slots": Field("list", required=False, doc="set_quota: every app's slot"),
+           "routes": Field("list", required=False, doc="set_quota: their routes")},
+    "pong": {"controller_pid": Field("int"), "policy": Field("str"), "device": Field("str"),
+             "version": Field("str"), "apps": Field("int", doc="live apps")},
+    "apps": {"apps": Field("list", items=RECORD, of="record")},
+    "pool": {"workers": Field("list", items=WORKER, of="worker"),
+             "spec": Field("str", doc="QUOTA:COUNT,... or none"),
+             "note": Field("str", required=False, doc="why there is no pool, when there is none")},
+    "error": {"error": Field("str"), "in_reply_to": Field("str", null=True)},
 }
 
 REPLY_TO = {"register": "registered", "exit": "ok", "ping": "pong", "list": "apps", "stop": "ok",
@@ -246,7 +247,7 @@ def _jtype(v: Any) -> str:
             dict: "object", type(None): "null"}.get(type(v), type(v).__name__)
 
 
-def _check(path: str, name: str, f: F, v: Any) -> Any:
+def _check(path: str, name: str, f: Field, v: Any) -> Any:
     where = f"{path}: field {name!r}"
     if v is None:
         if f.null:
@@ -267,7 +268,7 @@ def _check(path: str, name: str, f: F, v: Any) -> Any:
     return v
 
 
-def _fields(where: str, spec: dict[str, F], obj: Any) -> dict:
+def _fields(where: str, spec: dict[str, Field], obj: Any) -> dict:
     if not isinstance(obj, dict):
         raise SchemaError(f"{where} must be an object, got {_jtype(obj)}")
     out = dict(obj)
@@ -281,7 +282,7 @@ def _fields(where: str, spec: dict[str, F], obj: Any) -> dict:
     return out
 
 
-def validate(msg: Any, table: dict[str, dict[str, F]] = REQUESTS) -> dict:
+def validate(msg: Any, table: dict[str, dict[str, Field]] = REQUESTS) -> dict:
     """Check a decoded message; return it with defaults filled in, or raise
     SchemaError.  Unknown extra fields are kept (newer senders may add some)."""
     if not isinstance(msg, dict):
@@ -335,7 +336,7 @@ def error(text: str, in_reply_to: str | None = None) -> dict:
 
 def as_json() -> dict:
     """The whole schema as plain JSON data (what `colocate schema --json` prints)."""
-    def fields(spec: dict[str, F]) -> dict:
+    def fields(spec: dict[str, Field]) -> dict:
         out = {}
         for n, f in spec.items():
             d = {"type": f.describe(), "required": f.required}
