@@ -18,7 +18,6 @@ import venv
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 VECADD = ROOT / "bench" / "bin" / "vecadd"
