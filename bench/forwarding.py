@@ -34,7 +34,7 @@ no modelled time, so the figures are the software path alone.
               workers (COLOCATE_MEM=vmm), local and routed to a worker (vmm
               routed: each pair is two acknowledged messages with an fd to the
               worker over its mem socket); not a target of issue 3, a cost
-Rig is also what tests/test_forwarding.py uses.
+The rig (processpool/rig.py) is also what the forwarding tests drive.
 """
 from __future__ import annotations
 
@@ -42,177 +42,18 @@ import argparse
 import json
 import os
 import re
-import select
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import zmq  # noqa: E402
 
 from controlplane.launcher import cuda_usable as driver_present  # noqa: E402
-from controlplane.launcher import libzmq_path  # noqa: E402
-from processpool.mps import Mps  # noqa: E402
+from processpool.rig import BIN, WORKER, Rig  # noqa: E402
 from shim import paths  # noqa: E402
-from shim.ctlblock import ControlBlock  # noqa: E402
-
-BIN = REPO / "bench" / "bin"
-WORKER = paths.LIB_DIR / "colocate-worker"
-
-
-class Rig:
-    """A runtime dir with a control block, a stand-in controller and workers."""
-
-    def __init__(self, timescale: str = "0", device: str = "sim"):
-        self.dir = Path(tempfile.mkdtemp(prefix="cf-", dir="/tmp"))   # short: ipc paths
-        self.device = device
-        self.mps: Mps | None = None
-        self.cb = ControlBlock.create(self.dir / "ctlblock")
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("COLOCATE_", "SIMGPU_", "CUDA_MPS_")) and k != "LD_PRELOAD"}
-        self.env.update(COLOCATE_LIBZMQ=libzmq_path() or "", COLOCATE_RUNTIME_DIR=str(self.dir))
-        self.worker_env: dict[str, str] = {}
-        if device == "cuda":
-            # workers are MPS clients, apps are not (as under `colocate
-            # run`); a GPU worker takes only apps whose memory is VMM-shared
-            self.mps = Mps(self.dir)
-            print(f"forwarding: {self.mps.ensure()}", file=sys.stderr)
-            self.worker_env = self.mps.env()
-            self.env.update(COLOCATE_MEM="vmm")
-            self.fast: dict[str, str] = {}
-        else:
-            self.env.update(LD_LIBRARY_PATH=str(paths.SIMGPU_DIR), SIMGPU_DIR=str(self.dir / "sim"),
-                            SIMGPU_TIMESCALE=timescale)
-            # a local run on a full-speed device of its own
-            self.fast = {"SIMGPU_TIMESCALE": "0", "SIMGPU_DIR": str(self.dir / "sim-fast")}
-        self.slots: dict[int, int] = {}
-        # the route the next app to register gets before its registration is
-        # answered, so that even its first launch follows it (run(routes=N))
-        self.route_at_register: int | None = None
-        self.route_every: int | None = None        # the same for every app, until reset
-        self.workers: dict[int, subprocess.Popen] = {}
-        self.ctx = zmq.Context()
-        self._stop = threading.Event()
-        self._router = self.ctx.socket(zmq.ROUTER)
-        self._router.bind(f"ipc://{self.dir}/ctl.sock")
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            if not self._router.poll(20):
-                continue
-            frames = self._router.recv_multipart()
-            msg = json.loads(frames[-1])
-            if msg.get("type") == "register":
-                slot = self.cb.claim(msg["pid"])
-                route, self.route_at_register = self.route_at_register, None
-                route = self.route_every if route is None else route
-                if route is not None:
-                    self.cb.set_route(slot, route, 50)
-                self.slots[msg["pid"]] = slot
-                reply = {"v": 1, "type": "registered", "slot": slot, "quota_pct": 100,
-                         "route": 0, "controller_pid": os.getpid()}
-            else:
-                reply = {"v": 1, "type": "ok"}
-            self._router.send_multipart([frames[0], b"", json.dumps(reply).encode()])
-
-    def start_worker(self, wid: int, quota: int) -> subprocess.Popen:
-        env = {**self.env, **self.worker_env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(quota)}
-        p = subprocess.Popen([str(WORKER), "--id", str(wid), "--quota", str(quota),
-                              "--runtime-dir", str(self.dir)], env=env, stdout=subprocess.PIPE,
-                             stderr=open(self.dir / f"worker-{wid}.err", "wb"))
-        if not select.select([p.stdout], [], [], 10)[0]:
-            p.kill()
-            raise RuntimeError(f"worker {wid} did not start: {self.worker_log(wid)}")
-        line = p.stdout.readline().decode()
-        if line != f"READY worker {wid} quota {quota} pid {p.pid}\n":
-            raise RuntimeError(f"worker {wid}: unexpected first line {line!r}")
-        self.workers[wid] = p
-        return p
-
-    def worker_log(self, wid: int) -> str:
-        return (self.dir / f"worker-{wid}.err").read_text(errors="replace")
-
-    def request(self, wid: int, *frames: bytes, timeout: float = 3.0) -> list[bytes]:
-        s = self.ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(f"ipc://{self.dir}/worker-{wid}.sock")
-        try:
-            s.send_multipart(list(frames))
-            if not s.poll(int(timeout * 1000)):
-                raise TimeoutError(f"worker {wid} did not answer")
-            return s.recv_multipart()
-        finally:
-            s.close()
-
-    def stats(self, wid: int) -> dict:
-        return json.loads(self.request(wid, b"", b'{"v":1,"type":"stats"}')[-1])
-
-    def app(self, prog: str, *args: str, **env: str) -> subprocess.Popen:
-        return subprocess.Popen([str(BIN / prog), *args],
-                                env={**self.env, "LD_PRELOAD": str(paths.LIBCOLOCATE), **env},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def slot_of(self, proc: subprocess.Popen, timeout: float = 5.0) -> int:
-        end = time.monotonic() + timeout
-        while proc.pid not in self.slots:
-            if time.monotonic() > end or proc.poll() is not None:
-                raise RuntimeError("app did not register")
-            time.sleep(0.0005)
-        return self.slots[proc.pid]
-
-    def run(self, prog: str, *args: str, routes=None, period: float = 0.03, timeout: float = 120,
-            flips: list | None = None, **env: str) -> tuple[str, str, dict]:
-        """Run an app to its end.  routes: None (local), a worker id (set
-        before its registration is answered, so before its first launch; one
-        app at a time), or a list cycled every
-        `period` s while it runs; flips, if given, collects (monotonic ns,
-        route) of each change.  Returns stdout, stderr, final counters."""
-        if isinstance(routes, int):
-            self.route_at_register = routes
-        p = self.app(prog, *args, **env)
-        slot = self.slot_of(p)
-        if routes and not isinstance(routes, int):
-            def flip():
-                k = 0
-                while p.poll() is None:
-                    r = routes[k % len(routes)]
-                    t = time.monotonic_ns()
-                    self.cb.set_route(slot, r, 50)
-                    if flips is not None:
-                        flips.append((t, r))
-                    k += 1
-                    time.sleep(period)
-            threading.Thread(target=flip, daemon=True).start()
-        out, err = p.communicate(timeout=timeout)
-        if p.returncode != 0:
-            raise RuntimeError(f"{prog} exited {p.returncode}:\n{out}\n{err}")
-        return out, err, self.cb.counters(slot)
-
-    def close(self) -> None:
-        for p in self.workers.values():
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-            p.stdout.close()
-        self._stop.set()
-        self._thread.join()
-        self._router.close(0)
-        self.ctx.destroy(linger=0)     # never hang on a socket a failed test left open
-        self.cb.close()
-        if self.mps:
-            self.mps.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
 
 # ---------------------------------------------------------------- measurements
 

@@ -24,7 +24,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.forwarding import Rig
+from processpool.rig import Rig
 from shim import paths
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -228,7 +228,7 @@ def test_forwarded_pyramid_gives_the_same_bits():
     """Every pyramid launch (the shorter last one included) run by a
     process-pool worker at 20 %, through the same twins: the result and the
     counters of a local run."""
-    from bench.forwarding import WORKER, Rig
+    from processpool.rig import WORKER, Rig
     if not WORKER.exists():
         pytest.skip("colocate-worker not built")
     rig = Rig()

@@ -218,7 +218,7 @@ def test_shim_counts_what_the_app_says_it_did(controller, name):
 @pytest.fixture(scope="module")
 def rig():
     """A stand-in controller and one process-pool worker at 20 % (bench/forwarding.py)."""
-    from bench.forwarding import WORKER, Rig
+    from processpool.rig import WORKER, Rig
     if not WORKER.exists():
         pytest.skip("colocate-worker not built")
     r = Rig()

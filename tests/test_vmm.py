@@ -45,7 +45,7 @@ from hypothesis import strategies as st
 from test_forwarding import HOT, result_of
 from test_modules import LUD, by_module_worker, lud_result
 
-from bench.forwarding import Rig
+from processpool.rig import Rig
 from shim import paths
 
 ROOT = Path(__file__).resolve().parents[1]
