@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,6 +50,14 @@ def colocate(*args: str, env: dict[str, str] | None = None, timeout: float = 30,
     """Run the CLI as a user would (a fresh interpreter), capturing its output."""
     return subprocess.run([PY, "-m", "controlplane.cli", *map(str, args)], cwd=ROOT,
                           env=env or clean_env(), capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def stats_of(output: str) -> dict[str, int]:
+    """The key=value integers of a program's `STATS ...` line (every bench
+    program prints one: its own launches and bytes)."""
+    m = re.search(r"^STATS (.*)$", output, re.M)
+    assert m, f"no STATS line in:\n{output}"
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
 
 
 def new_rundir() -> Path:

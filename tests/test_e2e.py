@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import stats_of, wait_until
 
 from shim import paths
 
@@ -61,12 +61,6 @@ def controller(rundir):
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-def stats_of(output: str) -> dict[str, int]:
-    m = re.search(r"^STATS (.*)$", output, re.M)
-    assert m, f"no STATS line in:\n{output}"
-    return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
 def app_record(rundir: Path, name: str) -> dict:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Controller, clean_env, colocate, new_rundir, wait_for
+from conftest import ROOT, Controller, clean_env, colocate, new_rundir, stats_of, wait_for
 
 SIMGPU = ROOT / "shim" / "lib" / "simgpu"
 CUDA_INCLUDE = Path("/usr/local/cuda/include")
@@ -40,12 +40,6 @@ def start(ctl: Controller, name: str, cls: str, argv: list, simdir: Path) -> sub
                              "--device", "sim", "--name", name, "--class", cls, "--", *map(str, argv)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=clean_env(SIMGPU_TIMESCALE="0", SIMGPU_DIR=str(simdir)))
-
-
-def stats(out: str) -> dict[str, int]:
-    m = re.search(r"^STATS (.*)$", out, re.M)
-    assert m, out
-    return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
 def live_names(ctl: Controller) -> set[str]:
@@ -90,7 +84,7 @@ def test_four_busy_apps_a_stalled_controller_and_a_sigkill(tmp_path):
         for name, flags in APPS:
             out, err = outs[name]
             assert procs[name].returncode == 0 and "PASS" in out, out + err
-            s, r = stats(out), by[name]
+            s, r = stats_of(out), by[name]
             assert r["end"] == "exited", r
             assert (r["launches"], r["h2d_bytes"], r["d2h_bytes"]) == (s["launches"], s["h2d_bytes"],
                                                                        s["d2h_bytes"])
@@ -209,7 +203,7 @@ def test_without_a_ledger_the_exit_message_carries_the_records(tmp_path):
                      "qos", "--", BIN / "querydemo", "--queries", 20, "--n", 64,
                      env=clean_env(SIMGPU_TIMESCALE="0", SIMGPU_DIR=str(tmp_path)))
         assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
-        s = stats(r.stdout)
+        s = stats_of(r.stdout)
         rec = wait_for(lambda: next((a for a in ctl.call("list", all=True)["apps"]
                                      if a["state"] == "exited"), None), timeout=10)
         assert rec, ctl.call("list", all=True)

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import RODINIA_SMALL, ROOT, clean_env, colocate, wait_for
+from conftest import RODINIA_SMALL, ROOT, clean_env, colocate, stats_of, wait_for
 
 from shim import paths
 
@@ -82,12 +82,6 @@ def sim_env(simdir: str, **extra: object) -> dict[str, str]:
 
 def run(prog: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([str(prog), *args], env=env, capture_output=True, text=True, timeout=120)
-
-
-def stats_of(output: str) -> dict[str, int]:
-    m = re.search(r"^STATS (.*)$", output, re.M)
-    assert m, f"no STATS line in:\n{output}"
-    return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
 def report(path: Path) -> dict[str, dict]:

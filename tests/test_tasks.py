@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PY, ROOT, Controller, clean_env, colocate, new_rundir, wait_for
+from conftest import PY, ROOT, Controller, clean_env, colocate, new_rundir, stats_of, wait_for
 
 from controlplane.cli import TRACE_COLUMNS
 from shim import paths, query
@@ -41,11 +41,6 @@ def run(cmd: list, env: dict[str, str]) -> subprocess.CompletedProcess:
     return r
 
 
-def stats(out: str) -> dict[str, int]:
-    line = next(ln for ln in out.splitlines() if ln.startswith("STATS "))
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
-
-
 def records(path: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines()]
 
@@ -61,7 +56,7 @@ def test_one_record_per_launch_with_its_shape_and_device_time(tmp_path):
     r = run([BIN / "vecadd", "--n", "5000", "--repeat", "7", "--block", "128"], sim_env(tmp_path, trace))
     recs = records(trace)
     ks = tasks(recs)
-    assert len(ks) == stats(r.stdout)["launches"] == 7
+    assert len(ks) == stats_of(r.stdout)["launches"] == 7
     assert {r["kind"] for r in recs} <= {"kernel", "query_begin", "query_end"}
     for k in ks:
         assert k["name"] == "_Z6vecaddPKfS0_Pfi" and k["app"] == "vecadd"
@@ -179,7 +174,7 @@ def test_library_tasks_own_the_kernels_they_launch(tmp_path):
         pytest.skip("library hooks (shim/hook_lib.c) or simgpu's cuDNN/cuBLAS (shim/lib/dnncheck) not built")
     trace = tmp_path / "t.jsonl"
     r = run([DNNCHECK, "2"], sim_env(tmp_path, trace))
-    st = stats(r.stdout)
+    st = stats_of(r.stdout)
     recs = records(trace)
     libs = tasks(recs, "library")
     assert len(libs) == st["calls"] > 0
@@ -270,7 +265,7 @@ def test_routed_launches_are_traced_as_worker_tasks(tmp_path):
         ctl.stop()
         shutil.rmtree(rd, ignore_errors=True)
     ks = tasks(records(trace))
-    assert len(ks) == stats(out)["launches"] == 60
+    assert len(ks) == stats_of(out)["launches"] == 60
     routes = [k["route"] for k in ks]
     moved = routes.index("worker")
     assert 4 <= moved < 60 and set(routes[moved:]) == {"worker"}

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import RODINIA_SMALL, TONIC_SMALL
+from conftest import RODINIA_SMALL, TONIC_SMALL, stats_of
 
 from shim import paths
 
@@ -48,12 +47,6 @@ def trace(name: str, cmd: list[str], tmp: Path) -> tuple[str, list[dict]]:
                          text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout, [json.loads(ln) for ln in out.read_text().splitlines()]
-
-
-def stats_of(stdout: str) -> dict[str, int]:
-    m = re.search(r"^STATS (.*)$", stdout, re.M)
-    assert m, stdout
-    return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
 @pytest.mark.parametrize("app", sorted(RODINIA))
