@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controlplane import daemon  # noqa: E402
+from controlplane import client  # noqa: E402
 from controlplane.rundir import ColocateError, ensure  # noqa: E402
 
 BIN = ROOT / "bench" / "bin"
@@ -241,7 +241,7 @@ def run_policy(s: Setup, policy: str, model_dir: Path | None, solo_ips: dict[str
     env["COLOCATE_RUNTIME_DIR"] = str(rd.path)
     spec = policy_spec(policy, model_dir, s)
     # the controller's pool workers inherit the device from it
-    ctl, _ = daemon.start_background(rd, spec, "sim", log_level="debug" if keep else "info",
+    ctl, _ = client.start_background(rd, spec, "sim", log_level="debug" if keep else "info",
                                      pool=s.pool, timeout=30, solo=solo_file, env=env)
     batch: list[tuple[str, subprocess.Popen]] = []
     notes: list[str] = []
@@ -282,7 +282,7 @@ def run_policy(s: Setup, policy: str, model_dir: Path | None, solo_ips: dict[str
         for _, p in batch:
             stop(p, signal.SIGKILL)
         try:
-            daemon.request(rd, "stop")
+            client.request(rd, "stop")
             ctl.wait(timeout=15)
         except (ColocateError, subprocess.TimeoutExpired):
             stop(ctl, signal.SIGKILL)
@@ -304,7 +304,7 @@ def _wait_pool(rd, timeout: float) -> None:
     """Until every pool worker is ready (the first queries should not wait for them)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        ws = daemon.request(rd, "pool").get("workers", [])
+        ws = client.request(rd, "pool").get("workers", [])
         if ws and all(w.get("state") == "ready" for w in ws):
             return
         time.sleep(0.1)

@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from controlplane import daemon, launcher, protocol, rundir
+from controlplane import client, daemon, launcher, protocol, rundir
 from controlplane.rundir import ColocateError
 from predictors.cli import app as predictors_app
 from predictors.cli import profile as predictors_profile
@@ -87,10 +87,10 @@ def serve(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
         daemon.serve(rd, policy, dev, log_level.value, log_stderr, pool, metrics_port, solo)
         return
     daemon.policy(policy)                               # unknown name: say so here, not in the log
-    pong = daemon.ping(rd, timeout=0.5)
+    pong = client.ping(rd, timeout=0.5)
     if pong:
         raise ColocateError(f"a controller (pid {pong['controller_pid']}) already answers on {rd.sock}")
-    proc, pong = daemon.start_background(rd, policy, dev, log_level.value, pool=pool,
+    proc, pong = client.start_background(rd, policy, dev, log_level.value, pool=pool,
                                          metrics_port=metrics_port, solo=solo)
     print(proc.pid)
     print(f"colocate: controller {proc.pid} serving {rd.sock} (policy {pong['policy']}, "
@@ -102,16 +102,16 @@ def stop(runtime_dir: Optional[Path] = RunDirOpt,
          timeout: float = typer.Option(10.0, help="Seconds to wait for it to exit.")) -> None:
     """Stop the controller (SIGTERM to the pid in serve.pid if it does not answer)."""
     rd = rundir.ensure(runtime_dir)
-    pid = daemon.running_pid(rd)
+    pid = client.running_pid(rd)
     try:
-        daemon.request(rd, "stop", timeout=1.0)
-        pid = pid or daemon.running_pid(rd)
-    except daemon.NoController:
+        client.request(rd, "stop", timeout=1.0)
+        pid = pid or client.running_pid(rd)
+    except client.NoController:
         if pid is None:
             raise ColocateError(f"no controller is running in {rd.path}") from None
         print(f"colocate: controller {pid} does not answer; sending SIGTERM", file=sys.stderr)
         os.kill(pid, signal.SIGTERM)
-    if pid and not daemon.wait_gone(pid, timeout):
+    if pid and not client.wait_gone(pid, timeout):
         raise ColocateError(f"controller {pid} did not exit within {timeout:g} s")
     print(f"colocate: controller {pid} stopped" if pid else "colocate: controller stopped", file=sys.stderr)
 
@@ -121,7 +121,7 @@ def ping(runtime_dir: Optional[Path] = RunDirOpt,
          timeout: float = typer.Option(1.0, help="Seconds to wait for the answer.")) -> None:
     """Check that a controller answers; print its pid, policy, device and app count."""
     rd = rundir.ensure(runtime_dir)
-    p = daemon.request(rd, "ping", timeout=timeout)
+    p = client.request(rd, "ping", timeout=timeout)
     print(f"controller {p['controller_pid']} (colocate {p['version']}): policy {p['policy']}, "
           f"device {p['device']}, {p['apps']} live app(s), {rd.sock}")
 
@@ -157,7 +157,7 @@ def run_device(device: Device, rd: rundir.RunDir) -> str:
     """The device to run on: as asked, or for auto the running controller's, else detected."""
     if device.value != "auto":
         return device.value
-    pong = daemon.ping(rd, timeout=0.3) if rd.sock.exists() else None
+    pong = client.ping(rd, timeout=0.3) if rd.sock.exists() else None
     return pong["device"] if pong else launcher.detect_device("auto")
 
 
@@ -373,7 +373,7 @@ def quotas(as_json: bool = typer.Option(False, "--json", help="Print a JSON list
     rd = rundir.ensure(runtime_dir)
 
     def fetch() -> list[dict]:
-        return daemon.request(rd, "list", timeout=1.0, all=all_)["apps"]
+        return client.request(rd, "list", timeout=1.0, all=all_)["apps"]
     if as_json:
         print(json.dumps([{k: a[k] for k in QUOTA_KEYS} for a in fetch()], indent=2))
     elif not watch:
@@ -406,7 +406,7 @@ def kernels(name: Optional[str] = typer.Argument(None, help="Only this app."),
 
     A kernel without a twin was timed by simgpu's device model but computed
     nothing: write one (shim/simgpu/simgpu_twin.h) for results to be right."""
-    apps = daemon.request(rundir.ensure(runtime_dir), "list", timeout=1.0, all=True)["apps"]
+    apps = client.request(rundir.ensure(runtime_dir), "list", timeout=1.0, all=True)["apps"]
     rows = [{"app": a["name"], "pid": a["pid"], **k} for a in apps
             if name in (None, a["name"]) for k in a.get("kernels") or []
             if not no_twin or k.get("twin") is False]
@@ -455,7 +455,7 @@ def metrics_cmd(runtime_dir: Optional[Path] = RunDirOpt) -> None:
     `colocate serve --metrics-port PORT` serves over HTTP."""
     from controlplane import metrics
     rd = rundir.ensure(runtime_dir)
-    apps = daemon.request(rd, "list", timeout=1.0, all=False)["apps"]
+    apps = client.request(rd, "list", timeout=1.0, all=False)["apps"]
     sys.stdout.write(metrics.exposition(apps))
 
 
@@ -470,7 +470,7 @@ def pool_cmd(as_json: bool = typer.Option(False, "--json", help="Print a JSON li
 
     States: starting, ready, unresponsive (did not answer in time), dead (to be
     restarted under a new id), failed (kept dying; not restarted)."""
-    reply = daemon.request(rundir.ensure(runtime_dir), "pool", timeout=2.0)
+    reply = client.request(rundir.ensure(runtime_dir), "pool", timeout=2.0)
     if as_json:
         print(json.dumps([{k: w.get(k) for k in (*POOL_KEYS, "routed") if k in w} for w in reply["workers"]],
                          indent=2))
@@ -493,7 +493,7 @@ def set_quota(name: str = typer.Argument(..., help="App name (as `colocate quota
     has no ready worker at that quota (see `colocate pool`)."""
     if not 1 <= pct <= 100:
         raise ColocateError(f"PCT must be 1..100 (got {pct})", 2)
-    r = daemon.request(rundir.ensure(runtime_dir), "set_quota", timeout=2.0, name=name, quota_pct=pct)
+    r = client.request(rundir.ensure(runtime_dir), "set_quota", timeout=2.0, name=name, quota_pct=pct)
     for slot, route in zip(r.get("slots") or [r["slot"]], r.get("routes") or [r["route"]]):
         print(f"colocate: {name} (slot {slot}): {pct}%, {route_name(route, None, pct)}", file=sys.stderr)
 

@@ -23,8 +23,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +31,7 @@ from typing import Any
 import zmq
 
 from controlplane import metrics, protocol
+from controlplane.client import ping, proc_start, read_pid
 from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, TaskDone, make_policy_spec
 from controlplane.rundir import ColocateError, RunDir, version
 from predictors import schema
@@ -59,39 +58,11 @@ class Reject(Exception):
     """A well-formed request the controller refuses; the text goes to the client."""
 
 
-class NoController(ColocateError):
-    pass
-
-
 class NoWorker(Exception):
     """No pool worker can take a route; str() says why."""
 
 
-# --- process liveness -------------------------------------------------------
-
-def proc_start(pid: int) -> int | None:
-    """Start time (clock ticks since boot) of a running pid; None if it is gone
-    or a zombie.  Compared on each check, it guards against pid reuse."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    except OverflowError:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return 0                     # no /proc: trust kill(pid, 0)
-    fields = stat[stat.rfind(b")") + 2:].split()
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
-
+# --- query statistics -------------------------------------------------------
 
 def percentile(sorted_ms: list[float], p: float) -> float | None:
     """Nearest-rank percentile of an ascending list; None when it is empty."""
@@ -806,44 +777,7 @@ def _preview(frames: list[bytes], n: int = 120) -> str:
     return f"{len(frames)} frame(s) " + ", ".join(repr(f[:n]) + ("…" if len(f) > n else "") for f in frames[:4])
 
 
-# --- client side ------------------------------------------------------------
-
-def request(rd: RunDir, type: str, timeout: float = 1.0, **fields: Any) -> dict:
-    """Send one request to the controller in rd and return its reply.
-    Raises NoController when none answers, ColocateError on an error reply."""
-    if not rd.sock.exists():
-        raise NoController(f"no controller is running in {rd.path} (start one: colocate serve --detach)")
-    ctx: zmq.Context = zmq.Context.instance()
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    try:
-        s.connect(rd.endpoint)
-        s.send_multipart([b"", protocol.encode(protocol.message(type, **fields))])
-        if not s.poll(int(timeout * 1000)):
-            raise NoController(f"no controller answers on {rd.sock} (waited {timeout:g} s)")
-        reply = protocol.decode(s.recv_multipart()[-1])
-    finally:
-        s.close()
-    if reply.get("type") == "error":
-        raise ColocateError(f"controller refused {type}: {reply.get('error')}")
-    return reply
-
-
-def ping(rd: RunDir, timeout: float = 1.0) -> dict | None:
-    try:
-        return request(rd, "ping", timeout)
-    except ColocateError:
-        return None
-
-
 # --- serve ------------------------------------------------------------------
-
-def read_pid(rd: RunDir) -> int | None:
-    try:
-        return int(rd.pidfile.read_text().strip() or 0) or None
-    except (OSError, ValueError):
-        return None
-
 
 def lock_pidfile(rd: RunDir) -> int:
     """Hold an exclusive lock on serve.pid for the controller's lifetime and
@@ -969,71 +903,3 @@ def serve(rd: RunDir, policy_name: str = "static", device: str = "sim", log_leve
         if read_pid(rd) == os.getpid():
             rd.pidfile.unlink(missing_ok=True)
         os.close(fd)
-
-
-# --- controlling a controller from outside ----------------------------------
-
-def running_pid(rd: RunDir) -> int | None:
-    """pid in serve.pid, but only while a controller holds its lock (a stale
-    file's pid may belong to an unrelated process by now)."""
-    try:
-        fd = os.open(rd.pidfile, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return None                                     # nobody holds it: stale
-    except BlockingIOError:
-        return read_pid(rd)
-    finally:
-        os.close(fd)
-
-
-def wait_gone(pid: int, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while proc_start(pid) is not None:
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def log_tail(rd: RunDir, n: int = 20) -> str:
-    try:
-        return "\n".join(rd.log.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
-
-
-def start_background(rd: RunDir, policy: str, device: str, log_level: str = "info",
-                     timeout: float = 10.0, new_session: bool = True,
-                     pool: str | None = None,
-                     metrics_port: int | None = None,
-                     solo: Path | str | None = None,
-                     env: dict[str, str] | None = None) -> tuple[subprocess.Popen, dict]:
-    """Start `colocate serve` as a background process and wait until it answers
-    ping.  Returns (process, pong); ColocateError with the log tail otherwise.
-    env: its environment (default this process's; its pool workers inherit it)."""
-    cmd = [sys.executable, "-m", "controlplane.cli", "serve", "--runtime-dir", str(rd.path),
-           "--policy", policy, "--device", device, "--log-level", log_level, "--no-log-stderr",
-           *(["--pool", pool] if pool is not None else []),
-           *(["--metrics-port", str(metrics_port)] if metrics_port is not None else []),
-           *(["--solo", str(solo)] if solo is not None else [])]
-    with open(rd.log, "ab") as out:                     # early errors land in the log too
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=new_session, close_fds=True, env=env)
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            break
-        pong = ping(rd, timeout=0.2) if rd.sock.exists() else None
-        if pong and pong["controller_pid"] == proc.pid:
-            return proc, pong
-        time.sleep(0.05)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-        why = f"did not answer within {timeout:g} s"
-    else:
-        why = f"exited with code {proc.returncode}"
-    raise ColocateError(f"controller {why}; last lines of {rd.log}:\n{log_tail(rd)}")

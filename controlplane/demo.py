@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from controlplane import daemon, launcher
+from controlplane import client, launcher
 from controlplane.cli import human_bytes, out
 from controlplane.launcher import AppSpec
 from controlplane.rundir import ColocateError, RunDir, ensure
@@ -96,7 +96,7 @@ def final_records(rd: RunDir, pids: set[int], timeout: float = 3.0) -> dict[int,
     """The controller's final records for pids (exit message or liveness check)."""
     end, recs = time.monotonic() + timeout, {}
     while time.monotonic() < end:
-        apps = daemon.request(rd, "list", all=True)["apps"]
+        apps = client.request(rd, "list", all=True)["apps"]
         recs = {a["pid"]: a for a in apps if a["pid"] in pids and a["state"] == "exited"}
         if set(recs) == pids:
             break
@@ -148,7 +148,7 @@ def main(device: str = "auto", keep: bool = False, console: Console | None = Non
     rd = ensure(tempfile.mkdtemp(prefix="colocate-demo-"))
     ctl = None
     try:
-        ctl, pong = daemon.start_background(rd, "static", device, new_session=False,
+        ctl, pong = client.start_background(rd, "static", device, new_session=False,
                                              pool="none")   # the static policy routes nothing
         console.print(f"controller {pong['controller_pid']} (policy static, device {device}) in {rd.path}",
                       markup=False, highlight=False)
@@ -169,7 +169,7 @@ def main(device: str = "auto", keep: bool = False, console: Console | None = Non
     finally:
         if ctl is not None:
             try:
-                daemon.request(rd, "stop")
+                client.request(rd, "stop")
             except ColocateError:
                 ctl.terminate()
             try:
