@@ -127,7 +127,7 @@ def test_query_boundaries_reach_the_policy(rundir, sleeper):
 # --- baymax: time sharing with QoS headroom (hand cases, in process) -------------------
 
 def baymax_predictor():
-    from controlplane.policies.claius import TablePredictor
+    from controlplane.policies.predict import TablePredictor
     lengths = {"long": 6.0, "short": 2.0}
     return TablePredictor(query={"svc": lambda s, q: 4.0 * s}, pcie={"svc": lambda s, q: 1.0},
                           task={"svc": lambda f, q: 1.0,

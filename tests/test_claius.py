@@ -11,6 +11,7 @@ import pytest
 
 from controlplane.policies import AppInfo, Decision, QueryEvent, TaskDone, make_policy
 from controlplane.policies import claius as C
+from controlplane.policies import knapsack as K
 
 Q = np.arange(10, 101, 10, dtype=np.float64)
 
@@ -126,8 +127,8 @@ def test_knapsack_takes_next_best_when_best_breaks_cap():
 
 
 def test_knapsack_falls_back_to_python_and_logs(monkeypatch, caplog):
-    monkeypatch.setattr(C, "_lib", None)
-    monkeypatch.setattr(C, "_ks_warned", False)
+    monkeypatch.setattr(K, "_lib", None)
+    monkeypatch.setattr(K, "_ks_warned", False)
     v = np.array([[0, 1, 2]], dtype=float)
     with caplog.at_level(logging.WARNING, logger="colocate.claius"):
         p = C.knapsack(v, v, 10, True)

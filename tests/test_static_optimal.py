@@ -10,7 +10,7 @@ import numpy as np
 
 from controlplane.policies import AppInfo, Decision, make_policy
 from controlplane.policies import static_optimal as SO
-from controlplane.policies.claius import TablePredictor
+from controlplane.policies.predict import TablePredictor
 from predictors import schema as S
 from predictors.store import Store
 

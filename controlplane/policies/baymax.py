@@ -55,7 +55,7 @@ from typing import Any, Callable
 import numpy as np
 
 from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, TaskDone, register_policy
-from controlplane.policies.claius import ModelPredictor, Predictor, Row
+from controlplane.policies.predict import ModelPredictor, Predictor, Row
 
 log = logging.getLogger("colocate.baymax")
 

@@ -50,8 +50,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from controlplane.policies.base import AppInfo, Decision, Policy, register_policy
-from controlplane.policies.claius import ModelPredictor, Predictor
 from controlplane.policies.mps import round_share
+from controlplane.policies.predict import ModelPredictor, Predictor
 
 log = logging.getLogger("colocate.static_optimal")
 

@@ -1,0 +1,120 @@
+"""What C-Laius (and the baselines that share its models) ask of the
+predictors: a Predictor protocol, all quotas at once, and two adapters:
+TablePredictor (fixed curves, for tests and benchmarks) and ModelPredictor
+(trained models from predictors/).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+
+import numpy as np
+
+Row = Mapping[str, Any]
+
+
+# --- predictions ---------------------------------------------------------------
+
+class Predictor(Protocol):
+    """What C-Laius asks, always for all quotas (percent) at once."""
+
+    def query_ms(self, app: str, input_size: float, quotas: np.ndarray) -> np.ndarray:
+        """A query's device time (its tasks, without PCIe copies), ms."""
+        ...
+
+    def pcie_ms(self, app: str, input_size: float, quotas: np.ndarray) -> np.ndarray:
+        """A query's host<->device copy time, ms."""
+        ...
+
+    def task_ms(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        ...
+
+    def task_bw(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        """Memory bandwidth, GB/s."""
+        ...
+
+    def task_ipc(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        """Device-level IPC at the quota: what the knapsack adds up."""
+        ...
+
+
+Fn = Callable[[Any, float], float]
+
+
+class TablePredictor:
+    """Predictions from plain functions, per app: query[app](size, quota),
+    pcie[app](size, quota), task/bw/ipc[app](features, quota).  Missing
+    pcie is 0; a missing entry otherwise raises KeyError, as an unknown
+    service does for a trained model."""
+
+    def __init__(self, query: Mapping[str, Fn] | None = None, pcie: Mapping[str, Fn] | None = None,
+                 task: Mapping[str, Fn] | None = None, bw: Mapping[str, Fn] | None = None,
+                 ipc: Mapping[str, Fn] | None = None):
+        self.query, self.pcie = dict(query or {}), dict(pcie or {})
+        self.task, self.bw, self.ipc = dict(task or {}), dict(bw or {}), dict(ipc or {})
+
+    @staticmethod
+    def _eval(f: Fn, x: Any, quotas: np.ndarray) -> np.ndarray:
+        return np.array([f(x, float(q)) for q in quotas], dtype=np.float64)
+
+    def query_ms(self, app: str, input_size: float, quotas: np.ndarray) -> np.ndarray:
+        return self._eval(self.query[app], input_size, quotas)
+
+    def pcie_ms(self, app: str, input_size: float, quotas: np.ndarray) -> np.ndarray:
+        f = self.pcie.get(app)
+        return np.zeros(len(quotas)) if f is None else self._eval(f, input_size, quotas)
+
+    def task_ms(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        return self._eval(self.task[app], task, quotas)
+
+    def task_bw(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        return self._eval(self.bw[app], task, quotas)
+
+    def task_ipc(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        return self._eval(self.ipc[app], task, quotas)
+
+
+class ModelPredictor:
+    """Saved predictors models (predictors.train), evaluated compiled, one
+    batched call per question.  query.duration_us is end to end, so the
+    device time is duration - pcie.  The task model's IPC is per active SM;
+    the knapsack needs what a quota delivers, so task_ipc scales it by the
+    SMs of the quota (n_sms of the device)."""
+
+    def __init__(self, query_dur: Any, query_pcie: Any, task_dur: Any, task_bw: Any,
+                 task_ipc: Any, n_sms: int = 132, batch: Callable[[float], int] = lambda s: 1):
+        self.qd, self.qp = query_dur, query_pcie
+        self.td, self.tb, self.ti = task_dur, task_bw, task_ipc
+        self.n_sms, self.batch = n_sms, batch
+
+    @staticmethod
+    def from_dir(d: Path | str, model: str = "dt", n_sms: int = 132) -> "ModelPredictor":
+        from predictors.train import load, model_path
+        m = {(k, t): load(model_path(d, k, t, model)) for k, t in
+             (("query", "duration_us"), ("query", "pcie_us"), ("task", "duration_us"),
+              ("task", "bandwidth_gbs"), ("task", "ipc"))}
+        return ModelPredictor(m["query", "duration_us"], m["query", "pcie_us"],
+                              m["task", "duration_us"], m["task", "bandwidth_gbs"],
+                              m["task", "ipc"], n_sms)
+
+    def _qrow(self, app: str, size: float) -> dict[str, Any]:
+        return {"service": app, "input_bytes": float(size), "batch": self.batch(size), "quota": 100}
+
+    def query_ms(self, app: str, input_size: float, quotas: np.ndarray) -> np.ndarray:
+        row = self._qrow(app, input_size)
+        dur = self.qd.predict_quotas(row, quotas)
+        pcie = self.qp.predict_quotas(row, quotas)
+        return np.maximum(dur - pcie, 0.0) / 1000.0
+
+    def pcie_ms(self, app: str, input_size: float, quotas: np.ndarray) -> np.ndarray:
+        return self.qp.predict_quotas(self._qrow(app, input_size), quotas) / 1000.0
+
+    def task_ms(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        return self.td.predict_quotas(task, quotas) / 1000.0
+
+    def task_bw(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        return self.tb.predict_quotas(task, quotas)
+
+    def task_ipc(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
+        sms = np.maximum(1.0, np.floor(np.asarray(quotas) / 100.0 * self.n_sms))
+        return self.ti.predict_quotas(task, quotas) * sms
