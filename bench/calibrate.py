@@ -1,4 +1,4 @@
-"""Calibration of simgpu's device model against a real GPU (issue 12, item 6).
+"""Calibration of simgpu's device model against a real GPU.
 
 Three commands:
 

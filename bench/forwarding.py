@@ -33,7 +33,7 @@ no modelled time, so the figures are the software path alone.
               5 runs of 300 pairs, with device memory native and shared with
               workers (COLOCATE_MEM=vmm), local and routed to a worker (vmm
               routed: each pair is two acknowledged messages with an fd to the
-              worker over its mem socket); not a target of issue 3, a cost
+              worker over its mem socket); not a target, a cost
 The rig (processpool/rig.py) is also what the forwarding tests drive.
 """
 from __future__ import annotations
@@ -224,7 +224,7 @@ def switch_line(sw: dict | None) -> str:
             f"p50 {sw['local_launch_call_to_kernel_us']['p50']:.0f} us")
 
 
-# issue 3's targets on simgpu on the 2-core development machines
+# the forwarding targets, on simgpu on the 2-core development machines
 TARGETS = {"added_us": 20.0, "launches_per_s": 100_000.0, "switch_us": 200.0}
 
 
@@ -242,7 +242,7 @@ def print_targets(lat: dict, thr: dict, sw: dict | None, device: str) -> None:
     if sw is not None:
         rows.append(("route change -> first launch at the new quota, median",
                      sw["to_first_kernel_us"]["p50"], TARGETS["switch_us"], "us", lambda v, t: v <= t))
-    t = Table(title=f"issue 3 targets ({device}; the targets are for simgpu on the 2-core machines)")
+    t = Table(title=f"forwarding targets ({device}; the targets are for simgpu on the 2-core machines)")
     for col in ("figure", "measured", "target", ""):
         t.add_column(col, justify="left" if col == "figure" else "right")
     for name, v, tgt, unit, ok in rows:

@@ -1,4 +1,4 @@
-"""The real-GPU checks of issue 3 in one command: is an MPS SM quota real, and
+"""The real-GPU checks of the process pool in one command: is an MPS SM quota real, and
 does VMM memory map at the same address in another MPS client?
 
 On the GPU machine (H100/H200, CUDA 13 driver with MPS, nvcc), from the

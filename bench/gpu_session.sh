@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_session.sh - the real-GPU checks of the process pool (issue 3), for a
+# gpu_session.sh - the real-GPU checks of the process pool and the rest, for a
 # lent GPU machine with no network (the device tool), in one or two calls.
 #
 # Here, with the package registry (once; .whl/ is git-ignored):
@@ -26,7 +26,7 @@
 #           the time slice without MPS, PCIe contention (calib.jsonl); then
 #           calibrate.py fit: simgpu's parameters and its error per case
 #           (calib_fit.json).  A call of its own: it takes most of 10 minutes
-#   apis    issue 13's programs (bench/progs/texture, graphs, pools and the
+#   apis    the CUDA-API programs (bench/progs/texture, graphs, pools and the
 #           driver-API tests/drv/drvcheck) on the GPU: their own checks hold
 #           simgpu's reference semantics against the hardware; then under
 #           the shim with a controller, whose records (apis_quotas.json)

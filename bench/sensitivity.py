@@ -1,6 +1,6 @@
 """Which mechanism of simgpu's device model causes what: bench/colocation.py
 run on the full model, with each mechanism switched off in turn, and on the
-fluid model, side by side (issue 12).
+fluid model, side by side.
 
     .venv/bin/python bench/sensitivity.py                       # default pair, all variants
     .venv/bin/python bench/sensitivity.py --service chk --batch pathfinder,nw --variants full,fluid

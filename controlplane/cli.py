@@ -545,7 +545,7 @@ def demo(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
     raise typer.Exit(demo_mod.main(device.value, keep))
 
 
-# issue 5's commands live with the predictors
+# the predictors' commands live with the predictors
 app.add_typer(predictors_app, name="predictors",
               help="Predictors: sample schema, synthetic samples, train, report.")
 app.command("profile")(predictors_profile)

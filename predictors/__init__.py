@@ -1,4 +1,4 @@
-"""Predictors of duration, bandwidth and IPC per SM quota (issue 5).
+"""Predictors of duration, bandwidth and IPC per SM quota.
 
 schema.py    the sample kinds (task, query, group): features, targets, version
 store.py     the per-device sample store (JSONL, resumable by sample key)

@@ -182,7 +182,7 @@ SHIM_API cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun)
 /*
  * Routed to a worker (shim_fwd_check: the slot's route epoch is not the one
  * known to be local), a launch goes to shim_fwd_launch(), which forwards it
- * or runs it locally in order, and counts it.  Otherwise: as before, plus
+ * or runs it locally in order, and counts it.  Otherwise: the real call, plus
  * that one relaxed load.
  */
 #define FWD_LAUNCH(entry, ptsz, key, g, b, sh, s, a, cfg)                  \

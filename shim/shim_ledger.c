@@ -6,7 +6,7 @@
  * answers "register"; shim_ledger_attach() maps it.  From then on:
  *   - every kernel's launch counter lives in the ledger (shim_names.c points
  *     struct shim_kernel.count at its entry), so the launch path does the
- *     same one atomic add as before, into shared memory, and a SIGKILLed
+ *     same one atomic add as any counter, into shared memory, and a SIGKILLed
  *     app's kernel table is still there for the controller to read;
  *   - query boundaries count here (begun, ended, late, a latency
  *     histogram) before any message is tried, so a dropped message costs
@@ -17,7 +17,7 @@
  * Nothing here blocks or makes a system call after attach, except the one
  * clock read the exit path already made.  Without a ledger (no controller,
  * an older one, or a mapping that failed) every function is a no-op and the
- * counts stay in the process, as before.
+ * counts stay in the process.
  */
 #define _GNU_SOURCE
 #include "shim.h"

@@ -1,4 +1,4 @@
-"""The calibration of simgpu's device model (issue 12, item 6) without a GPU:
+"""The calibration of simgpu's device model without a GPU:
 bench/gpu/calib_probe.cu and bench/calibrate.py.
 
 * The probe builds, says how it is used, exits 2 on simgpu unless told

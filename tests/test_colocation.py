@@ -5,7 +5,7 @@ On the full device model (block dispatch, co-residence, DRAM queueing, time
 slicing for baymax, which assumes no MPS): claius holds the service's QoS
 target and gives the batch apps more throughput (normalised to their solo
 runs) than baymax does.  On the fluid model (SIMGPU_MODEL=fluid, the model
-issue 6 was measured on), mps-even also violates the target where claius
+the first co-location results were measured on), mps-even also violates the target where claius
 holds it; on the full model mps-even meets it for this pair (bench/RESULTS.md
 reports both), so that claim is checked where it was made.  The device is
 simgpu made 1000x slower with host twins off, so that modelled time

@@ -1,4 +1,4 @@
-"""The real-GPU probes of issue 3 (bench/gpu/*.cu) and their driver script
+"""The real-GPU probes of the process pool (bench/gpu/*.cu) and their driver script
 bench/gpu_pool.py, checked without a GPU.
 
 * With no driver (NVIDIA's libcudart, no libcuda.so.1) and on simgpu, each

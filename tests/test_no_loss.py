@@ -1,4 +1,4 @@
-"""Nothing lost under load (issue 13): four busy apps beside a controller that
+"""Nothing lost under load: four busy apps beside a controller that
 is stopped on purpose (SIGSTOP) while they run and exit, and one app
 SIGKILLed meanwhile.  Every app's exit, counters and kernel table must be
 recorded once the controller runs again, and the query counts must equal

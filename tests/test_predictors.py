@@ -1,4 +1,4 @@
-"""Predictors (issue 5): schema, sample store, training, compiled inference
+"""Predictors: schema, sample store, training, compiled inference
 (bit-exact trees, MLP within 1e-6), the CLI end to end on a small synthetic
 store, and synth's equations against simgpu itself (a tiny profile -> train
 -> report on simgpu).  No timing assertions: speed figures come from

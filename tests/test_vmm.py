@@ -1,5 +1,5 @@
 """App device memory shared with pool workers at the same address through
-the driver's VMM calls (issue 3, "Memory"), on simgpu.
+the driver's VMM calls, on simgpu.
 
 simgpu emulates cuMemCreate / cuMemAddressReserve / cuMemMap / export and
 import of POSIX fds, handed out by cudaGetDriverEntryPointByVersion as on a

@@ -1,5 +1,5 @@
-// calib_probe: one role of the device model's calibration run (issue 12,
-// item 6), measured on a real GPU and reported as ONE JSON line.
+// calib_probe: one role of the device model's calibration run, measured
+// on a real GPU and reported as ONE JSON line.
 // bench/calibrate.py starts several of these at once (each its own process,
 // so each its own MPS client at its own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)
 // and fits simgpu's model parameters (shim/simgpu/simgpu_model.h) to what

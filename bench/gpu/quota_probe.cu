@@ -1,7 +1,7 @@
 // quota_probe: how long one kernel takes at this process's MPS SM
 // percentage (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, read at context creation).
 // Run once per percentage, each as its own MPS client, the times show
-// whether the quota is real (issue 3, part 2; bench/gpu_pool.py does that).
+// whether the quota is real (bench/gpu_pool.py does that).
 //
 //   gpu-quota_probe [--n N] [--warmup W] [--iters K | --target-ms T]
 //                   [--grid G] [--waves V] [--mem [--mb M]]

@@ -371,7 +371,7 @@ static void free_reached(void *arg)
 }
 
 /*
- * cudaFreeAsync: 0 when p is no pool's (the caller frees it as before),
+ * cudaFreeAsync: 0 when p is no pool's (the caller frees it as any allocation),
  * else 1 with *err the call's result.
  */
 int sg_pool_free_async(void *p, struct sg_stream *s, cudaError_t *err)
