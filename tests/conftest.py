@@ -52,6 +52,19 @@ def colocate(*args: str, env: dict[str, str] | None = None, timeout: float = 30,
                           env=env or clean_env(), capture_output=True, text=True, timeout=timeout, **kw)
 
 
+def simgpu_env(simdir: str | os.PathLike, **extra: object) -> dict[str, str]:
+    """A clean environment for a program on simgpu: its libraries first on
+    LD_LIBRARY_PATH, a private SIMGPU_DIR, no modelled time (timescale 0),
+    no MPS percentage from the caller's environment; extra on top."""
+    from shim import paths
+    env = clean_env(SIMGPU_DIR=str(simdir), SIMGPU_TIMESCALE="0")
+    env.pop("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", None)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        [str(paths.SIMGPU_DIR)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
 def stats_of(output: str) -> dict[str, int]:
     """The key=value integers of a program's `STATS ...` line (every bench
     program prints one: its own launches and bytes)."""

@@ -21,7 +21,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import simgpu_env, wait_until
 
 from shim import paths
 
@@ -317,13 +317,7 @@ CHILD = textwrap.dedent(r'''
 
 
 def sim_env(simdir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SIMGPU_", "COLOCATE_")) and k not in ("LD_PRELOAD",
-                                                                        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        [str(paths.SIMGPU_DIR)] + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
-    env.update(SIMGPU_DIR=str(simdir), SIMGPU_TIMESCALE="0", **extra)
-    return env
+    return simgpu_env(simdir, **extra)
 
 
 @pytest.fixture(scope="module")

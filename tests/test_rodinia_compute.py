@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import RODINIA_SMALL, ROOT, clean_env, colocate, stats_of, wait_for
+from conftest import RODINIA_SMALL, ROOT, clean_env, colocate, simgpu_env, stats_of, wait_for
 
 from shim import paths
 
@@ -72,12 +72,7 @@ def simdir():
 
 
 def sim_env(simdir: str, **extra: object) -> dict[str, str]:
-    env = clean_env(SIMGPU_DIR=simdir, SIMGPU_TIMESCALE="0")
-    env.pop("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", None)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        [str(paths.SIMGPU_DIR)] + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
+    return simgpu_env(simdir, **extra)
 
 
 def run(prog: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

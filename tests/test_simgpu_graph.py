@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, wait_until
+from conftest import clean_env, simgpu_env, wait_until
 
 from shim import paths
 
@@ -74,10 +74,7 @@ def simdir():
 
 
 def sim_env(simdir: str, **extra: str) -> dict[str, str]:
-    env = clean_env(SIMGPU_DIR=simdir, SIMGPU_TIMESCALE="0", **extra)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        [str(paths.SIMGPU_CUDART.parent)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
-    return env
+    return simgpu_env(simdir, **extra)
 
 
 def test_graphs_replay_on_simgpu_with_cuda_errors_for_illegal_capture_calls(simdir, tmp_path):
