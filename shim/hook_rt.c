@@ -88,7 +88,6 @@ __typeof__(cudaStreamAddCallback) cudaStreamAddCallback_ptsz;
 	FIND_REAL(fn, on_missing);                                        \
 	shim_start()
 
-#define IN_RUNTIME(expr) ({ __typeof__(expr) r_; shim_in_runtime++; r_ = (expr); shim_in_runtime--; r_; })
 
 #define NOSYM cudaErrorSharedObjectSymbolNotFound
 
@@ -185,25 +184,19 @@ SHIM_API cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun)
  * or runs it locally in order, and counts it.  Otherwise: the real call, plus
  * that one relaxed load.
  */
-#define FWD_LAUNCH(entry, ptsz, key, g, b, sh, s, a, cfg)                  \
-	if (shim_fwd_check()) {                                           \
+#define LAUNCH_VIA(cond, run, entry, ptsz, key, g, b, sh, s, a, cfg)       \
+	if (cond) {                                                       \
 		struct shim_launch l_ = {                                 \
 			entry, ptsz, (const void *)(key), (void *)real_,  \
 			{ (g).x, (g).y, (g).z }, { (b).x, (b).y, (b).z }, \
 			(sh), (void *)(s), (a), (cfg) };                  \
-		return (cudaError_t)shim_fwd_launch(&l_);                 \
+		return (cudaError_t)run(&l_);                             \
 	}
+#define FWD_LAUNCH(...) LAUNCH_VIA(shim_fwd_check(), shim_fwd_launch, __VA_ARGS__)
 
 /* Tracing on, or a library task open (shim_task_hot: one relaxed load):
  * the task layer runs the launch, as a task or inside its library task. */
-#define TASK_LAUNCH(entry, ptsz, key, g, b, sh, s, a, cfg)                 \
-	if (shim_task_hot()) {                                            \
-		struct shim_launch t_ = {                                 \
-			entry, ptsz, (const void *)(key), (void *)real_,  \
-			{ (g).x, (g).y, (g).z }, { (b).x, (b).y, (b).z }, \
-			(sh), (void *)(s), (a), (cfg) };                  \
-		return (cudaError_t)shim_task_launch(&t_);                \
-	}
+#define TASK_LAUNCH(...) LAUNCH_VIA(shim_task_hot(), shim_task_launch, __VA_ARGS__)
 
 #define LAUNCH_HOOK(name, entry, ptsz, KT)                                \
 	SHIM_API cudaError_t name(KT f, dim3 g, dim3 b, void **a, size_t sh, cudaStream_t s) \

@@ -38,6 +38,9 @@ extern struct cb_control *shim_ctl;
 /* Non-zero while a runtime hook is inside the real runtime: the driver hooks
  * then do not count again what the runtime hook already counted. */
 extern __thread int shim_in_runtime __attribute__((tls_model("initial-exec")));
+/* Evaluate expr (a call into the real runtime or driver) as "inside the
+ * runtime": hooks it lands in again count nothing. */
+#define IN_RUNTIME(expr) ({ __typeof__(expr) r_; shim_in_runtime++; r_ = (expr); shim_in_runtime--; r_; })
 
 /* Start-up: cheap after the first call (one relaxed load). */
 void shim_start_slow(void);

@@ -188,7 +188,6 @@ static void unlock(void)
 	pthread_mutex_unlock(&F.mu);
 }
 
-#define IN_RT(expr) ({ __typeof__(expr) r_; shim_in_runtime++; r_ = (expr); shim_in_runtime--; r_; })
 
 /* ---------------------------------------------------------------- real calls */
 
@@ -204,13 +203,13 @@ typedef cudaError_t (*graph_fn)(cudaGraphExec_t, cudaStream_t);
 static cudaError_t real_device_sync(void)
 {
 	REAL_FN(f, "cudaDeviceSynchronize");
-	return f ? IN_RT(((cudaError_t (*)(void))f)()) : cudaErrorSharedObjectSymbolNotFound;
+	return f ? IN_RUNTIME(((cudaError_t (*)(void))f)()) : cudaErrorSharedObjectSymbolNotFound;
 }
 
 static cudaError_t real_stream_sync(void *s)
 {
 	REAL_FN(f, "cudaStreamSynchronize");
-	return f ? IN_RT(((cudaError_t (*)(cudaStream_t))f)(s)) : cudaErrorSharedObjectSymbolNotFound;
+	return f ? IN_RUNTIME(((cudaError_t (*)(cudaStream_t))f)(s)) : cudaErrorSharedObjectSymbolNotFound;
 }
 
 static void real_clear_error(void)
@@ -253,13 +252,13 @@ static int local_launch(const struct shim_launch *l)
 
 	switch (l->entry) {
 	case SHIM_E_EXC:
-		r = IN_RT(((launch_exc_fn)l->real)(l->config, l->key, l->args));
+		r = IN_RUNTIME(((launch_exc_fn)l->real)(l->config, l->key, l->args));
 		break;
 	case SHIM_E_GRAPH:
-		r = IN_RT(((graph_fn)l->real)((cudaGraphExec_t)l->key, l->stream));
+		r = IN_RUNTIME(((graph_fn)l->real)((cudaGraphExec_t)l->key, l->stream));
 		break;
 	default:
-		r = IN_RT(((launch_fn)l->real)(l->key, mkdim(l->grid), mkdim(l->block), l->args,
+		r = IN_RUNTIME(((launch_fn)l->real)(l->key, mkdim(l->grid), mkdim(l->block), l->args,
 					       l->shmem, l->stream));
 		break;
 	}
@@ -339,7 +338,7 @@ static struct fstream *stream_get(void *s, int ptsz)
 		unsigned flags = 0;
 
 		if (!get_flags ||
-		    IN_RT(((cudaError_t (*)(cudaStream_t, unsigned *))get_flags)(s, &flags)) !=
+		    IN_RUNTIME(((cudaError_t (*)(cudaStream_t, unsigned *))get_flags)(s, &flags)) !=
 			    cudaSuccess)
 			return NULL;  /* the local launch reports the bad handle */
 		kind = (flags & cudaStreamNonBlocking) ? FWD_SK_NONBLOCKING : FWD_SK_BLOCKING;
@@ -661,7 +660,7 @@ static void lose_worker(const char *why)
 		fn = replay_fn(e->entry, e->coop);
 		/* per-thread default streams belong to their threads: replay their
 		 * work on the legacy stream, which orders with all of them */
-		if (!fn || IN_RT(fn(e->key, mkdim(m.grid), mkdim(m.block), argv, m.shmem,
+		if (!fn || IN_RUNTIME(fn(e->key, mkdim(m.grid), mkdim(m.block), argv, m.shmem,
 				    F.streams[e->sidx].kind == FWD_SK_PERTHREAD
 					    ? cudaStreamLegacy
 					    : F.streams[e->sidx].handle)) != cudaSuccess)
