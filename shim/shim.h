@@ -195,9 +195,17 @@ void shim_ledger_forget(void);
 void shim_names_attach(void);
 
 /* --- control path (shim_ctl.c) --------------------------------------- */
+/* What the controller's answer to "register" asks of this process; the
+ * start-up (shim_core.c) hands each part to the file that owns it, so the
+ * control path depends on no other part of the shim. */
+struct shim_settings {
+	int feed;               /* the policy wants completed tasks (task feed) */
+	uint32_t fwd_window;    /* routed launches in flight at most; 0: default */
+};
 /* Register with the controller; on success returns the slot index in
- * <runtime dir>/ctlblock; on failure returns -1 and a reason in why. */
-int shim_ctl_register(char *why, size_t whylen);
+ * <runtime dir>/ctlblock and fills *set; on failure returns -1 and a
+ * reason in why. */
+int shim_ctl_register(struct shim_settings *set, char *why, size_t whylen);
 /* Tell the controller this process is exiting (best effort, bounded). */
 void shim_ctl_exit(void);
 /* A one-way message (JSON) to the controller after registration, without

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "shim_trace.h"
 #include "unixutil.h"
 
 #include <dlfcn.h>
@@ -194,6 +195,7 @@ static void on_exit_cb(void)
 void shim_start_slow(void)
 {
 	static int atfork_done, atexit_done;
+	struct shim_settings set = { 0 };
 	char why[256] = "";
 	int slot;
 
@@ -205,7 +207,7 @@ void shim_start_slow(void)
 		atfork_done = 1;
 	}
 	local_ctl.quota_pct = 100;
-	slot = shim_ctl_register(why, sizeof(why));
+	slot = shim_ctl_register(&set, why, sizeof(why));
 	if (slot >= 0) {
 		char path[4096];
 
@@ -234,6 +236,11 @@ void shim_start_slow(void)
 		shim_add(&c->syncs, local_ctr.syncs);
 		shim_ctl = &block->slots[slot].k;
 		__atomic_store_n(&shim_ctr, c, __ATOMIC_RELEASE);
+		/* what the controller asked for, to the parts that do it */
+		if (set.feed)
+			shim_trace_feed_on();
+		if (set.fwd_window)
+			shim_fwd_set_window(set.fwd_window);
 		/* without its ledger the app still runs and counts; the
 		 * controller then has only what messages bring */
 		if (shim_ledger_attach(slot, why, sizeof(why)) == 0)

@@ -16,7 +16,6 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
-#include "shim_trace.h"
 #include "unixutil.h"
 #include "zmqdl.h"
 
@@ -157,7 +156,7 @@ static const char *env_or(const char *name, const char *dflt)
 	return v && *v ? v : dflt;
 }
 
-int shim_ctl_register(char *why, size_t whylen)
+int shim_ctl_register(struct shim_settings *set, char *why, size_t whylen)
 {
 	char endpoint[PATH_MAX + 16], sock_path[PATH_MAX], exe[PATH_MAX] = "";
 	char msg[8192] = "", reply[4096];
@@ -258,11 +257,11 @@ int shim_ctl_register(char *why, size_t whylen)
 		ctl_pid = (uint32_t)slot;
 	/* "feed": true - the policy wants this app's completed tasks (a
 	 * controller that predates it says nothing: no feed) */
-	if (json_bool(reply, "feed") == 1)
-		shim_trace_feed_on();
+	set->feed = json_bool(reply, "feed") == 1;
 	/* "fwd_window": N - at most N routed launches in flight (default 4096) */
+	set->fwd_window = 0;
 	if (json_int(reply, "fwd_window", &slot) == 0 && slot >= 1 && slot <= 4096)
-		shim_fwd_set_window((uint32_t)slot);
+		set->fwd_window = (uint32_t)slot;
 	return slot_index;
 }
 
