@@ -7,7 +7,7 @@ device of simgpu's libcudart.so.13.
   where the controller's counts must equal the program's own;
 - tests/progs/drvapi.c talks to the driver the way cudart and CuPy do
   (dlopen, cuGetProcAddress, dlsym), which the driver-level hooks are
-  tested with (it ran on the retired fake driver, shim/fakecuda, before);
+  tested with;
 - the library itself, through ctypes in a child process (libcuda.so.1 finds
   simgpu's libcudart.so.13 through LD_LIBRARY_PATH, set at process start):
   cuGetProcAddress, bad input, runtime and driver sharing one device, and
