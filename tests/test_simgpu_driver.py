@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import Controller, wait_until
 
 from shim import paths
 
@@ -124,26 +123,11 @@ def colocate(*args: str, rundir: Path, check: bool = True) -> subprocess.Complet
 
 
 @pytest.fixture()
-def rundir():
-    d = Path(tempfile.mkdtemp(prefix="cl-drv-", dir="/tmp"))   # short: socket path limit
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture()
 def controller(rundir):
-    proc = subprocess.Popen([*COLOCATE, "serve", "--runtime-dir", str(rundir), "--device", "sim",
-                             "--pool", "none"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: colocate("ping", rundir=rundir, check=False).returncode == 0,
-               what="controller to answer ping")
-    yield proc
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    """`colocate serve` on the test's runtime dir (conftest's rundir), stopped after."""
+    ctl = Controller(rundir)
+    yield ctl
+    ctl.stop()
 
 
 def app_record(rundir: Path, name: str) -> dict:
