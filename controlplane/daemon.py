@@ -357,17 +357,22 @@ class Controller:
             log.warning("slot %d (pid %d): no ledger (%s); its records come by message only", slot, pid, e)
             return None
 
+    @staticmethod
+    def ledger_part(app: App, part: str) -> dict | None:
+        """The app's ledger's "queries" or "counters": as read at its end once
+        it exited, live while it runs, None without a ledger it attached."""
+        if app.ledger_final is not None:
+            return app.ledger_final[part]
+        if app.ledger is not None and app.ledger.attached():
+            return getattr(app.ledger, part)()
+        return None
+
     def queries(self, app: App) -> dict:
         """Query statistics: the exact counts from the ledger (what the app
         counted), the recent window and in-flight set from messages."""
         q = app.queries.summary()
-        if app.ledger_final is not None:
-            lq = app.ledger_final["queries"]
-        elif app.ledger is not None and app.ledger.attached():
-            lq = app.ledger.queries()
-        else:
-            return q
-        if lq["rule"] is None:
+        lq = self.ledger_part(app, "queries")
+        if lq is None or lq["rule"] is None:
             return q
         q.update(rule=lq["rule"], messages=q["done"], done=lq["ended"], begun=lq["begun"],
                  violations=lq["violations"],
@@ -378,8 +383,7 @@ class Controller:
         if app.feed is None:
             return None
         f = dict(app.feed)
-        c = (app.ledger_final["counters"] if app.ledger_final is not None
-             else app.ledger.counters() if app.ledger is not None and app.ledger.attached() else None)
+        c = self.ledger_part(app, "counters")
         if c is not None:
             f["dropped"] = max(f["dropped"], c["tasks_dropped"])
             f["fed"] = c["tasks_fed"]
