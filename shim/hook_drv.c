@@ -306,7 +306,9 @@ static inline void drv_local_done(CUstream s, int ptsz)
 	if (tk_)                                                          \
 		shim_task_drv_end(&t_, r)
 
-#define LAUNCH(idx, params, args, fn, strm, ptsz, desc)                   \
+/* count(r, key) counts a successful launch: count_drv_launch (a kernel)
+ * or count_drv_graph (a graph's kernels). */
+#define LAUNCH(idx, params, args, count, key, strm, ptsz, desc)           \
 	{                                                                 \
 		CUresult (*real) params = real_of(idx);                   \
 		CUresult r;                                               \
@@ -319,7 +321,7 @@ static inline void drv_local_done(CUstream s, int ptsz)
 		TASK_DRV_BEGIN(desc);                                     \
 		r = real args;                                            \
 		drv_local_done(strm, ptsz);                               \
-		count_drv_launch(r, fn);                                  \
+		count(r, key);                                            \
 		TASK_DRV_END(r);                                          \
 		return r;                                                 \
 	}
@@ -328,8 +330,10 @@ static inline void drv_local_done(CUstream s, int ptsz)
 		 unsigned bz, unsigned sh, CUstream s, void **p, void **e)
 #define KARGS (f, gx, gy, gz, bx, by, bz, sh, s, p, e)
 #define KDESC(ptsz) { f, { gx, gy, gz }, { bx, by, bz }, sh, s, ptsz, 0, 0, { 0 } }
-SHIM_API CUresult cuLaunchKernel KPARAMS LAUNCH(H_LAUNCH, KPARAMS, KARGS, f, s, 0, KDESC(0))
-SHIM_API CUresult cuLaunchKernel_ptsz KPARAMS LAUNCH(H_LAUNCH_PTSZ, KPARAMS, KARGS, f, s, 1, KDESC(1))
+SHIM_API CUresult cuLaunchKernel KPARAMS
+	LAUNCH(H_LAUNCH, KPARAMS, KARGS, count_drv_launch, f, s, 0, KDESC(0))
+SHIM_API CUresult cuLaunchKernel_ptsz KPARAMS
+	LAUNCH(H_LAUNCH_PTSZ, KPARAMS, KARGS, count_drv_launch, f, s, 1, KDESC(1))
 
 #define XPARAMS (const CUlaunchConfig *c, CUfunction f, void **p, void **e)
 #define XARGS (c, f, p, e)
@@ -337,16 +341,17 @@ SHIM_API CUresult cuLaunchKernel_ptsz KPARAMS LAUNCH(H_LAUNCH_PTSZ, KPARAMS, KAR
 		      { c ? c->blockDimX : 0, c ? c->blockDimY : 0, c ? c->blockDimZ : 0 },  \
 		      c ? c->sharedMemBytes : 0, c ? c->hStream : NULL, ptsz, 0, 0, { 0 } }
 SHIM_API CUresult cuLaunchKernelEx XPARAMS
-	LAUNCH(H_LAUNCH_EX, XPARAMS, XARGS, f, c ? c->hStream : NULL, 0, XDESC(0))
+	LAUNCH(H_LAUNCH_EX, XPARAMS, XARGS, count_drv_launch, f, c ? c->hStream : NULL, 0, XDESC(0))
 SHIM_API CUresult cuLaunchKernelEx_ptsz XPARAMS
-	LAUNCH(H_LAUNCH_EX_PTSZ, XPARAMS, XARGS, f, c ? c->hStream : NULL, 1, XDESC(1))
+	LAUNCH(H_LAUNCH_EX_PTSZ, XPARAMS, XARGS, count_drv_launch, f, c ? c->hStream : NULL, 1, XDESC(1))
 
 #define CPARAMS (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
 		 unsigned bz, unsigned sh, CUstream s, void **p)
 #define CARGS (f, gx, gy, gz, bx, by, bz, sh, s, p)
-SHIM_API CUresult cuLaunchCooperativeKernel CPARAMS LAUNCH(H_COOP, CPARAMS, CARGS, f, s, 0, KDESC(0))
+SHIM_API CUresult cuLaunchCooperativeKernel CPARAMS
+	LAUNCH(H_COOP, CPARAMS, CARGS, count_drv_launch, f, s, 0, KDESC(0))
 SHIM_API CUresult cuLaunchCooperativeKernel_ptsz CPARAMS
-	LAUNCH(H_COOP_PTSZ, CPARAMS, CARGS, f, s, 1, KDESC(1))
+	LAUNCH(H_COOP_PTSZ, CPARAMS, CARGS, count_drv_launch, f, s, 1, KDESC(1))
 
 /*
  * A graph launch counts each kernel of a graph the runtime hooks walked at
@@ -354,26 +359,17 @@ SHIM_API CUresult cuLaunchCooperativeKernel_ptsz CPARAMS
  * graphs instantiated through the driver API are not walked.
  */
 #define GDESC(ptsz) { g, { 0 }, { 0 }, 0, s, ptsz, 1, 0, { 0 } }
-#define GRAPH_LAUNCH(idx, ptsz)                                           \
-	{                                                                 \
-		CUresult (*real)(CUgraphExec, CUstream) = real_of(idx);   \
-		CUresult r;                                               \
-		if (!real)                                                \
-			return CUDA_ERROR_NOT_INITIALIZED;                \
-		shim_start();                                             \
-		DRV_CAPTURED(s, ptsz, real(g, s));                        \
-		if (drv_fence(s, ptsz))                                   \
-			return CUDA_ERROR_LAUNCH_FAILED;                  \
-		TASK_DRV_BEGIN(GDESC(ptsz));                              \
-		r = real(g, s);                                           \
-		drv_local_done(s, ptsz);                                  \
-		if (r == CUDA_SUCCESS && !shim_in_runtime)                \
-			shim_graph_count(g);                              \
-		TASK_DRV_END(r);                                          \
-		return r;                                                 \
-	}
-SHIM_API CUresult cuGraphLaunch(CUgraphExec g, CUstream s) GRAPH_LAUNCH(H_GRAPH, 0)
-SHIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) GRAPH_LAUNCH(H_GRAPH_PTSZ, 1)
+static inline void count_drv_graph(CUresult r, CUgraphExec g)
+{
+	if (r == CUDA_SUCCESS && !shim_in_runtime)
+		shim_graph_count(g);
+}
+
+#define GPARAMS (CUgraphExec g, CUstream s)
+SHIM_API CUresult cuGraphLaunch GPARAMS
+	LAUNCH(H_GRAPH, GPARAMS, (g, s), count_drv_graph, g, s, 0, GDESC(0))
+SHIM_API CUresult cuGraphLaunch_ptsz GPARAMS
+	LAUNCH(H_GRAPH_PTSZ, GPARAMS, (g, s), count_drv_graph, g, s, 1, GDESC(1))
 
 /* ---- memory ----------------------------------------------------------
  * COLOCATE_MEM=vmm: a statically linked cudart (and cuBLAS, cuDNN inside
