@@ -83,7 +83,8 @@ def make_ffi(base: Path) -> FFI:
     ffi = FFI()
     ffi.cdef(CDEF)
     ffi.set_source("shim._ctlblock", '#include "ctlblock.h"\n#include "ledger.h"',
-                   sources=[str(base / "ctlblock.c"), str(base / "ledger.c")], include_dirs=[str(base)],
+                   sources=[str(base / f) for f in ("ctlblock.c", "ledger.c", "shmfile.c")],
+                   include_dirs=[str(base)],
                    extra_compile_args=["-std=gnu11"])
     return ffi
 
@@ -145,7 +146,8 @@ def build_native() -> None:
 
     # libcolocate.so: plain C, no Python, every symbol resolved at link time.
     shim_src = (sorted(HERE.glob("hook_*.c")) + sorted(HERE.glob("shim_*.c"))
-                + [HERE / "ctlblock.c", HERE / "ledger.c", HERE / "zmqdl.c", HERE / "unixutil.c"])
+                + [HERE / "ctlblock.c", HERE / "ledger.c", HERE / "shmfile.c", HERE / "zmqdl.c",
+                   HERE / "unixutil.c"])
     vs = _version_script(LIB / "libcolocate.map", None, exported_names())
     _link(LIB / "libcolocate.so", shim_src,
           ["-Wl,-z,defs", f"-Wl,--version-script={vs}", "-Wl,-soname,libcolocate.so", "-ldl", "-lpthread"],
@@ -265,8 +267,8 @@ def cffi_inplace(make: Callable[[Path], FFI], here: Path, stem: str, deps: list[
 def build_inplace() -> None:
     """Build the cffi module next to its package and the native libraries."""
     build_native()
-    cffi_inplace(make_ffi, HERE, "_ctlblock", [HERE / "ctlblock.c", HERE / "ctlblock.h", HERE / "ledger.c",
-                                                HERE / "ledger.h", Path(__file__)])
+    cffi_inplace(make_ffi, HERE, "_ctlblock", [HERE / f for f in ("ctlblock.c", "ctlblock.h", "ledger.c", "ledger.h",
+                                                                   "shmfile.c", "shmfile.h")] + [Path(__file__)])
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include "ctlblock.h"
+#include "shmfile.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -37,29 +38,15 @@ static int header_ok(const struct cb_header *h)
 
 /*
  * A new controller never reuses the old file: applications of a previous
- * controller may still have it mapped, and truncating it under them would
- * SIGBUS their next counter write.  It builds a fresh block under a
- * temporary name and renames it into place; old mappings keep the old inode.
+ * controller may still have it mapped (shmfile.h).
  */
 static struct cb_block *create_block(const char *path)
 {
 	char tmp[4096];
-	struct cb_block *cb;
-	int fd, saved;
+	struct cb_block *cb = shm_create(path, cb_size(), tmp, sizeof(tmp));
 
-	if (snprintf(tmp, sizeof(tmp), "%s.new.%d", path, (int)getpid()) >= (int)sizeof(tmp)) {
-		errno = ENAMETOOLONG;
+	if (!cb)
 		return NULL;
-	}
-	fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return NULL;
-	if (ftruncate(fd, (off_t)cb_size()) < 0)
-		goto fail;
-	cb = mmap(NULL, cb_size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (cb == MAP_FAILED)
-		goto fail;
-	close(fd);
 	cb->hdr.version = CB_VERSION;
 	cb->hdr.nslots = CB_MAX_SLOTS;
 	cb->hdr.slot_size = sizeof(struct cb_slot);
@@ -68,20 +55,7 @@ static struct cb_block *create_block(const char *path)
 	cb->hdr.created_ns = cb->hdr.generation;
 	/* magic last: a reader that sees it sees a complete header */
 	__atomic_store_n(&cb->hdr.magic, CB_MAGIC, __ATOMIC_RELEASE);
-	if (rename(tmp, path) < 0) {
-		saved = errno;
-		munmap(cb, cb_size());
-		unlink(tmp);
-		errno = saved;
-		return NULL;
-	}
-	return cb;
-fail:
-	saved = errno;
-	close(fd);
-	unlink(tmp);
-	errno = saved;
-	return NULL;
+	return shm_publish(cb, cb_size(), tmp, path) == 0 ? cb : NULL;
 }
 
 struct cb_block *cb_open(const char *path, int create)

@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include "ledger.h"
+#include "shmfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -48,31 +49,19 @@ static int header_ok(const struct lg_header *h, uint32_t pid)
 }
 
 /*
- * The controller writes the file under a temporary name and renames it into
- * place, so an application never maps a half-made header, and a stale file
- * of an earlier app with the same slot and pid (pid reuse) is replaced
- * without touching the old inode a late reader may still have mapped.
+ * Made under a temporary name and renamed into place (shmfile.h), so an
+ * application never maps a half-made header, and a stale file of an earlier
+ * app with the same slot and pid (pid reuse) is replaced without touching
+ * the old inode a late reader may still have mapped.
  */
 static struct lg_header *create(const char *path, uint32_t pid, uint32_t slot)
 {
 	char tmp[4096];
-	struct lg_header *lg;
+	struct lg_header *lg = shm_create(path, lg_size(), tmp, sizeof(tmp));
 	struct timespec ts;
-	int fd, saved;
 
-	if (snprintf(tmp, sizeof(tmp), "%s.new.%d", path, (int)getpid()) >= (int)sizeof(tmp)) {
-		errno = ENAMETOOLONG;
+	if (!lg)
 		return NULL;
-	}
-	fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return NULL;
-	if (ftruncate(fd, (off_t)lg_size()) < 0)
-		goto fail;
-	lg = mmap(NULL, lg_size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (lg == MAP_FAILED)
-		goto fail;
-	close(fd);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	lg->version = LG_VERSION;
 	lg->header_size = sizeof(struct lg_header);
@@ -86,20 +75,7 @@ static struct lg_header *create(const char *path, uint32_t pid, uint32_t slot)
 	lg->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 	/* magic last: a reader that sees it sees a complete header */
 	__atomic_store_n(&lg->magic, LG_MAGIC, __ATOMIC_RELEASE);
-	if (rename(tmp, path) < 0) {
-		saved = errno;
-		munmap(lg, lg_size());
-		unlink(tmp);
-		errno = saved;
-		return NULL;
-	}
-	return lg;
-fail:
-	saved = errno;
-	close(fd);
-	unlink(tmp);
-	errno = saved;
-	return NULL;
+	return shm_publish(lg, lg_size(), tmp, path) == 0 ? lg : NULL;
 }
 
 struct lg_header *lg_open(const char *path, int create_it, uint32_t pid, uint32_t slot)
