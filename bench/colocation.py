@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from controlplane import client  # noqa: E402
-from controlplane.rundir import ColocateError, ensure  # noqa: E402
+from shim.rundir import ColocateError, ensure  # noqa: E402
 
 BIN = ROOT / "bench" / "bin"
 CLIENT = ROOT / "bench" / "tonic" / "client.py"

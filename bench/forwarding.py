@@ -51,9 +51,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-from controlplane.launcher import cuda_usable as driver_present  # noqa: E402
 from processpool.rig import BIN, WORKER, Rig  # noqa: E402
 from shim import paths  # noqa: E402
+from shim.launcher import cuda_usable as driver_present  # noqa: E402
 
 # ---------------------------------------------------------------- measurements
 

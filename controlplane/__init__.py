@@ -2,7 +2,7 @@
 protocol, the policies it runs and the `colocate` command line."""
 from __future__ import annotations
 
-from controlplane.rundir import ColocateError, version
+from shim.rundir import ColocateError, version
 
 __version__ = version()
 __all__ = ["ColocateError", "__version__"]

@@ -18,12 +18,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from controlplane import client, daemon, launcher, protocol, rundir
-from controlplane.rundir import ColocateError
+from controlplane import client, daemon, protocol
 from predictors.cli import app as predictors_app
 from predictors.cli import profile as predictors_profile
 from predictors.cli import train as predictors_train
 from processpool import SPEC_HELP, parse_spec
+from shim import launcher, rundir
+from shim.rundir import ColocateError
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False)

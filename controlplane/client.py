@@ -16,7 +16,7 @@ from typing import Any
 import zmq
 
 from controlplane import protocol
-from controlplane.rundir import ColocateError, RunDir
+from shim.rundir import ColocateError, RunDir
 
 
 class NoController(ColocateError):

@@ -33,12 +33,12 @@ import zmq
 from controlplane import metrics, protocol
 from controlplane.client import ping, proc_start, read_pid
 from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, TaskDone, make_policy_spec
-from controlplane.rundir import ColocateError, RunDir, version
 from predictors import schema
 from predictors.profile import RunFailed, lib_params
 from processpool import Pool, parse_spec
 from shim.ctlblock import ROUTE_HOLD, ControlBlock, ControlBlockFull
 from shim.ledger import Ledger
+from shim.rundir import ColocateError, RunDir, version
 
 log = logging.getLogger("colocate")
 VERSION = version()

@@ -23,11 +23,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from controlplane import client, launcher
+from controlplane import client
 from controlplane.cli import human_bytes, out
-from controlplane.launcher import AppSpec
-from controlplane.rundir import ColocateError, RunDir, ensure
-from shim import paths
+from shim import launcher, paths
+from shim.launcher import AppSpec
+from shim.rundir import ColocateError, RunDir, ensure
 
 ROOT = Path(__file__).resolve().parent.parent
 APP_TIMEOUT_S = 600.0

@@ -233,6 +233,7 @@ def profile(targets: Optional[list[str]] = typer.Argument(
     quota --quotas names), random groups of them issue random operator
     ranges together, and each group's latency becomes a group sample."""
     from predictors import profile as P
+    from predictors import profile_gpu
     from predictors.store import Store, StoreError
     try:
         qs = sorted({int(x) for x in quotas.split(",") if x.strip()})
@@ -242,7 +243,7 @@ def profile(targets: Optional[list[str]] = typer.Argument(
         _fail("--quotas must be in 1..100")
     if reps < 1:
         _fail("--reps must be >= 1")
-    on_gpu = P.gpu_present()
+    on_gpu = profile_gpu.gpu_present()
     if on_gpu and groups:
         _fail("--groups co-runs services on one simulated device: run it on simgpu "
               "(a machine without an NVIDIA driver)")
@@ -251,7 +252,7 @@ def profile(targets: Optional[list[str]] = typer.Argument(
         P.check_built(shim=not groups, sim=not on_gpu)
     except P.ProfileError as e:
         _fail(str(e))
-    dev = P.gpu_device_name() if on_gpu else P.device_name()
+    dev = profile_gpu.gpu_device_name() if on_gpu else P.device_name()
     st = Store(_store_root(out), dev)
     if groups:
         _profile_groups(tgts, qs, quotas, st, groups, group_size, timescale, seed, timeout,
@@ -279,14 +280,15 @@ def _profile_gpu(tgts: list, qs: list[int], reps: int, st, timeout: float, progr
     """`profile` on a real GPU: MPS for quotas < 100 (exit 1 without it),
     ncu counters when ncu is found, else durations only."""
     from predictors import profile as P
+    from predictors import profile_gpu
     try:
-        with P.GpuSession(qs) as gpu:
+        with profile_gpu.GpuSession(qs) as gpu:
             print(f"colocate: GPU {st.device}: {gpu.note}; "
                   + (f"counters from {gpu.ncu}" if gpu.ncu else
                      "no ncu (PATH or $COLOCATE_NCU): durations only, no bandwidth/IPC")
                   + f"; samples labelled {gpu.src()}", file=sys.stderr)
             return P.profile(tgts, qs, reps, st, timeout=timeout, progress=progress, gpu=gpu)
-    except P.GpuUnavailable as e:
+    except profile_gpu.GpuUnavailable as e:
         print(f"colocate: {e}", file=sys.stderr)
         raise typer.Exit(1) from None
     except P.ProfileError as e:

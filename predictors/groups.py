@@ -190,7 +190,7 @@ def start(targets: Sequence[P.Target], tmp: Path, quota: int, timescale: float,
             try:
                 sv.proc = cl.start_service(t.net, path, args, [], "sim", t.cmd[0], env, timeout)
             except (RuntimeError, OSError) as e:
-                raise P.RunFailed(f"{t.label} did not start\n{P._tail(str(e))}") from None
+                raise P.RunFailed(f"{t.label} did not start\n{P.tail_of(str(e))}") from None
             out.append(sv)
             sv.sock = cl.connect(path)
             sv.sock.settimeout(timeout)
@@ -340,6 +340,6 @@ def sample_groups(targets: Sequence[P.Target], n: int, store: Any, quota: int = 
             out = stop(services)
     summ.elapsed_s = time.monotonic() - t0
     if err:
-        log(f"FAILED after {summ.added} samples: {err}\n{P._tail(out)}")
+        log(f"FAILED after {summ.added} samples: {err}\n{P.tail_of(out)}")
     return summ
 

@@ -43,22 +43,8 @@ bytes over simgpu's PCIe rate (SIMGPU_PCIE_GBS, default 25 GB/s).  Every
 figure here comes from simgpu's device model: samples are labelled
 src="profile:simgpu-model".
 
-On a real GPU (an NVIDIA driver answers; `Gpu`, gpu_setup()) the same runs
-are made without simgpu: durations are the trace's, i.e. CUDA event times
-on the device.  A quota below 100 only means something under MPS, so the
-MPS control daemon is found or started (processpool/mps.py, pipe and log
-dirs under a private runtime dir) and stopped again if we started it.
-Without MPS only quota 100 can be profiled: asking for another quota is an
-error (GpuUnavailable, exit 1) rather than a warning, so that a profile never
-silently lacks the quotas that were asked for.  When `ncu` is on PATH (or
-$COLOCATE_NCU names it) each app configuration runs a second time under
-`ncu --csv` with the metrics of NCU_METRICS; its per-kernel rows
-(predictors/counters.py) join the first run's trace tasks in order, names
-checked, a library task summing its kernels.  Samples carry their origin:
-src "profile:gpu:ncu:mps" (or :trace-only, :no-mps).  Without ncu a sample
-has duration only; training a target skips samples without it.  Services
-(tonic:NET) are profiled trace-only on a GPU (ncu around a long-running
-service is not done yet).  The store's device is the GPU's name.
+On a real GPU (`Gpu`, predictors/profile_gpu.py) the same runs are made
+without simgpu; the GPU half calls into this module, never the reverse.
 
 Keys: "<target>|<input>|q<quota>|<task index>#r<rep>" for tasks (the index
 within the run, or within the query for services) and
@@ -83,9 +69,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from predictors import schema as S
+from shim import launcher, paths, rundir
+
+if TYPE_CHECKING:
+    from predictors.profile_gpu import Gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "bench" / "bin"
@@ -237,7 +227,6 @@ def pcie_rate(env: dict[str, str] | None = None) -> float:
 def check_built(shim: bool = True, sim: bool = True) -> None:
     """The shim (unless not needed: group sampling runs without it) and
     simgpu (unless on a real GPU)."""
-    from shim import paths
     need = ((paths.LIBCOLOCATE,) if shim else ()) + ((paths.SIMGPU_CUDART,) if sim else ())
     missing = [str(p) for p in need if not p.exists()]
     if missing:
@@ -248,7 +237,6 @@ def run_env(name: str, quota: int, tmp: Path, base: dict[str, str] | None = None
     """The app's environment: what `colocate run --device sim` builds, in a
     private runtime dir (so no controller answers), plus the profiling knobs.
     simgpu's model knobs (SIMGPU_SMS, ...) pass through: they define the device."""
-    from controlplane import launcher, rundir
     src = dict(os.environ if base is None else base)
     clean = {k: v for k, v in src.items()
              if not k.startswith("COLOCATE_") and k not in (
@@ -320,6 +308,13 @@ def join(trace: Iterable[dict[str, Any]], launches: Iterable[dict[str, Any]]) ->
     return out
 
 
+def trace_tasks(trace: Iterable[dict[str, Any]]) -> list[Task]:
+    """The trace's tasks in (pid, seq) order, with no model figures."""
+    recs = sorted((r for r in trace if r.get("kind") in ("kernel", "library")),
+                  key=lambda r: (int(r["pid"]), int(r["seq"])))
+    return [Task(r, 0.0, 0.0, 0.0) for r in recs]
+
+
 def lib_params(name: str, params: dict[str, Any] | None) -> list[tuple[str, float]]:
     """A library task's parameters for the row's slots, in the hook's order:
     all of them (S.NPARAMS covers the most a hook records); a value that is
@@ -375,7 +370,8 @@ def task_sample(t: Task, key: str, input_bytes: float, quota: int,
 
 # --- running ----------------------------------------------------------------------
 
-def _tail(text: str, n: int = 12) -> str:
+def tail_of(text: str, n: int = 12) -> str:
+    """The last n lines of a run's output, for an error message."""
     return "\n".join(text.strip().splitlines()[-n:])
 
 
@@ -386,16 +382,16 @@ def stats_h2d(stdout: str) -> int | None:
 
 
 def run_app(t: Target, inp: str, quota: int, rep: int, tmp: Path,
-            timeout: float, gpu: "Gpu | None" = None) -> tuple[list[dict[str, Any]], int]:
+            timeout: float, gpu: Gpu | None = None) -> tuple[list[dict[str, Any]], int]:
     """One run of a batch program: its task samples and the dropped count."""
     cmd = t.cmd + shlex.split(inp)
     if gpu is not None:
-        return run_app_gpu(t, cmd, inp, quota, rep, tmp, timeout, gpu)
-    res = _run(cmd, run_env(Path(cmd[0]).name, quota, tmp), timeout)
+        return gpu.run_app(t, cmd, inp, quota, rep, tmp, timeout)
+    res = run_cmd(cmd, run_env(Path(cmd[0]).name, quota, tmp), timeout)
     h2d = stats_h2d(res.stdout)
     tasks = join(read_jsonl(tmp / "trace.jsonl"), read_jsonl(tmp / "launch.jsonl"))
     if not tasks:
-        raise RunFailed(f"no task in the trace\n{_tail(res.stderr + res.stdout)}")
+        raise RunFailed(f"no task in the trace\n{tail_of(res.stderr + res.stdout)}")
     out, dropped = [], 0
     for i, (tk, occ) in enumerate(zip(tasks, occurrences(tasks))):
         smp = task_sample(tk, f"{t.label}|{inp}|q{quota}|{i}#r{rep}", h2d or 0, quota, occ)
@@ -428,13 +424,13 @@ class Reply:
 
 
 def run_service(t: Target, quota: int, work: Sequence[tuple[str, int]], tmp: Path,
-                timeout: float, done: Callable[[], None], gpu: "Gpu | None" = None
+                timeout: float, done: Callable[[], None], gpu: Gpu | None = None
                 ) -> tuple[list[dict], list[dict], int]:
     """One service process at `quota`; one closed-loop query per (size, rep)
     of `work`.  Returns task samples, query samples and the dropped count.
     On a GPU: trace durations only (no launch log, no ncu), PCIe time absent."""
     cl = _client()
-    env = gpu_env("tonic-service", quota, tmp, gpu) if gpu else run_env("tonic-service", quota, tmp)
+    env = gpu.env("tonic-service", quota, tmp) if gpu else run_env("tonic-service", quota, tmp)
     src = gpu.src(counters=False) if gpu else SRC
     sock_path = str(tmp / "s.sock")
     sizes = [int(s) for s, _ in work]
@@ -443,7 +439,7 @@ def run_service(t: Target, quota: int, work: Sequence[tuple[str, int]], tmp: Pat
         proc = cl.start_service(t.net, sock_path, cmd[3:], [], "cuda" if gpu else "sim",
                                 t.cmd[0], env, timeout)
     except (RuntimeError, OSError) as e:
-        raise RunFailed(f"service did not start\n{_tail(str(e))}") from None
+        raise RunFailed(f"service did not start\n{tail_of(str(e))}") from None
     replies: list[Reply] = []
     err = ""
     try:
@@ -468,7 +464,7 @@ def run_service(t: Target, quota: int, work: Sequence[tuple[str, int]], tmp: Pat
     finally:
         out = cl.stop_service(proc)
     if err:
-        raise RunFailed(f"{err}\n{_tail(out)}")
+        raise RunFailed(f"{err}\n{tail_of(out)}")
     trace = read_jsonl(tmp / "trace.jsonl")
     tasks = trace_tasks(trace) if gpu else join(trace, read_jsonl(tmp / "launch.jsonl"))
     per_q: dict[int, list[Task]] = {}
@@ -482,7 +478,7 @@ def run_service(t: Target, quota: int, work: Sequence[tuple[str, int]], tmp: Pat
     for (size, rep), r in zip(work, replies):
         mine = per_q.get(r.id, [])
         if not mine:
-            raise RunFailed(f"query {r.id} (size {size}) has no task in the trace\n{_tail(out)}")
+            raise RunFailed(f"query {r.id} (size {size}) has no task in the trace\n{tail_of(out)}")
         base = f"{t.label}|{size}|q{quota}"
         for i, (tk, occ) in enumerate(zip(mine, occurrences(mine))):
             smp = task_sample(tk, f"{base}|{i}#r{rep}", r.in_bytes, quota, occ,
@@ -532,9 +528,9 @@ def complete(t: Target, quota: int, inp: str, rep: int,
 def profile(targets: Sequence[Target], quotas: Sequence[int], reps: int, store: Any,
             timeout: float = 300.0, progress: bool = True,
             log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-            gpu: "Gpu | None" = None) -> Summary:
+            gpu: Gpu | None = None) -> Summary:
     """Profile every configuration the store lacks; returns what was done.
-    gpu: run on a real GPU (gpu_setup()), else on simgpu."""
+    gpu: run on a real GPU (profile_gpu.GpuSession), else on simgpu."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     check_built(sim=gpu is None)
@@ -579,264 +575,15 @@ def profile(targets: Sequence[Target], quotas: Sequence[int], reps: int, store: 
     return summ
 
 
-def gpu_present() -> bool:
-    """A real NVIDIA driver answers (then the profile would not be simgpu's)."""
-    from controlplane import launcher
-    return launcher.cuda_usable()
-
-
-# --- a real GPU ------------------------------------------------------------------
-#
-# Metric names: Nsight Compute's "Metrics Structure" (Profiling Guide,
-# docs.nvidia.com/nsight-compute/ProfilingGuide) names counters
-# unit__counter.rollup[.submetric]; the nvprof transition table maps nvprof's
-# `ipc` to sm__inst_executed.avg.per_cycle_active and its DRAM throughputs to
-# dram__bytes_{read,write}.sum.per_second, whose sum is dram__bytes.sum.per_second;
-# gpu__time_duration.sum is the kernel's duration.  (Checked against those
-# pages' text as far as our doc search reached; to be confirmed with
-# `ncu --query-metrics` on the GPU machine.)
-NCU_BW = "dram__bytes.sum.per_second"           # bytes/second after conversion
-NCU_IPC = "sm__inst_executed.avg.per_cycle_active"
-NCU_TIME = "gpu__time_duration.sum"             # seconds after conversion
-NCU_METRICS = (NCU_BW, NCU_IPC, NCU_TIME)
-
-
-class GpuUnavailable(ProfileError):
-    """The GPU cannot be profiled as asked (MPS missing for quotas < 100)."""
-
-
-@dataclass
-class Gpu:
-    """How runs are made on a real GPU."""
-    ncu: str | None                 # ncu's path: counters; None: trace-only
-    mps: bool                       # an MPS control daemon serves our clients
-    mps_env: dict[str, str] = field(default_factory=dict)
-    note: str = ""                  # what gpu_setup() found, for the user
-
-    def src(self, counters: bool | None = None) -> str:
-        c = bool(self.ncu) if counters is None else counters
-        return f"profile:gpu:{'ncu' if c else 'trace-only'}:{'mps' if self.mps else 'no-mps'}"
-
-
-def find_ncu(env: dict[str, str] | None = None) -> str | None:
-    """$COLOCATE_NCU (must be executable), else ncu on PATH, else None."""
-    e = os.environ if env is None else env
-    given = e.get("COLOCATE_NCU")
-    if given:
-        exe = given if "/" in given else shutil.which(given, path=e.get("PATH"))
-        if exe is None or not os.access(exe, os.X_OK):
-            raise ProfileError(f"COLOCATE_NCU={given!r} is not an executable")
-        return exe
-    return shutil.which("ncu", path=e.get("PATH"))
-
-
-def gpu_device_name(env: dict[str, str] | None = None) -> str:
-    """The GPU's name (NVML, else nvidia-smi), so GPU and simgpu profiles
-    never share a store directory; "cuda" when neither answers."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        try:
-            n = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-        finally:
-            pynvml.nvmlShutdown()
-        n = n.decode() if isinstance(n, bytes) else str(n)
-        if n.strip():
-            return n.strip()
-    except Exception:
-        pass
-    e = dict(os.environ if env is None else env)
-    smi = shutil.which("nvidia-smi", path=e.get("PATH"))
-    if smi:
-        try:
-            r = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], env=e,
-                               capture_output=True, text=True, timeout=20)
-            first = r.stdout.strip().splitlines()[0].strip() if r.stdout.strip() else ""
-            if r.returncode == 0 and first:
-                return first
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return "cuda"
-
-
-class GpuSession:
-    """`with GpuSession(quotas) as gpu:` MPS found or started (and stopped
-    on exit if ours), ncu found.  Raises GpuUnavailable when MPS cannot be
-    had and a quota below 100 is asked for."""
-
-    def __init__(self, quotas: Sequence[int], runtime_dir: Path | None = None,
-                 env: dict[str, str] | None = None):
-        self.quotas = list(quotas)
-        self.env = dict(os.environ if env is None else env)
-        self.runtime_dir = runtime_dir
-        self._tmp: tempfile.TemporaryDirectory | None = None
-        self.mps: Any = None
-
-    def __enter__(self) -> Gpu:
-        from processpool import mps as M
-        if self.runtime_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="colocate-gpuprof-")
-            self.runtime_dir = Path(self._tmp.name)
-        ncu = find_ncu(self.env)
-        m = M.Mps(self.runtime_dir, self.env)
-        try:
-            note = m.ensure()
-        except M.MpsError as e:
-            if any(q != 100 for q in self.quotas):
-                self._cleanup()
-                raise GpuUnavailable(
-                    f"MPS is not available ({e}); a quota below 100 % means nothing "
-                    f"without it.  Profile with --quotas 100, or make "
-                    f"nvidia-cuda-mps-control available") from None
-            return Gpu(ncu, False, {}, f"no MPS ({e}): quota 100 only")
-        self.mps = m
-        return Gpu(ncu, True, m.env(), note)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.mps is not None:
-            self.mps.stop()
-            self.mps = None
-        self._cleanup()
-
-    def _cleanup(self) -> None:
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-
-def gpu_env(name: str, quota: int, tmp: Path, gpu: Gpu,
-            base: dict[str, str] | None = None, trace: str = "trace.jsonl") -> dict[str, str]:
-    """The app's environment on a real GPU: the shim without a controller,
-    the quota, MPS's pipe/log dirs, a trace.  Nothing of simgpu is added."""
-    from controlplane import launcher, rundir
-    src = dict(os.environ if base is None else base)
-    clean = {k: v for k, v in src.items()
-             if not k.startswith("COLOCATE_") and k not in (
-                 "LD_PRELOAD", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
-    rd = rundir.ensure(tmp / "run")
-    env = launcher.app_env(launcher.AppSpec([name], name), rd, "cuda", clean)
-    env.update(gpu.mps_env)
-    env.update(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(quota), COLOCATE_TRACE=str(tmp / trace),
-               COLOCATE_QUIET="1")
-    return env
-
-
-def trace_tasks(trace: Iterable[dict[str, Any]]) -> list[Task]:
-    """The trace's tasks in (pid, seq) order, with no model figures."""
-    recs = sorted((r for r in trace if r.get("kind") in ("kernel", "library")),
-                  key=lambda r: (int(r["pid"]), int(r["seq"])))
-    return [Task(r, 0.0, 0.0, 0.0) for r in recs]
-
-
-def counter_targets(tasks: Sequence[Task], rows: Sequence[Any]) -> list[dict[str, float]]:
-    """Bandwidth (GB/s) and IPC per task from ncu's kernel rows, joined in
-    order per process (the k-th process of the trace by pid with the k-th
-    of ncu's by pid: the second run's pids differ).  A kernel task takes the
-    next row (same name, checked); a library task with kernels=k the next
-    k rows: bandwidth = sum(bytes) / sum(time), IPC their time-weighted mean
-    (per active cycle, as ncu's metric)."""
-    by_pid: dict[int, list[Any]] = {}
-    for r in rows:
-        by_pid.setdefault(r.pid, []).append(r)
-    tpids = sorted({int(t.rec["pid"]) for t in tasks})
-    if len(tpids) != len(by_pid):
-        raise RunFailed(f"ncu profiled kernels of {len(by_pid)} process(es), the trace has "
-                        f"tasks of {len(tpids)}")
-    pid_map = dict(zip(tpids, sorted(by_pid)))
-    pos: dict[int, int] = {}
-    out: list[dict[str, float]] = []
-    for t in tasks:
-        r = t.rec
-        pid = pid_map[int(r["pid"])]
-        mine_all = by_pid[pid]
-        i = pos.get(pid, 0)
-        n = 1 if r["kind"] == "kernel" else int(r.get("kernels") or 0)
-        mine = mine_all[i:i + n]
-        pos[pid] = i + n
-        if len(mine) < n:
-            raise RunFailed(f"task {r['name']} (seq {r['seq']}) has no ncu kernel row left "
-                            f"({len(mine_all)} in all)")
-        if r["kind"] == "kernel" and mine[0].name != r.get("name"):
-            raise RunFailed(f"trace task {r['name']} (seq {r['seq']}) met ncu kernel "
-                            f"{mine[0].name} (ID {mine[0].id}); was ncu run with "
-                            f"--print-kernel-base mangled?")
-        out.append(_sum_counters(mine))
-    extra = {p: len(v) - pos.get(p, 0) for p, v in by_pid.items() if len(v) > pos.get(p, 0)}
-    if extra:
-        raise RunFailed(f"ncu profiled kernels the trace does not have: {extra} left over")
-    return out
-
-
-def _sum_counters(kernels: Sequence[Any]) -> dict[str, float]:
-    """One task's figures from its kernels' rows; a figure any kernel lacks
-    (n/a, or no time to weigh it by) is left out rather than guessed."""
-    secs = [k.metrics.get(NCU_TIME) for k in kernels]
-    if not kernels or any(s is None or not s > 0 for s in secs):
-        return {}
-    tot = sum(secs)
-    tg: dict[str, float] = {}
-    bws = [k.metrics.get(NCU_BW) for k in kernels]
-    if all(b is not None for b in bws):
-        tg["bandwidth_gbs"] = sum(b * s for b, s in zip(bws, secs)) / tot / 1e9
-    ipcs = [k.metrics.get(NCU_IPC) for k in kernels]
-    if all(v is not None for v in ipcs) and any(v > 0 for v in ipcs):
-        tg["ipc"] = sum(v * s for v, s in zip(ipcs, secs)) / tot
-    return tg
-
-
-def ncu_cmd(ncu: str, csv_path: Path, cmd: Sequence[str]) -> list[str]:
-    """ncu around cmd: CSV of our metrics into csv_path (--log-file keeps the
-    program's own stdout out of it), mangled names as the trace has them,
-    base units, clocks left as they are so rates match normal running."""
-    return [ncu, "--csv", "--print-units", "base", "--print-kernel-base", "mangled",
-            "--clock-control", "none", "--metrics", ",".join(NCU_METRICS),
-            "--log-file", str(csv_path), *cmd]
-
-
-def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+def run_cmd(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     try:
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
-        raise RunFailed(f"timed out after {timeout:g} s\n{_tail(str(e.stderr or ''))}") from None
+        raise RunFailed(f"timed out after {timeout:g} s\n{tail_of(str(e.stderr or ''))}") from None
     except OSError as e:
         raise RunFailed(f"cannot start {cmd[0]}: {e.strerror}") from None
     if res.returncode != 0:
         raise RunFailed(f"{Path(cmd[0]).name}: exit code {res.returncode}\n"
-                        f"{_tail(res.stderr + res.stdout)}")
+                        f"{tail_of(res.stderr + res.stdout)}")
     return res
-
-
-def run_app_gpu(t: Target, cmd: list[str], inp: str, quota: int, rep: int, tmp: Path,
-                timeout: float, gpu: Gpu) -> tuple[list[dict[str, Any]], int]:
-    """One configuration on a GPU: a traced run for durations, then (with
-    ncu) a second one under ncu for bandwidth and IPC."""
-    from predictors import counters as C
-    env = gpu_env(Path(cmd[0]).name, quota, tmp, gpu)
-    res = _run(cmd, env, timeout)
-    h2d = stats_h2d(res.stdout)
-    tasks = trace_tasks(read_jsonl(tmp / "trace.jsonl"))
-    if not tasks:
-        raise RunFailed(f"no task in the trace\n{_tail(res.stderr + res.stdout)}")
-    extra: list[dict[str, float]] = [{} for _ in tasks]
-    if gpu.ncu:
-        csv_path = tmp / "ncu.csv"
-        nenv = gpu_env(Path(cmd[0]).name, quota, tmp, gpu, trace="trace-ncu.jsonl")
-        nres = _run(ncu_cmd(gpu.ncu, csv_path, cmd), nenv, timeout)
-        text = csv_path.read_text(errors="replace") if csv_path.exists() else nres.stdout
-        try:
-            rows = C.parse(text)
-        except C.CountersError as e:
-            raise RunFailed(f"ncu output: {e}") from None
-        extra = counter_targets(tasks, rows)
-    out, dropped = [], 0
-    for i, (tk, occ, ex) in enumerate(zip(tasks, occurrences(tasks), extra)):
-        smp = task_sample(tk, f"{t.label}|{inp}|q{quota}|{i}#r{rep}", h2d or 0, quota, occ,
-                          duration_only=True)
-        if smp is None:
-            dropped += 1
-            continue
-        smp["t"].update(ex)
-        smp["src"] = gpu.src()
-        out.append(smp)
-    return out, dropped

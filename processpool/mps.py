@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from controlplane.rundir import ColocateError
+from shim.rundir import ColocateError
 
 log = logging.getLogger("colocate.pool")
 

@@ -41,9 +41,9 @@ from typing import Any, Mapping
 
 import zmq
 
-from controlplane.rundir import ColocateError
 from processpool.mps import Mps
-from shim import paths
+from shim import launcher, paths
+from shim.rundir import ColocateError, RunDir
 
 log = logging.getLogger("colocate.pool")
 
@@ -144,8 +144,6 @@ def worker_env(runtime_dir: Path, device: str, quota: int, mps_env: Mapping[str,
     """The environment of one worker: what an app gets from launcher.app_env
     (libzmq, simgpu library path and dir) minus the shim and the app's identity,
     plus its MPS quota (and the MPS dirs on cuda)."""
-    from controlplane import launcher
-    from controlplane.rundir import RunDir
     env = launcher.app_env(launcher.AppSpec(["colocate-worker"]), RunDir(Path(runtime_dir)), device,
                            dict(os.environ if base is None else base))
     pre = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":")

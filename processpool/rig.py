@@ -21,10 +21,10 @@ from pathlib import Path
 
 import zmq
 
-from controlplane.launcher import libzmq_path
 from processpool.mps import Mps
 from shim import paths
 from shim.ctlblock import ControlBlock
+from shim.launcher import libzmq_path
 
 BIN = Path(__file__).resolve().parent.parent / "bench" / "bin"
 WORKER = paths.LIB_DIR / "colocate-worker"

@@ -18,8 +18,8 @@ from controlplane.policies import (
     parse_policy_spec,
     register_policy,
 )
-from controlplane.rundir import ensure
 from processpool import Pool, parse_spec
+from shim.rundir import ensure
 
 FAKE = [PY, str(ROOT / "tests" / "fake_worker.py")]
 

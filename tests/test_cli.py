@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import PY, ROOT, clean_env, colocate, wait_for
 
-from controlplane import launcher
-from controlplane import rundir as rundir_mod
 from controlplane.cli import QUOTA_KEYS
-from controlplane.launcher import AppSpec, UsageError
-from shim import paths
+from shim import launcher, paths
+from shim import rundir as rundir_mod
 from shim.ctlblock import ControlBlock
+from shim.launcher import AppSpec, UsageError
 
 
 def env_of(out: str) -> dict[str, str]:

@@ -337,7 +337,7 @@ class Greedy(Policy):
 
 def _in_process(rundir, policy: str):
     from controlplane.daemon import Controller
-    from controlplane.rundir import ensure
+    from shim.rundir import ensure
     return Controller(ensure(rundir), make_policy(policy), "sim")
 
 
@@ -453,7 +453,7 @@ class Window(Policy):
 
 def test_register_reply_carries_the_policys_forwarding_window(tmp_path, sleeper):
     from controlplane.daemon import Controller as Ctl
-    from controlplane.rundir import ensure
+    from shim.rundir import ensure
     ctl = Ctl(ensure(tmp_path / "rd"), make_policy("test-window"), "sim")
     try:
         def reg(cls: str) -> dict:
@@ -470,7 +470,7 @@ def test_exit_queued_behind_a_zombie_is_still_taken(tmp_path, sleeper):
     gone before its exit was read waits one more tick, so the exit (with its
     kernel list) is taken instead of being refused as unregistered."""
     from controlplane.daemon import Controller as Ctl
-    from controlplane.rundir import ensure
+    from shim.rundir import ensure
     ctl = Ctl(ensure(tmp_path / "rd"), make_policy("static"), "sim")
     try:
         def call(**m) -> dict:

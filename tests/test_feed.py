@@ -15,10 +15,10 @@ import pytest
 from conftest import ROOT, clean_env, wait_for
 
 from controlplane.daemon import Controller as Ctl
-from controlplane.launcher import libzmq_path
 from controlplane.policies.base import AppInfo, Decision, Policy, TaskDone, make_policy_spec, register_policy
-from controlplane.rundir import ensure
 from shim import paths
+from shim.launcher import libzmq_path
+from shim.rundir import ensure
 
 BIN = ROOT / "bench" / "bin"
 

@@ -14,6 +14,7 @@ import pytest
 
 from predictors import counters as C
 from predictors import profile as P
+from predictors import profile_gpu as PG
 from predictors.store import Store
 from shim import paths
 
@@ -46,12 +47,12 @@ def test_parse_ncu_csv():
     assert [(r.id, r.pid, r.name) for r in rows] == [
         (0, 4242, "_Z4axpyPfS_f"), (1, 4242, "_Z4gemmPKfS0_Pf"), (2, 4242, "_Z4axpyPfS_f")]
     a, g, b = (r.metrics for r in rows)
-    assert a[P.NCU_BW] == pytest.approx(2.1e12) and a[P.NCU_TIME] == pytest.approx(12.5e-6)
-    assert a[P.NCU_IPC] == pytest.approx(0.41)
-    assert g[P.NCU_BW] == pytest.approx(1234.5e9)           # separator and Gbyte
-    assert g[P.NCU_TIME] == pytest.approx(1.5e-3)           # 1,500,000 ns
-    assert b[P.NCU_BW] == pytest.approx(9e11) and b[P.NCU_TIME] == pytest.approx(2e-5)
-    assert P.NCU_IPC not in b                                # n/a: absent, not 0
+    assert a[PG.NCU_BW] == pytest.approx(2.1e12) and a[PG.NCU_TIME] == pytest.approx(12.5e-6)
+    assert a[PG.NCU_IPC] == pytest.approx(0.41)
+    assert g[PG.NCU_BW] == pytest.approx(1234.5e9)           # separator and Gbyte
+    assert g[PG.NCU_TIME] == pytest.approx(1.5e-3)           # 1,500,000 ns
+    assert b[PG.NCU_BW] == pytest.approx(9e11) and b[PG.NCU_TIME] == pytest.approx(2e-5)
+    assert PG.NCU_IPC not in b                                # n/a: absent, not 0
 
 
 def test_parse_rows_come_back_in_launch_order():
@@ -85,7 +86,7 @@ def test_counter_join_sums_a_library_task():
     trace = [{"pid": 77, "seq": 0, "kind": "kernel", "name": "_Z4axpyPfS_f", "dur_us": 13.0},
              {"pid": 77, "seq": 1, "kind": "library", "name": "cublasSgemm_v2", "kernels": 2,
               "dur_us": 1600.0}]
-    tg = P.counter_targets(P.trace_tasks(trace), rows)
+    tg = PG.counter_targets(P.trace_tasks(trace), rows)
     assert tg[0] == pytest.approx({"bandwidth_gbs": 2100.0, "ipc": 0.41})
     # gemm 1.5 ms at 1234.5 GB/s plus axpy 20 us at 900 GB/s, over 1.52 ms;
     # the axpy's IPC is n/a, so the library task has none
@@ -93,10 +94,10 @@ def test_counter_join_sums_a_library_task():
     assert tg[1] == pytest.approx({"bandwidth_gbs": want})
     trace[0]["name"] = "_Z5otherv"
     with pytest.raises(P.RunFailed, match="met ncu kernel _Z4axpyPfS_f"):
-        P.counter_targets(P.trace_tasks(trace), rows)
+        PG.counter_targets(P.trace_tasks(trace), rows)
     trace[0]["name"] = "_Z4axpyPfS_f"
     with pytest.raises(P.RunFailed, match="left over"):
-        P.counter_targets(P.trace_tasks(trace[:1]), rows)
+        PG.counter_targets(P.trace_tasks(trace[:1]), rows)
 
 
 # --- the GPU path with fakes -------------------------------------------------
@@ -153,7 +154,7 @@ exit 0
 def gpu(tmp_path, monkeypatch):
     """A 'GPU machine': a driver said present, no NVML, fake tools on PATH;
     the programs still run on simgpu (LD_LIBRARY_PATH, a private device)."""
-    from controlplane import launcher
+    from shim import launcher
     bind = tmp_path / "bin"
     bind.mkdir()
     for name, text in (("nvidia-smi", f"#!/bin/sh\necho '{GPU_NAME}'\n"),

@@ -49,7 +49,7 @@ import sys
 sys.path.insert(0, {tests!r})
 import test_hold  # registers the policy
 from controlplane.daemon import serve
-from controlplane.rundir import ensure
+from shim.rundir import ensure
 serve(ensure({rd!r}), {policy!r}, "sim", pool_spec="none")
 """
 

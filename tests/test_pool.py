@@ -367,7 +367,7 @@ class Forty(Policy):
 
 def test_policy_route_none_picks_a_worker(rundir, sleeper):
     from controlplane.daemon import Controller as Ctl
-    from controlplane.rundir import ensure
+    from shim.rundir import ensure
     pool = Pool(rundir, "sim", parse_spec("40:2"), cmd=FAKE, env=clean_env())
     ctl = Ctl(ensure(rundir), make_policy("test-pool-40"), "sim", pool=pool)
     try:

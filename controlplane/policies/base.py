@@ -12,7 +12,10 @@ does I/O of its own.
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 
@@ -124,12 +127,8 @@ def register_policy(name: str) -> Callable[[type[Policy]], type[Policy]]:
 
 def _load_all() -> None:
     """Import every module of this package once, so that each registers itself."""
-    import importlib
-    import pkgutil
-
-    from controlplane import policies
-    for m in pkgutil.iter_modules(policies.__path__):
-        importlib.import_module(f"{policies.__name__}.{m.name}")
+    for m in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        importlib.import_module(f"{__package__}.{m.name}")
 
 
 def policy_names() -> list[str]:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane.rundir import ColocateError, RunDir, subdir
 from shim import paths
+from shim.rundir import ColocateError, RunDir, subdir
 
 CLASSES = ("qos", "batch")
 DEVICES = ("auto", "sim", "cuda")
