@@ -9,6 +9,7 @@ is what `make build` runs after a C source changed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,63 +27,81 @@ WORKER_SRC = POOL / "worker"
 CFLAGS = ["-O2", "-g", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
           "-fvisibility=hidden", "-pthread"]
 
-# --- cffi module: Python's view of the control block (same C source as the shim)
-CDEF = """
-#define CB_MAX_SLOTS 256
-#define CB_SLOT_FREE 0
-#define CB_SLOT_LIVE 1
-#define CB_SLOT_EXITED 2
-#define CB_ROUTE_LOCAL 0
-#define CB_ROUTE_HOLD 0xFFFFFFFF
-#define CB_VERSION 1
-struct cb_header { uint64_t magic; uint32_t version; uint32_t nslots; uint32_t slot_size;
-                   uint32_t controller_pid; uint64_t generation; uint64_t created_ns; ...; };
-struct cb_counters { uint64_t launches; uint64_t forwarded; uint64_t h2d_bytes; uint64_t d2h_bytes;
-                     int64_t allocs_live; int64_t alloc_bytes_live; uint64_t syncs;
-                     uint64_t last_sync_ns; };
-struct cb_control { uint32_t state; uint32_t pid; uint32_t route; uint32_t quota_pct;
-                    uint64_t route_epoch; uint64_t d2d_bytes; uint64_t registered_ns;
-                    uint64_t held_ns; ...; };
-struct cb_slot { struct cb_counters c; struct cb_control k; };
-struct cb_block { struct cb_header hdr; struct cb_slot slots[256]; };
-struct cb_block *cb_open(const char *path, int create);
-void cb_close(struct cb_block *cb);
-uint64_t cb_size(void);
-int  cb_claim_slot(struct cb_block *cb, uint32_t pid);
-void cb_release_slot(struct cb_block *cb, uint32_t idx);
-void cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route, uint32_t quota_pct);
-uint64_t cb_load64(const uint64_t *p);
-uint32_t cb_load32(const uint32_t *p);
+# --- cffi module: Python's view of the shared-memory files, its cdef generated
+# from the very headers the shim is compiled with (no copy to drift apart)
+CFFI_HEADERS = ("ctlblock.h", "ledger.h")
 
-#define LG_MAX_KERNELS ...
-#define LG_HBUCKETS ...
-#define LG_HSUB ...
-#define LG_HSUB_BITS ...
-#define LG_NEW ...
-#define LG_LIVE ...
-#define LG_EXITED ...
-struct lg_kernel { uint64_t launches; uint32_t name_off; uint32_t name_len; int32_t twin; ...; };
-struct lg_header { uint64_t magic; uint32_t version; uint32_t pid; uint32_t slot; uint64_t created_ns;
-                   uint32_t state; uint32_t attached_pid; uint64_t exit_ns; uint64_t nkernels;
-                   uint64_t names_used; uint64_t kernels_lost; uint32_t q_rule; uint64_t q_begun;
-                   uint64_t q_ended; uint64_t q_violations; uint64_t q_lat_sum_ns; uint64_t q_lat_max_ns;
-                   uint64_t msgs_dropped; uint64_t tasks_fed; uint64_t tasks_sent; uint64_t tasks_dropped;
-                   uint64_t q_hist[...]; ...; };
-uint64_t lg_size(void);
-struct lg_header *lg_open(const char *path, int create, uint32_t pid, uint32_t slot);
-void lg_close(struct lg_header *lg);
-struct lg_kernel *lg_kernel_at(struct lg_header *lg, uint32_t i);
-const char *lg_name_at(struct lg_header *lg, uint32_t off, uint32_t len);
-uint64_t lg_bucket_low(uint32_t i);
-"""
+
+def _strip_parens(text: str, word: str) -> str:
+    """Remove every `word(...)` with balanced parentheses."""
+    out, i = [], 0
+    while True:
+        j = text.find(word, i)
+        if j < 0:
+            return "".join(out) + text[i:]
+        k = text.index("(", j)
+        depth = 0
+        for m in range(k, len(text)):
+            depth += text[m] == "("
+            depth -= text[m] == ")"
+            if depth == 0:
+                break
+        out.append(text[i:j])
+        i = m + 1
+
+
+def _drop_bodies(text: str) -> str:
+    """static inline functions become plain prototypes (cffi wraps them)."""
+    out, i = [], 0
+    for m in re.finditer(r"static\s+inline\s+([^;{]*?\))\s*\{", text):
+        if m.start() < i:
+            continue
+        out.append(text[i:m.start()] + m.group(1) + ";")
+        depth, k = 0, m.end() - 1
+        for k in range(m.end() - 1, len(text)):
+            depth += text[k] == "{"
+            depth -= text[k] == "}"
+            if depth == 0:
+                break
+        i = k + 1
+    return "".join(out) + text[i:]
+
+
+def cdef_of(header: str) -> str:
+    """A cffi cdef from a C header: integer #defines, enums, structs (their
+    layout left to the compiler: `...;`, array sizes `[...]`) and function
+    prototypes (static inline ones included).  So Python reads sizes,
+    offsets and constants from the header the C code is compiled with,
+    never from a copy."""
+    t = re.sub(r"/\*.*?\*/", " ", header, flags=re.S)
+    t = re.sub(r"//[^\n]*", "", t)
+    t = re.sub(r"\\\n", " ", t)
+    defines = [f"#define {n} ..." for n, v in re.findall(r"^\s*#\s*define\s+([A-Z_][A-Z0-9_]*)[ \t]+(\S[^\n]*)$", t, re.M)]
+    t = re.sub(r"^\s*#[^\n]*$", "", t, flags=re.M)
+    t = _strip_parens(t, "_Static_assert")
+    t = _strip_parens(t, "__attribute__")
+    t = re.sub(r"\b_Atomic\b", "", t)
+    t = re.sub(r"(?<!\w)_Static_assert\s*;", "", t)
+    t = _drop_bodies(t)
+    t = re.sub(r"\[[^\]]+\]", "[...]", t)
+    t = re.sub(r"(\bstruct\s+\w+\s*\{[^{}]*?)\}", lambda m: m.group(1) + "...; }", t)
+    t = re.sub(r"(\benum\s+\w+\s*\{)([^}]*)\}",
+               lambda m: m.group(1) + ", ".join(f"{n.split('=')[0].strip()}=..." for n in m.group(2).split(",") if n.strip()) + "}", t)
+    t = re.sub(r"^\s*;\s*$", "", t, flags=re.M)
+    t = re.sub(r"\n\s*\n+", "\n", t)
+    return "\n".join(defines) + "\n" + t.strip() + "\n"
+
+
+def cdef() -> str:
+    return "".join(cdef_of((HERE / h).read_text()) for h in CFFI_HEADERS)
 
 
 def make_ffi(base: Path) -> FFI:
     """The cffi builder, with paths under base (setuptools wants them relative
     to setup.py's folder; an in-place build wants them absolute)."""
     ffi = FFI()
-    ffi.cdef(CDEF)
-    ffi.set_source("shim._ctlblock", '#include "ctlblock.h"\n#include "ledger.h"',
+    ffi.cdef(cdef())
+    ffi.set_source("shim._ctlblock", "".join(f'#include "{h}"\n' for h in CFFI_HEADERS),
                    sources=[str(base / f) for f in ("ctlblock.c", "ledger.c", "shmfile.c")],
                    include_dirs=[str(base)],
                    extra_compile_args=["-std=gnu11"])

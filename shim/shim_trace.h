@@ -1,6 +1,7 @@
 /*
  * shim_trace.h - the task layer inside libcolocate.so: what the launch,
- * copy and sync hooks call (shim_task.c), the per-task trace (shim_trace.c)
+ * copy and sync hooks call (shim_task.c), the per-task trace (shim_trace.c
+ * and the files of shim_trace_int.h)
  * and queries (shim_query.c).  The library-call hooks use shim_task.h.
  *
  * Off path: a launch hook asks shim_task_hot(): one load of the tracing
