@@ -272,6 +272,41 @@ GRAPH_HOOK(cudaGraphLaunch_ptsz, 1)
 			shim_fwd_local_done((void *)(s), ptsz);           \
 	} while (0)
 
+/*
+ * Stream work that runs here, in order with forwarded launches: fenced
+ * behind the launches forwarded before it, then marked done on its
+ * stream so the next forwarded launch there need not wait for it.
+ * SYNC_WORK is a call on the default stream (legacy, or per-thread when
+ * ptsz); STREAM_WORK one on stream st, recorded untouched while st
+ * captures.  params and args are the hook's parameter list and the call's
+ * argument list, in parentheses; then runs after a successful call.
+ */
+#define SYNC_WORK(name, ptsz, params, args, then)                         \
+	SHIM_API cudaError_t name params                                  \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
+		r = IN_RUNTIME(real_ args);                               \
+		if (r == cudaSuccess)                                     \
+			then;                                             \
+		FWD_LOCAL(NULL, ptsz);                                    \
+		return r;                                                 \
+	}
+#define STREAM_WORK(name, ptsz, st, params, args, then)                   \
+	SHIM_API cudaError_t name params                                  \
+	{                                                                 \
+		cudaError_t r;                                            \
+		REAL(name, NOSYM);                                        \
+		CAPTURED(st, ptsz, real_ args);                           \
+		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
+		r = IN_RUNTIME(real_ args);                               \
+		if (r == cudaSuccess)                                     \
+			then;                                             \
+		FWD_LOCAL(st, ptsz);                                      \
+		return r;                                                 \
+	}
+
 /* ---- device memory --------------------------------------------------- */
 SHIM_API cudaError_t cudaMalloc(void **p, size_t n)
 {
@@ -456,68 +491,38 @@ static int count_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind 
 /* Blocking copies run on the default stream (legacy, or per-thread for
  * _ptds); even they may return before a device-side copy has finished. */
 #define COPY_HOOK(name, ptsz)                                             \
-	SHIM_API cudaError_t name(void *d, const void *s, size_t n, enum cudaMemcpyKind k) \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
-		r = IN_RUNTIME(real_(d, s, n, k));                        \
-		if (r == cudaSuccess)                                     \
-			shim_task_copy(count_copy(d, s, n, k), n, 1);     \
-		FWD_LOCAL(NULL, ptsz);                                    \
-		return r;                                                 \
-	}
+	SYNC_WORK(name, ptsz,                                             \
+	          (void *d, const void *s, size_t n, enum cudaMemcpyKind k), \
+	          (d, s, n, k),                                           \
+	          shim_task_copy(count_copy(d, s, n, k), n, 1))
 COPY_HOOK(cudaMemcpy, 0)
 COPY_HOOK(cudaMemcpy_ptds, 1)
 
 #define COPY_ASYNC_HOOK(name, ptsz)                                       \
-	SHIM_API cudaError_t name(void *d, const void *s, size_t n, enum cudaMemcpyKind k, \
-				  cudaStream_t st)                        \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		CAPTURED(st, ptsz, real_(d, s, n, k, st));                \
-		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
-		r = IN_RUNTIME(real_(d, s, n, k, st));                    \
-		if (r == cudaSuccess)                                     \
-			shim_task_copy(count_copy(d, s, n, k), n, 0);     \
-		FWD_LOCAL(st, ptsz);                                      \
-		return r;                                                 \
-	}
+	STREAM_WORK(name, ptsz, st,                                       \
+	            (void *d, const void *s, size_t n, enum cudaMemcpyKind k, \
+	             cudaStream_t st),                                    \
+	            (d, s, n, k, st),                                     \
+	            shim_task_copy(count_copy(d, s, n, k), n, 0))
 COPY_ASYNC_HOOK(cudaMemcpyAsync, 0)
 COPY_ASYNC_HOOK(cudaMemcpyAsync_ptsz, 1)
 
 /* 2D copies: width x height bytes, in order with forwarded launches. */
 #define COPY2D_HOOK(name, ptsz)                                           \
-	SHIM_API cudaError_t name(void *d, size_t dp, const void *s, size_t sp, size_t w, \
-				  size_t h, enum cudaMemcpyKind k)        \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
-		r = IN_RUNTIME(real_(d, dp, s, sp, w, h, k));             \
-		if (r == cudaSuccess)                                     \
-			shim_task_copy(count_copy(d, s, w * h, k), w * h, 1); \
-		FWD_LOCAL(NULL, ptsz);                                    \
-		return r;                                                 \
-	}
+	SYNC_WORK(name, ptsz,                                             \
+	          (void *d, size_t dp, const void *s, size_t sp, size_t w, \
+	           size_t h, enum cudaMemcpyKind k),                      \
+	          (d, dp, s, sp, w, h, k),                                \
+	          shim_task_copy(count_copy(d, s, w * h, k), w * h, 1))
 COPY2D_HOOK(cudaMemcpy2D, 0)
 COPY2D_HOOK(cudaMemcpy2D_ptds, 1)
 
 #define COPY2D_ASYNC_HOOK(name, ptsz)                                     \
-	SHIM_API cudaError_t name(void *d, size_t dp, const void *s, size_t sp, size_t w, \
-				  size_t h, enum cudaMemcpyKind k, cudaStream_t st) \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		CAPTURED(st, ptsz, real_(d, dp, s, sp, w, h, k, st));     \
-		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
-		r = IN_RUNTIME(real_(d, dp, s, sp, w, h, k, st));         \
-		if (r == cudaSuccess)                                     \
-			shim_task_copy(count_copy(d, s, w * h, k), w * h, 0); \
-		FWD_LOCAL(st, ptsz);                                      \
-		return r;                                                 \
-	}
+	STREAM_WORK(name, ptsz, st,                                       \
+	            (void *d, size_t dp, const void *s, size_t sp, size_t w, \
+	             size_t h, enum cudaMemcpyKind k, cudaStream_t st),   \
+	            (d, dp, s, sp, w, h, k, st),                          \
+	            shim_task_copy(count_copy(d, s, w * h, k), w * h, 0))
 COPY2D_ASYNC_HOOK(cudaMemcpy2DAsync, 0)
 COPY2D_ASYNC_HOOK(cudaMemcpy2DAsync_ptsz, 1)
 
@@ -542,68 +547,40 @@ static int count_symbol_copy(int to, const void *host, size_t n, enum cudaMemcpy
  * width is in bytes for the 2D calls.
  */
 #define TO_ARRAY2D_HOOK(name, ptsz)                                       \
-	SHIM_API cudaError_t name(cudaArray_t a, size_t wo, size_t ho, const void *s, size_t sp, \
-				  size_t w, size_t h, enum cudaMemcpyKind k)  \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
-		r = IN_RUNTIME(real_(a, wo, ho, s, sp, w, h, k));         \
-		if (r == cudaSuccess)                                     \
-			shim_task_copy(count_symbol_copy(1, s, w * h, k), w * h, 1); \
-		FWD_LOCAL(NULL, ptsz);                                    \
-		return r;                                                 \
-	}
+	SYNC_WORK(name, ptsz,                                             \
+	          (cudaArray_t a, size_t wo, size_t ho, const void *s, size_t \
+	           sp, size_t w, size_t h, enum cudaMemcpyKind k),        \
+	          (a, wo, ho, s, sp, w, h, k),                            \
+	          shim_task_copy(count_symbol_copy(1, s, w * h, k), w * h, 1))
 TO_ARRAY2D_HOOK(cudaMemcpy2DToArray, 0)
 TO_ARRAY2D_HOOK(cudaMemcpy2DToArray_ptds, 1)
 
 #define TO_ARRAY2D_ASYNC_HOOK(name, ptsz)                                 \
-	SHIM_API cudaError_t name(cudaArray_t a, size_t wo, size_t ho, const void *s, size_t sp, \
-				  size_t w, size_t h, enum cudaMemcpyKind k, cudaStream_t st) \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		CAPTURED(st, ptsz, real_(a, wo, ho, s, sp, w, h, k, st)); \
-		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
-		r = IN_RUNTIME(real_(a, wo, ho, s, sp, w, h, k, st));     \
-		if (r == cudaSuccess)                                     \
-			shim_task_copy(count_symbol_copy(1, s, w * h, k), w * h, 0); \
-		FWD_LOCAL(st, ptsz);                                      \
-		return r;                                                 \
-	}
+	STREAM_WORK(name, ptsz, st,                                       \
+	            (cudaArray_t a, size_t wo, size_t ho, const void *s, size_t \
+	             sp, size_t w, size_t h, enum cudaMemcpyKind k, cudaStream_t \
+	             st),                                                 \
+	            (a, wo, ho, s, sp, w, h, k, st),                      \
+	            shim_task_copy(count_symbol_copy(1, s, w * h, k), w * h, 0))
 TO_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DToArrayAsync, 0)
 TO_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DToArrayAsync_ptsz, 1)
 
 #define FROM_ARRAY2D_HOOK(name, ptsz)                                     \
-	SHIM_API cudaError_t name(void *d, size_t dp, cudaArray_const_t a, size_t wo, size_t ho, \
-				  size_t w, size_t h, enum cudaMemcpyKind k)  \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
-		r = IN_RUNTIME(real_(d, dp, a, wo, ho, w, h, k));         \
-		if (r == cudaSuccess)                                     \
-			shim_task_copy(count_symbol_copy(0, d, w * h, k), w * h, 1); \
-		FWD_LOCAL(NULL, ptsz);                                    \
-		return r;                                                 \
-	}
+	SYNC_WORK(name, ptsz,                                             \
+	          (void *d, size_t dp, cudaArray_const_t a, size_t wo, size_t \
+	           ho, size_t w, size_t h, enum cudaMemcpyKind k),        \
+	          (d, dp, a, wo, ho, w, h, k),                            \
+	          shim_task_copy(count_symbol_copy(0, d, w * h, k), w * h, 1))
 FROM_ARRAY2D_HOOK(cudaMemcpy2DFromArray, 0)
 FROM_ARRAY2D_HOOK(cudaMemcpy2DFromArray_ptds, 1)
 
 #define FROM_ARRAY2D_ASYNC_HOOK(name, ptsz)                               \
-	SHIM_API cudaError_t name(void *d, size_t dp, cudaArray_const_t a, size_t wo, size_t ho, \
-				  size_t w, size_t h, enum cudaMemcpyKind k, cudaStream_t st) \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		CAPTURED(st, ptsz, real_(d, dp, a, wo, ho, w, h, k, st)); \
-		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
-		r = IN_RUNTIME(real_(d, dp, a, wo, ho, w, h, k, st));     \
-		if (r == cudaSuccess)                                     \
-			shim_task_copy(count_symbol_copy(0, d, w * h, k), w * h, 0); \
-		FWD_LOCAL(st, ptsz);                                      \
-		return r;                                                 \
-	}
+	STREAM_WORK(name, ptsz, st,                                       \
+	            (void *d, size_t dp, cudaArray_const_t a, size_t wo, size_t \
+	             ho, size_t w, size_t h, enum cudaMemcpyKind k, cudaStream_t \
+	             st),                                                 \
+	            (d, dp, a, wo, ho, w, h, k, st),                      \
+	            shim_task_copy(count_symbol_copy(0, d, w * h, k), w * h, 0))
 FROM_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DFromArrayAsync, 0)
 FROM_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DFromArrayAsync_ptsz, 1)
 
@@ -646,135 +623,81 @@ static int count_copy_3d(const struct cudaMemcpy3DParms *p, size_t *n)
 	return count_copy(NULL, NULL, *n, k);
 }
 
+static void task_copy_3d(const struct cudaMemcpy3DParms *p, int blocking)
+{
+	size_t n;
+	int kind = count_copy_3d(p, &n);
+
+	shim_task_copy(kind, n, blocking);
+}
+
 #define COPY3D_HOOK(name, ptsz)                                           \
-	SHIM_API cudaError_t name(const struct cudaMemcpy3DParms *p)      \
-	{                                                                 \
-		cudaError_t r;                                            \
-		size_t n_;                                                \
-		REAL(name, NOSYM);                                        \
-		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
-		r = IN_RUNTIME(real_(p));                                 \
-		if (r == cudaSuccess) {                                   \
-			int k_ = count_copy_3d(p, &n_);                   \
-			shim_task_copy(k_, n_, 1);                        \
-		}                                                         \
-		FWD_LOCAL(NULL, ptsz);                                    \
-		return r;                                                 \
-	}
+	SYNC_WORK(name, ptsz,                                             \
+	          (const struct cudaMemcpy3DParms *p),                    \
+	          (p),                                                    \
+	          task_copy_3d(p, 1))
 COPY3D_HOOK(cudaMemcpy3D, 0)
 COPY3D_HOOK(cudaMemcpy3D_ptds, 1)
 
 #define COPY3D_ASYNC_HOOK(name, ptsz)                                     \
-	SHIM_API cudaError_t name(const struct cudaMemcpy3DParms *p, cudaStream_t st) \
-	{                                                                 \
-		cudaError_t r;                                            \
-		size_t n_;                                                \
-		REAL(name, NOSYM);                                        \
-		CAPTURED(st, ptsz, real_(p, st));                         \
-		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
-		r = IN_RUNTIME(real_(p, st));                             \
-		if (r == cudaSuccess) {                                   \
-			int k_ = count_copy_3d(p, &n_);                   \
-			shim_task_copy(k_, n_, 0);                        \
-		}                                                         \
-		FWD_LOCAL(st, ptsz);                                      \
-		return r;                                                 \
-	}
+	STREAM_WORK(name, ptsz, st,                                       \
+	            (const struct cudaMemcpy3DParms *p, cudaStream_t st), \
+	            (p, st),                                              \
+	            task_copy_3d(p, 0))
 COPY3D_ASYNC_HOOK(cudaMemcpy3DAsync, 0)
 COPY3D_ASYNC_HOOK(cudaMemcpy3DAsync_ptsz, 1)
 
 #define TO_SYMBOL_HOOK(name, ptsz)                                        \
-	SHIM_API cudaError_t name(const void *sym, const void *s, size_t n, size_t off, \
-				  enum cudaMemcpyKind k)                  \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
-		r = IN_RUNTIME(real_(sym, s, n, off, k));                 \
-		if (r == cudaSuccess)                                     \
-			shim_task_copy(count_symbol_copy(1, s, n, k), n, 1); \
-		FWD_LOCAL(NULL, ptsz);                                    \
-		return r;                                                 \
-	}
+	SYNC_WORK(name, ptsz,                                             \
+	          (const void *sym, const void *s, size_t n, size_t off, enum \
+	           cudaMemcpyKind k),                                     \
+	          (sym, s, n, off, k),                                    \
+	          shim_task_copy(count_symbol_copy(1, s, n, k), n, 1))
 TO_SYMBOL_HOOK(cudaMemcpyToSymbol, 0)
 TO_SYMBOL_HOOK(cudaMemcpyToSymbol_ptds, 1)
 
 #define TO_SYMBOL_ASYNC_HOOK(name, ptsz)                                  \
-	SHIM_API cudaError_t name(const void *sym, const void *s, size_t n, size_t off, \
-				  enum cudaMemcpyKind k, cudaStream_t st) \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		CAPTURED(st, ptsz, real_(sym, s, n, off, k, st));         \
-		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
-		r = IN_RUNTIME(real_(sym, s, n, off, k, st));             \
-		if (r == cudaSuccess)                                     \
-			shim_task_copy(count_symbol_copy(1, s, n, k), n, 0); \
-		FWD_LOCAL(st, ptsz);                                      \
-		return r;                                                 \
-	}
+	STREAM_WORK(name, ptsz, st,                                       \
+	            (const void *sym, const void *s, size_t n, size_t off, enum \
+	             cudaMemcpyKind k, cudaStream_t st),                  \
+	            (sym, s, n, off, k, st),                              \
+	            shim_task_copy(count_symbol_copy(1, s, n, k), n, 0))
 TO_SYMBOL_ASYNC_HOOK(cudaMemcpyToSymbolAsync, 0)
 TO_SYMBOL_ASYNC_HOOK(cudaMemcpyToSymbolAsync_ptsz, 1)
 
 #define FROM_SYMBOL_HOOK(name, ptsz)                                      \
-	SHIM_API cudaError_t name(void *d, const void *sym, size_t n, size_t off, \
-				  enum cudaMemcpyKind k)                  \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
-		r = IN_RUNTIME(real_(d, sym, n, off, k));                 \
-		if (r == cudaSuccess)                                     \
-			shim_task_copy(count_symbol_copy(0, d, n, k), n, 1); \
-		FWD_LOCAL(NULL, ptsz);                                    \
-		return r;                                                 \
-	}
+	SYNC_WORK(name, ptsz,                                             \
+	          (void *d, const void *sym, size_t n, size_t off, enum   \
+	           cudaMemcpyKind k),                                     \
+	          (d, sym, n, off, k),                                    \
+	          shim_task_copy(count_symbol_copy(0, d, n, k), n, 1))
 FROM_SYMBOL_HOOK(cudaMemcpyFromSymbol, 0)
 FROM_SYMBOL_HOOK(cudaMemcpyFromSymbol_ptds, 1)
 
 #define FROM_SYMBOL_ASYNC_HOOK(name, ptsz)                                \
-	SHIM_API cudaError_t name(void *d, const void *sym, size_t n, size_t off, \
-				  enum cudaMemcpyKind k, cudaStream_t st) \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		CAPTURED(st, ptsz, real_(d, sym, n, off, k, st));         \
-		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
-		r = IN_RUNTIME(real_(d, sym, n, off, k, st));             \
-		if (r == cudaSuccess)                                     \
-			shim_task_copy(count_symbol_copy(0, d, n, k), n, 0); \
-		FWD_LOCAL(st, ptsz);                                      \
-		return r;                                                 \
-	}
+	STREAM_WORK(name, ptsz, st,                                       \
+	            (void *d, const void *sym, size_t n, size_t off, enum \
+	             cudaMemcpyKind k, cudaStream_t st),                  \
+	            (d, sym, n, off, k, st),                              \
+	            shim_task_copy(count_symbol_copy(0, d, n, k), n, 0))
 FROM_SYMBOL_ASYNC_HOOK(cudaMemcpyFromSymbolAsync, 0)
 FROM_SYMBOL_ASYNC_HOOK(cudaMemcpyFromSymbolAsync_ptsz, 1)
 
 /* Memsets: stream work kept in order with forwarded launches; nothing is
  * counted for them. */
 #define MEMSET_HOOK(name, ptsz)                                           \
-	SHIM_API cudaError_t name(void *p, int v, size_t n)               \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
-		r = IN_RUNTIME(real_(p, v, n));                           \
-		FWD_LOCAL(NULL, ptsz);                                    \
-		return r;                                                 \
-	}
+	SYNC_WORK(name, ptsz,                                             \
+	          (void *p, int v, size_t n),                             \
+	          (p, v, n),                                              \
+	          (void)0)
 MEMSET_HOOK(cudaMemset, 0)
 MEMSET_HOOK(cudaMemset_ptds, 1)
 
 #define MEMSET_ASYNC_HOOK(name, ptsz)                                     \
-	SHIM_API cudaError_t name(void *p, int v, size_t n, cudaStream_t s) \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		CAPTURED(s, ptsz, real_(p, v, n, s));                     \
-		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
-		r = IN_RUNTIME(real_(p, v, n, s));                        \
-		FWD_LOCAL(s, ptsz);                                       \
-		return r;                                                 \
-	}
+	STREAM_WORK(name, ptsz, s,                                        \
+	            (void *p, int v, size_t n, cudaStream_t s),           \
+	            (p, v, n, s),                                         \
+	            (void)0)
 MEMSET_ASYNC_HOOK(cudaMemsetAsync, 0)
 MEMSET_ASYNC_HOOK(cudaMemsetAsync_ptsz, 1)
 
@@ -877,16 +800,10 @@ STREAM_QUERY_HOOK(cudaStreamQuery_ptsz, 1)
 
 /* Host functions run locally, after the forwarded work before them. */
 #define HOST_FUNC_HOOK(name, ptsz)                                        \
-	SHIM_API cudaError_t name(cudaStream_t s, cudaHostFn_t fn, void *d) \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		CAPTURED(s, ptsz, real_(s, fn, d));                       \
-		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
-		r = IN_RUNTIME(real_(s, fn, d));                          \
-		FWD_LOCAL(s, ptsz);                                       \
-		return r;                                                 \
-	}
+	STREAM_WORK(name, ptsz, s,                                        \
+	            (cudaStream_t s, cudaHostFn_t fn, void *d),           \
+	            (s, fn, d),                                           \
+	            (void)0)
 HOST_FUNC_HOOK(cudaLaunchHostFunc, 0)
 HOST_FUNC_HOOK(cudaLaunchHostFunc_ptsz, 1)
 
