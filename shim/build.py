@@ -34,7 +34,8 @@ CFFI_HEADERS = ("ctlblock.h", "ledger.h")
 
 def _strip_parens(text: str, word: str) -> str:
     """Remove every `word(...)` with balanced parentheses."""
-    out, i = [], 0
+    out: list[str] = []
+    i = 0
     while True:
         j = text.find(word, i)
         if j < 0:
@@ -52,7 +53,8 @@ def _strip_parens(text: str, word: str) -> str:
 
 def _drop_bodies(text: str) -> str:
     """static inline functions become plain prototypes (cffi wraps them)."""
-    out, i = [], 0
+    out: list[str] = []
+    i = 0
     for m in re.finditer(r"static\s+inline\s+([^;{]*?\))\s*\{", text):
         if m.start() < i:
             continue
@@ -67,6 +69,11 @@ def _drop_bodies(text: str) -> str:
     return "".join(out) + text[i:]
 
 
+def _enum_values_from_compiler(m: re.Match) -> str:
+    names = [e.split("=")[0].strip() for e in m.group(2).split(",") if e.strip()]
+    return m.group(1) + ", ".join(f"{n}=..." for n in names) + "}"
+
+
 def cdef_of(header: str) -> str:
     """A cffi cdef from a C header: integer #defines, enums, structs (their
     layout left to the compiler: `...;`, array sizes `[...]`) and function
@@ -76,7 +83,8 @@ def cdef_of(header: str) -> str:
     t = re.sub(r"/\*.*?\*/", " ", header, flags=re.S)
     t = re.sub(r"//[^\n]*", "", t)
     t = re.sub(r"\\\n", " ", t)
-    defines = [f"#define {n} ..." for n, v in re.findall(r"^\s*#\s*define\s+([A-Z_][A-Z0-9_]*)[ \t]+(\S[^\n]*)$", t, re.M)]
+    valued = re.findall(r"^\s*#\s*define\s+([A-Z_][A-Z0-9_]*)[ \t]+\S", t, re.M)
+    defines = [f"#define {n} ..." for n in valued]
     t = re.sub(r"^\s*#[^\n]*$", "", t, flags=re.M)
     t = _strip_parens(t, "_Static_assert")
     t = _strip_parens(t, "__attribute__")
@@ -85,8 +93,7 @@ def cdef_of(header: str) -> str:
     t = _drop_bodies(t)
     t = re.sub(r"\[[^\]]+\]", "[...]", t)
     t = re.sub(r"(\bstruct\s+\w+\s*\{[^{}]*?)\}", lambda m: m.group(1) + "...; }", t)
-    t = re.sub(r"(\benum\s+\w+\s*\{)([^}]*)\}",
-               lambda m: m.group(1) + ", ".join(f"{n.split('=')[0].strip()}=..." for n in m.group(2).split(",") if n.strip()) + "}", t)
+    t = re.sub(r"(\benum\s+\w+\s*\{)([^}]*)\}", _enum_values_from_compiler, t)
     t = re.sub(r"^\s*;\s*$", "", t, flags=re.M)
     t = re.sub(r"\n\s*\n+", "\n", t)
     return "\n".join(defines) + "\n" + t.strip() + "\n"

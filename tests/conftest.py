@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,40 @@ def simgpu_env(simdir: str | os.PathLike, **extra: object) -> dict[str, str]:
         [str(paths.SIMGPU_DIR)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+@pytest.fixture
+def simdir():
+    """A private simulated device for one test (its own arena and model),
+    in /dev/shm where it can be."""
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    d = tempfile.mkdtemp(prefix="simgpu-", dir=base)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def ensure_simgpu() -> None:
+    """Build the native libraries when simgpu's is missing or older than its
+    sources (tests that compile their own CUDA programs link against it)."""
+    from shim import paths
+    lib = paths.SIMGPU_CUDART
+    srcs = list((ROOT / "shim" / "simgpu").glob("*.[ch]"))
+    if lib.exists() and all(s.stat().st_mtime <= lib.stat().st_mtime for s in srcs):
+        return
+    r = subprocess.run([PY, "-m", "shim.build"], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0 or not lib.exists():
+        pytest.fail(f"building the shim libraries failed:\n{r.stderr[-4000:]}")
+
+
+def stop(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM a process we started and reap it; SIGKILL if it lingers."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def stats_of(output: str) -> dict[str, int]:

@@ -6,14 +6,13 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import stats_of, wait_until
+from conftest import stats_of, stop, wait_until
 
 from shim import paths
 
@@ -38,7 +37,6 @@ def colocate(*args: str, rundir: Path, check: bool = True, env: dict | None = No
     return res
 
 
-
 @pytest.fixture()
 def rundir():
     # short path: unix socket names are limited to 107 bytes
@@ -55,12 +53,7 @@ def controller(rundir):
     wait_until(lambda: colocate("ping", rundir=rundir, check=False).returncode == 0,
                what="controller to answer ping")
     yield proc
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    stop(proc)
 
 
 def app_record(rundir: Path, name: str) -> dict:

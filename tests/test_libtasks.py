@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import simgpu_env, wait_until
+from conftest import simgpu_env, stop, wait_until
 
 from shim import paths
 
@@ -316,10 +315,6 @@ CHILD = textwrap.dedent(r'''
 ''')
 
 
-def sim_env(simdir: Path, **extra: str) -> dict[str, str]:
-    return simgpu_env(simdir, **extra)
-
-
 @pytest.fixture(scope="module")
 def math_run():
     """One child runs every case; returns its JSON and simgpu's kernel report."""
@@ -328,7 +323,7 @@ def math_run():
     try:
         res = subprocess.run([sys.executable, "-c", CHILD, str(paths.SIMGPU_DIR)], capture_output=True,
                              text=True, timeout=120,
-                             env=sim_env(tmp / "dev", SIMGPU_REPORT=str(report)))
+                             env=simgpu_env(tmp / "dev", SIMGPU_REPORT=str(report)))
         assert res.returncode == 0, res.stdout + res.stderr
         out = json.loads(res.stdout.strip().splitlines()[-1])
         out["report"] = [json.loads(ln) for ln in report.read_text().splitlines()]
@@ -402,7 +397,7 @@ def test_cost_model_scales_with_the_work(tmp_path):
         report = tmp_path / f"r{k}.jsonl"
         res = subprocess.run([sys.executable, "-c", script, str(paths.SIMGPU_DIR), str(k)], capture_output=True,
                              text=True, timeout=120,
-                             env=sim_env(tmp_path / f"dev{k}", SIMGPU_REPORT=str(report),
+                             env=simgpu_env(tmp_path / f"dev{k}", SIMGPU_REPORT=str(report),
                                          SIMGPU_MODEL="fluid"))   # the cost function, in closed form
         assert res.returncode == 0, res.stderr
         (row,) = [json.loads(ln) for ln in report.read_text().splitlines()]
@@ -422,7 +417,6 @@ def cli(*args: str, rundir: Path, env: dict | None = None) -> subprocess.Complet
                           env={**os.environ, **(env or {})})
 
 
-
 @pytest.fixture()
 def controller():
     rundir = Path(tempfile.mkdtemp(prefix="cl-lib-", dir="/tmp"))   # short: socket paths
@@ -433,12 +427,7 @@ def controller():
         wait_until(lambda: cli("ping", rundir=rundir).returncode == 0, what="controller")
         yield rundir
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(proc)
         shutil.rmtree(rundir, ignore_errors=True)
 
 
@@ -448,7 +437,7 @@ def checksums(out: str) -> list[str]:
 
 def test_hooks_pass_results_through_and_library_kernels_are_counted(controller, tmp_path):
     native = subprocess.run([str(DNNCHECK), "2"], capture_output=True, text=True, timeout=120,
-                            env=sim_env(tmp_path / "dev"))
+                            env=simgpu_env(tmp_path / "dev"))
     assert native.returncode == 0 and "PASS dnncheck" in native.stdout, native.stdout + native.stderr
     res = cli("run", "--device", "sim", "--name", "dnn", "--", str(DNNCHECK), "2", rundir=controller)
     assert res.returncode == 0 and "PASS dnncheck" in res.stdout, res.stdout + res.stderr

@@ -23,12 +23,10 @@ The fixed launch cost (SIMGPU_LAUNCH_US, the same at every quota) is set to
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -62,17 +60,7 @@ pytestmark = pytest.mark.skipif(
     reason="Rodinia apps or simgpu not built (make build)")
 
 
-@pytest.fixture
-def simdir():
-    """A private simulated device for one test."""
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    d = tempfile.mkdtemp(prefix="simgpu-rod-", dir=base)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
-
-def sim_env(simdir: str, **extra: object) -> dict[str, str]:
-    return simgpu_env(simdir, **extra)
 
 
 def run(prog: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -87,7 +75,7 @@ def report(path: Path) -> dict[str, dict]:
                          + [pytest.param("lavamd", ["--accum", "reg"], id="lavamd-reg")])
 def test_small_input_passes_check_through_twins(app, extra, simdir, tmp_path):
     rep = tmp_path / "report.jsonl"
-    res = run(BIN / app, [*SMALL[app], *extra, "--check"], sim_env(simdir, SIMGPU_REPORT=rep))
+    res = run(BIN / app, [*SMALL[app], *extra, "--check"], simgpu_env(simdir, SIMGPU_REPORT=rep))
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"PASS {app}" in res.stdout
     assert re.search(rf"^THROUGHPUT {app} iters_per_s=[0-9.]+ iters=1 seconds=[0-9.]+$",
@@ -104,18 +92,18 @@ def test_check_fails_when_kernels_do_not_compute(app, simdir, tmp_path):
     # they do nothing, so the result is wrong and --check must say so
     lone = tmp_path / app
     shutil.copy(BIN / app, lone)
-    res = run(lone, [*SMALL[app], "--check"], sim_env(simdir))
+    res = run(lone, [*SMALL[app], "--check"], simgpu_env(simdir))
     assert res.returncode == 1, res.stdout + res.stderr
     assert f"FAIL {app}" in res.stdout and f"PASS {app}" not in res.stdout
 
 
 def test_repeat_and_duration(simdir):
-    res = run(BIN / "lud", ["--size", "64", "--repeat", "3"], sim_env(simdir))
+    res = run(BIN / "lud", ["--size", "64", "--repeat", "3"], simgpu_env(simdir))
     assert res.returncode == 0 and "iters=3 " in res.stdout, res.stdout + res.stderr
     assert stats_of(res.stdout) == {"launches": 3 * 10, "h2d_bytes": 3 * 64 * 64 * 4,
                                     "d2h_bytes": 64 * 64 * 4}
     # --duration keeps running whole computations until the time has passed
-    res = run(BIN / "lavamd", ["--boxes", "2", "--par", "8", "--duration", "0.3"], sim_env(simdir))
+    res = run(BIN / "lavamd", ["--boxes", "2", "--par", "8", "--duration", "0.3"], simgpu_env(simdir))
     assert res.returncode == 0, res.stdout + res.stderr
     m = re.search(r"^THROUGHPUT lavamd iters_per_s=([0-9.]+) iters=(\d+) seconds=([0-9.]+)$",
                   res.stdout, re.M)
@@ -147,7 +135,7 @@ def test_shim_counts_what_the_program_did(app, controller, simdir):
 def modelled_us(app: str, quota: int, simdir: str, tmp: Path) -> float:
     _, kernel, args = MODEL[app]
     rep = tmp / f"{app}-{quota}.jsonl"
-    res = run(BIN / app, args, sim_env(simdir, SIMGPU_REPORT=rep, SIMGPU_LAUNCH_US=0,
+    res = run(BIN / app, args, simgpu_env(simdir, SIMGPU_REPORT=rep, SIMGPU_LAUNCH_US=0,
                                        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=quota))
     assert res.returncode == 0, res.stdout + res.stderr
     row = report(rep)[kernel]

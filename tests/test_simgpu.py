@@ -10,17 +10,16 @@ memory and the shared device model never leak between tests.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from conftest import ensure_simgpu, simgpu_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SIMGPU_LIB = ROOT / "shim" / "lib" / "simgpu"
@@ -516,28 +515,6 @@ void simgpu_cost__Z8memory_kd(const simgpu_launch *l, double *flops, double *byt
 
 # ---------------------------------------------------------------- fixtures
 
-def _clean_env(simdir: str, **extra) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SIMGPU_", "COLOCATE_"))
-           and k not in ("LD_PRELOAD", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        [str(SIMGPU_LIB)] + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
-    env["SIMGPU_DIR"] = simdir
-    env["SIMGPU_TIMESCALE"] = "0.05"
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def _ensure_simgpu() -> None:
-    """Build the native libraries if simgpu's is missing or older than its sources."""
-    lib = SIMGPU_LIB / "libcudart.so.13"
-    srcs = list((ROOT / "shim" / "simgpu").glob("*.[ch]"))
-    if lib.exists() and all(s.stat().st_mtime <= lib.stat().st_mtime for s in srcs):
-        return
-    r = subprocess.run([sys.executable, "-m", "shim.build"], cwd=ROOT, capture_output=True, text=True)
-    if r.returncode != 0 or not lib.exists():
-        pytest.fail(f"building the shim libraries failed:\n{r.stderr[-4000:]}")
-
 
 class Progs:
     def __init__(self, d: Path):
@@ -547,9 +524,14 @@ class Progs:
         self.model = d / "model"
 
 
+def sim_env(simdir: str, **extra: object) -> dict[str, str]:
+    """simgpu_env with a little modelled time (0.05) unless extra says."""
+    return simgpu_env(simdir, **{"SIMGPU_TIMESCALE": 0.05, **extra})
+
+
 @pytest.fixture(scope="module")
 def progs(tmp_path_factory) -> Progs:
-    _ensure_simgpu()
+    ensure_simgpu()
     d = tmp_path_factory.mktemp("simgpu-progs")
     (d / "func.cu").write_text(FUNC_CU)
     (d / "func_twins.c").write_text(FUNC_TWINS)
@@ -573,15 +555,6 @@ def progs(tmp_path_factory) -> Progs:
     return Progs(d)
 
 
-@pytest.fixture
-def simdir():
-    """A private simulated device: its own arena slots and device model."""
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    d = tempfile.mkdtemp(prefix="simgpu-test-", dir=base)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def run(prog: Path, *args, env: dict[str, str], timeout: float = 30) -> str:
     r = subprocess.run([str(prog), *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, f"{prog.name} {args} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
@@ -603,7 +576,7 @@ MEMORY_2MS = 3350e9 * 2e-3          # bytes: 2 ms at full device bandwidth
 def model_run(progs: Progs, simdir: str, kind: str, quota: int = 100, reps: int = 20,
               timescale: float = 0.05, start_at: float | None = None) -> subprocess.Popen:
     work = COMPUTE_2MS if kind == "compute" else MEMORY_2MS
-    env = _clean_env(simdir, SIMGPU_TIMESCALE=timescale, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=quota)
+    env = sim_env(simdir, SIMGPU_TIMESCALE=timescale, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=quota)
     args = [str(progs.model), kind, repr(work), str(reps), str(FULL_GRID)]
     if start_at is not None:
         args.append(repr(start_at))
@@ -620,7 +593,7 @@ def model_ms(progs: Progs, simdir: str, kind: str, quota: int = 100, **kw) -> fl
 # ---------------------------------------------------------------- functional
 
 def test_twins_compute_results(progs, simdir):
-    out = run(progs.func, "basic", env=_clean_env(simdir))
+    out = run(progs.func, "basic", env=sim_env(simdir))
     assert "BASIC PASS" in out
     # add_one has a twin, notwin has none, an unknown name is unknown
     assert "twin add_one=1 notwin=0 unknown=-1" in out
@@ -631,14 +604,14 @@ def test_per_thread_default_stream_build(progs, simdir):
     imports = subprocess.run(["nm", "-D", "--undefined-only", str(progs.funcp)],
                              capture_output=True, text=True).stdout
     assert "__cudaLaunchKernel_ptsz" in imports
-    env = _clean_env(simdir)
+    env = sim_env(simdir)
     assert "BASIC PASS" in run(progs.funcp, "basic", env=env)
     assert "ERRORS PASS" in run(progs.funcp, "errors", env=env)
 
 
 def test_report_lists_kernels_and_twins(progs, simdir, tmp_path):
     report = tmp_path / "report.jsonl"
-    run(progs.func, "basic", env=_clean_env(simdir, SIMGPU_REPORT=report))
+    run(progs.func, "basic", env=sim_env(simdir, SIMGPU_REPORT=report))
     rows = {r["name"]: r for r in map(json.loads, report.read_text().splitlines())}
     assert rows["_Z7add_onePfi"]["twin"] is True
     assert rows["_Z6notwinPfi"]["twin"] is False
@@ -650,11 +623,11 @@ def test_report_lists_kernels_and_twins(progs, simdir, tmp_path):
 def test_errors_are_returned_not_crashes(progs, simdir):
     # bad frees, freed and foreign pointers, bogus handles, unknown kernels,
     # bad launch configurations, a faulting twin (sticky illegal address)
-    assert "ERRORS PASS" in run(progs.func, "errors", env=_clean_env(simdir))
+    assert "ERRORS PASS" in run(progs.func, "errors", env=sim_env(simdir))
 
 
 def test_streams_events_and_legacy_ordering(progs, simdir):
-    out = run(progs.func, "streams", env=_clean_env(simdir))
+    out = run(progs.func, "streams", env=sim_env(simdir))
     assert "STREAMS PASS" in out
     # slow(5e10 flops) on 1 block of 16 warps = 1 SM at 500 GFLOP/s: 100 ms + 3 us,
     # reported as modelled device time (the wall time was 20x shorter)
@@ -667,21 +640,21 @@ def test_threads_streams_and_launch_variants(progs, simdir):
     # host functions, cudaLaunchKernelExC / cooperative / cudaKernel_t,
     # __managed__ variables, cudaFuncGetParamInfo, simgpu_kernel_by_name (a
     # kernel known only by name and twin), and an exit with 1000 kernels queued
-    out = run(progs.func, "extra", 3000, env=_clean_env(simdir, SIMGPU_TIMESCALE=0.01))
+    out = run(progs.func, "extra", 3000, env=sim_env(simdir, SIMGPU_TIMESCALE=0.01))
     assert "EXTRA PASS" in out
 
 
 def test_unknown_parameter_layout_lends_arguments(progs, simdir):
     # without the cubin's layout a launch waits until the twin has read its
     # arguments; results must be the same
-    env = _clean_env(simdir, SIMGPU_IGNORE_CUBIN=1)
+    env = sim_env(simdir, SIMGPU_IGNORE_CUBIN=1)
     assert "BASIC PASS" in run(progs.func, "basic", env=env)
     assert "EXTRA PASS" in run(progs.func, "extra", 500, env=env)
 
 
 def test_synchronous_debug_mode(progs, simdir):
     # SIMGPU_SYNC=1: no executor threads, every operation runs when enqueued
-    env = _clean_env(simdir, SIMGPU_SYNC=1, SIMGPU_TIMESCALE=0.01)
+    env = sim_env(simdir, SIMGPU_SYNC=1, SIMGPU_TIMESCALE=0.01)
     assert "BASIC PASS" in run(progs.func, "basic", env=env)
     assert "ERRORS PASS" in run(progs.func, "errors", env=env)
     assert "EXTRA PASS" in run(progs.func, "extra", 500, env=env)
@@ -705,7 +678,7 @@ def _finish_owner(owner: subprocess.Popen) -> str:
 
 
 def test_ipc_handle_same_address_in_peer(progs, simdir):
-    env = _clean_env(simdir)
+    env = sim_env(simdir)
     owner, ptr, handle = _start_owner(progs, env)
     try:
         out = run(progs.func, "ipc_peer", handle, env=env)
@@ -718,7 +691,7 @@ def test_ipc_handle_same_address_in_peer(progs, simdir):
 
 def test_raw_device_pointer_of_another_process(progs, simdir):
     # no IPC handle: a worker just dereferences the app's pointer
-    env = _clean_env(simdir)
+    env = sim_env(simdir)
     owner, ptr, _ = _start_owner(progs, env)
     try:
         out = run(progs.func, "raw_peer", ptr, env=env)
@@ -729,7 +702,7 @@ def test_raw_device_pointer_of_another_process(progs, simdir):
 
 
 def test_dead_process_arena_is_reclaimed(progs, simdir):
-    env = _clean_env(simdir)
+    env = sim_env(simdir)
     owner, _, _ = _start_owner(progs, env)
     owner.send_signal(signal.SIGKILL)
     owner.wait()
@@ -811,9 +784,9 @@ print("natural_mismatch", nat(b"_Z1kPfi", 2, U(4, 8)))
 def test_kernel_define_layout_is_kept_and_conflicts_refused(simdir):
     """The worker's by-name kernels get a layout (launches copy their
     arguments): a second definition must agree, or be refused (NULL)."""
-    _ensure_simgpu()
+    ensure_simgpu()
     r = subprocess.run([sys.executable, "-c", DEFINE_PY, str(SIMGPU_LIB / "libcudart.so.13")],
-                       env=_clean_env(simdir), capture_output=True, text=True, timeout=30)
+                       env=sim_env(simdir), capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     got = dict(ln.split(" ", 1) for ln in r.stdout.splitlines())
     assert got == {"first": "True", "same": "True", "other": "None", "overlap": "None",
@@ -827,7 +800,7 @@ def test_launch_log_has_one_line_per_kernel_with_its_work(simdir, tmp_path):
     if not hot.exists():
         pytest.skip("bench programs not built")
     out = run(hot, "--size", "64", "--iters", "6", "--pyramid", "1",
-              env=_clean_env(simdir, SIMGPU_TIMESCALE="0", SIMGPU_LAUNCH_LOG=str(log),
+              env=sim_env(simdir, SIMGPU_TIMESCALE="0", SIMGPU_LAUNCH_LOG=str(log),
                              CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="30"))
     assert "STATS launches=6" in out
     recs = [json.loads(ln) for ln in log.read_text().splitlines()]

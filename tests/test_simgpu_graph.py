@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, simgpu_env, wait_until
+from conftest import clean_env, simgpu_env, stop, wait_until
 
 from shim import paths
 
@@ -65,21 +64,9 @@ def summary(out: str) -> dict:
     return json.loads(lines[0])
 
 
-@pytest.fixture()
-def simdir():
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    d = tempfile.mkdtemp(prefix="simgpu-graph-", dir=base)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def sim_env(simdir: str, **extra: str) -> dict[str, str]:
-    return simgpu_env(simdir, **extra)
-
-
 def test_graphs_replay_on_simgpu_with_cuda_errors_for_illegal_capture_calls(simdir, tmp_path):
     log = tmp_path / "launches.jsonl"
-    r = subprocess.run([str(PROG), "--launches", str(LAUNCHES)], env=sim_env(simdir, SIMGPU_LAUNCH_LOG=str(log)),
+    r = subprocess.run([str(PROG), "--launches", str(LAUNCHES)], env=simgpu_env(simdir, SIMGPU_LAUNCH_LOG=str(log)),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS graphs" in r.stdout            # the program checked every result
@@ -101,7 +88,7 @@ def test_graphs_replay_on_simgpu_with_cuda_errors_for_illegal_capture_calls(simd
 
 def test_graphs_repeatable_inline_and_in_small_sizes(simdir):
     # SIMGPU_SYNC runs every operation at enqueue: replays in the caller's thread
-    r = subprocess.run([str(PROG), "--launches", "7", "--n", "1000"], env=sim_env(simdir, SIMGPU_SYNC="1"),
+    r = subprocess.run([str(PROG), "--launches", "7", "--n", "1000"], env=simgpu_env(simdir, SIMGPU_SYNC="1"),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert summary(r.stdout)["graph_launches"] == 7
@@ -126,7 +113,7 @@ def test_capture_and_graph_api_details(simdir, graphapi):
     WrongThread, external event nodes, roots, cycles, capture into a graph,
     the per-thread stream, a capturing stream destroyed, child graphs,
     cudaGraphExecUpdate and node parameters set on graphs and execs."""
-    r = subprocess.run([str(graphapi)], env=sim_env(simdir), capture_output=True, text=True, timeout=60)
+    r = subprocess.run([str(graphapi)], env=simgpu_env(simdir), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("ok ") == 9 and "PASS graphapi" in r.stdout, r.stdout
 
@@ -152,12 +139,7 @@ def controller():
                    what="controller to answer ping")
         yield d
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(proc)
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -12,14 +12,12 @@ rounding of advised ranges, garbage handles.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import ensure_simgpu, simgpu_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SIMGPU_LIB = ROOT / "shim" / "lib" / "simgpu"
@@ -213,21 +211,10 @@ int main()
 '''
 
 
-def _ensure_simgpu() -> None:
-    """Build the native libraries if simgpu's is missing or older than its sources."""
-    lib = SIMGPU_LIB / "libcudart.so.13"
-    srcs = list((ROOT / "shim" / "simgpu").glob("*.[ch]"))
-    if lib.exists() and all(s.stat().st_mtime <= lib.stat().st_mtime for s in srcs):
-        return
-    r = subprocess.run([sys.executable, "-m", "shim.build"], cwd=ROOT, capture_output=True, text=True)
-    if r.returncode != 0 or not lib.exists():
-        pytest.fail(f"building the shim libraries failed:\n{r.stderr[-4000:]}")
-
-
 @pytest.fixture(scope="module")
 def bins(tmp_path_factory) -> Path:
     """pools (legacy default stream), poolsp (per-thread: the _ptsz entry points), edge."""
-    _ensure_simgpu()
+    ensure_simgpu()
     d = tmp_path_factory.mktemp("simgpu-pools")
     (d / "edge.cu").write_text(EDGE_CU)
     inc = ["-I", str(ROOT / "shim" / "simgpu"), "-I", str(ROOT / "bench" / "common")]
@@ -249,19 +236,9 @@ def bins(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def env():
+def env(simdir):
     """A private simulated device."""
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    d = tempfile.mkdtemp(prefix="simgpu-pools-", dir=base)
-    e = {k: v for k, v in os.environ.items()
-         if not k.startswith(("SIMGPU_", "COLOCATE_"))
-         and k not in ("LD_PRELOAD", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
-    e["LD_LIBRARY_PATH"] = os.pathsep.join(
-        [str(SIMGPU_LIB)] + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
-    e["SIMGPU_DIR"] = d
-    e["SIMGPU_TIMESCALE"] = "0.05"
-    yield e
-    shutil.rmtree(d, ignore_errors=True)
+    return simgpu_env(simdir, SIMGPU_TIMESCALE=0.05)
 
 
 def run_json(prog: Path, *args, env: dict[str, str]) -> dict:

@@ -16,55 +16,23 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import ensure_simgpu, simgpu_env
+
+from shim import paths
 
 ROOT = Path(__file__).resolve().parent.parent
-# SIMGPU_LIB_DIR: test a simgpu built elsewhere (default: the tree's build)
-SIMGPU_LIB = Path(os.environ.get("SIMGPU_LIB_DIR") or ROOT / "shim" / "lib" / "simgpu")
 NVCC = shutil.which("nvcc")
 PROG = ROOT / "bench" / "bin" / "texture"
-
-
-def _ensure_simgpu() -> None:
-    """Build the native libraries if simgpu's is missing or older than its sources."""
-    if os.environ.get("SIMGPU_LIB_DIR"):
-        return
-    lib = SIMGPU_LIB / "libcudart.so.13"
-    srcs = list((ROOT / "shim" / "simgpu").glob("*.[ch]"))
-    if lib.exists() and all(s.stat().st_mtime <= lib.stat().st_mtime for s in srcs):
-        return
-    r = subprocess.run([sys.executable, "-m", "shim.build"], cwd=ROOT, capture_output=True, text=True)
-    if r.returncode != 0 or not lib.exists():
-        pytest.fail(f"building the shim libraries failed:\n{r.stderr[-4000:]}")
-
-
-def _env(simdir: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SIMGPU_", "COLOCATE_"))
-           and k not in ("LD_PRELOAD", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        [str(SIMGPU_LIB)] + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
-    env["SIMGPU_DIR"] = simdir
-    env["SIMGPU_TIMESCALE"] = "0"
-    return env
-
-
-@pytest.fixture
-def simdir():
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    d = tempfile.mkdtemp(prefix="simgpu-tex-", dir=base)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def prog() -> Path:
     if NVCC is None:
         pytest.skip("nvcc (CUDA 13 toolkit) not installed")
-    _ensure_simgpu()
+    ensure_simgpu()
     targets = ["bench/bin/texture", "bench/bin/texture.twins.so"]
     r = subprocess.run(["make", "-s", *targets], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"make {' '.join(targets)} failed:\n{r.stdout}\n{r.stderr}"
@@ -74,7 +42,7 @@ def prog() -> Path:
 # ---------------------------------------------------------------- the program
 
 def test_texture_program_passes_its_checks(prog, simdir):
-    r = subprocess.run([str(prog)], env=_env(simdir), capture_output=True, text=True, timeout=60)
+    r = subprocess.run([str(prog)], env=simgpu_env(simdir), capture_output=True, text=True, timeout=60)
     line = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
     assert r.returncode == 0, f"exit {r.returncode}:\n{r.stdout}\n{r.stderr}"
     out = json.loads(line)
@@ -307,8 +275,8 @@ print(json.dumps(out))
 
 
 def test_sampling_rules_and_errors_through_ctypes(simdir):
-    _ensure_simgpu()
-    r = subprocess.run([sys.executable, "-c", CTYPES_SCRIPT], env=_env(simdir),
+    ensure_simgpu()
+    r = subprocess.run([sys.executable, "-c", CTYPES_SCRIPT], env=simgpu_env(simdir),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"exit {r.returncode}:\n{r.stdout}\n{r.stderr}"
     o = json.loads(r.stdout.strip().splitlines()[-1])
@@ -409,11 +377,11 @@ int main(void)
 def test_the_shim_counts_array_copies(tmp_path):
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import Controller, clean_env, colocate, new_rundir, wait_for
-    _ensure_simgpu()
+    ensure_simgpu()
     src, exe = tmp_path / "arraycopy.c", tmp_path / "arraycopy"
     src.write_text(ARRAYCOPY_C)
     inc = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
-    subprocess.run(["cc", "-O1", "-I", str(inc), "-o", str(exe), str(src), f"-L{SIMGPU_LIB}",
+    subprocess.run(["cc", "-O1", "-I", str(inc), "-o", str(exe), str(src), f"-L{paths.SIMGPU_DIR}",
                     "-l:libcudart.so.13"], check=True, capture_output=True, text=True)
     ctl = Controller(new_rundir())
     try:

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import TONIC_SMALL, wait_until
+from conftest import TONIC_SMALL, stop, wait_until
 
 from shim import paths
 
@@ -190,7 +190,6 @@ def colocate(rundir: Path, *args: str, env: dict | None = None) -> subprocess.Co
                           capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
 
 
-
 def launches_per_query(net: str, env: dict, sockdir: Path) -> int:
     """Kernels one query launches, from simgpu's own per-kernel report."""
     report = sockdir / "report.jsonl"
@@ -235,9 +234,5 @@ def test_queries_are_marked_under_colocate(simenv, sockdir):
                        what="6 queries done", timeout=20.0, step=0.1)
         assert q["rule"] == "api" and q["in_flight"] == 0 and q["p50_ms"] > 0
     finally:
-        ctl.send_signal(signal.SIGTERM)
-        try:
-            ctl.wait(10)
-        except subprocess.TimeoutExpired:
-            ctl.kill()
+        stop(ctl)
         shutil.rmtree(rundir, ignore_errors=True)
