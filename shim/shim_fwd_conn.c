@@ -514,7 +514,6 @@ int fconn_send(struct fconn *c, const void *buf, size_t len)
 {
 	struct fwd_page *pg = c->page;
 	uint64_t head = __atomic_load_n(&pg->ring_head, __ATOMIC_RELAXED);   /* ours */
-	uint64_t t0 = 0;
 	char why[200];
 
 	if (len > c->ring_size / 2)
@@ -523,11 +522,7 @@ int fconn_send(struct fconn *c, const void *buf, size_t len)
 	 * as a GPU's launch queue gives), but not for a dead one */
 	while (head + len - __atomic_load_n(&pg->ring_tail, __ATOMIC_ACQUIRE) > c->ring_size) {
 		struct timespec ts = { 0, 50000 };
-		uint64_t now = shim_now_ns();
-
-		if (!t0)
-			t0 = now;
-		if (now - c->last_check_ns >= CHECK_NS && fconn_lost(c, why, sizeof(why)))
+		if (shim_now_ns() - c->last_check_ns >= CHECK_NS && fconn_lost(c, why, sizeof(why)))
 			return -1;
 		nanosleep(&ts, NULL);
 	}
