@@ -4,10 +4,13 @@
  * running at a fixed SM quota).  Shared by both sides; nothing else.
  *
  * Transport: one ZeroMQ DEALER per (application, worker) connected to the
- * worker's ROUTER at ipc://<runtime dir>/worker-<N>.sock.  Every binary
- * message is ONE zmq frame (no empty delimiter in front; a delimiter is
- * tolerated and then echoed back).  JSON requests use the REQ-style
- * envelope [b"", json] and are answered the same way (worker stats).
+ * worker's ROUTER at ipc://<runtime dir>/worker-<N>.sock carries HELLO,
+ * HELLO_REPLY, BYE and ERROR; MODULE, DEFINE and LAUNCH travel only in the
+ * connection's launch ring in shared memory (below), and a worker answers
+ * one on its socket with ERROR TYPE.  Every binary message is ONE zmq frame
+ * (no empty delimiter in front; a delimiter is tolerated and then echoed
+ * back).  JSON requests use the REQ-style envelope [b"", json] and are
+ * answered the same way (worker stats).
  *
  * Frame schema (all integers little-endian, fixed offsets, no padding that
  * is not spelled out; decoders check every length before reading):
@@ -19,10 +22,14 @@
  *     u8  type     FWD_T_*
  *     u8  flags    per type (HELLO, HELLO_REPLY: FWD_HF_*; LAUNCH:
  *                  FWD_LF_*), else 0
- *     u32 len      length of the whole frame; must equal the zmq frame size
+ *     u32 len      length of the whole frame; on the socket it must equal
+ *                  the zmq frame's size
  *
  *   HELLO        shim -> worker, first frame of a connection
- *     flags: FWD_HF_RING = launches come through the page's ring;
+ *     flags: FWD_HF_RING = launches come through the page's ring (required:
+ *            a HELLO without it is answered UNSUPPORTED, and a page whose
+ *            ring_size is not a power of two in FWD_RING_MIN..FWD_RING_MAX
+ *            BAD_PAGE);
  *            FWD_HF_VMM = the app's memory is VMM-shared: the shim opens the
  *            worker's mem socket after the reply (see "mem socket" below)
  *     u32 pid        the application's pid (the worker drops the app when
@@ -37,9 +44,10 @@
  *                 would mean nothing there)
  *     name        application name, for logs
  *   HELLO_REPLY  worker -> shim
- *     u32 status     FWD_S_*: OK, UNSUPPORTED (a real GPU and no FWD_HF_VMM:
- *                    the app's device memory is not shared with workers; or
- *                    FWD_HF_VMM and this worker cannot map it), WRONG_WORKER,
+ *     u32 status     FWD_S_*: OK, UNSUPPORTED (no FWD_HF_RING; a real GPU and
+ *                    no FWD_HF_VMM: the app's device memory is not shared
+ *                    with workers; or FWD_HF_VMM and this worker cannot map
+ *                    it), WRONG_WORKER,
  *                    BAD_PAGE, ...
  *     u32 worker_id, quota_pct, pid
  *     u16 msg_len; u16 pad; msg (why, for the shim's log line)
@@ -150,12 +158,11 @@
  *              event bases tied to the host clock within microseconds);
  *              durations are exact device times either way.
  *
- * A HELLO without FWD_HF_RING (ring_size 0) sends MODULE, DEFINE and LAUNCH
- * as zmq frames instead (COLOCATE_FWD_RING_KB=0): two I/O threads and the
- * worker's main thread then sit between a launch and its kernel, and the
- * worker's main thread serialises every app's launches (a module is loaded,
- * and a DEFINE waiting for that load answered, by the app's launcher thread:
- * the main thread never waits for a load).
+ * The ring is the only launch transport: neither I/O thread of ZeroMQ nor
+ * the worker's main thread sits between a launch and its kernel, so one
+ * app's flood of launches cannot delay heartbeats, stats or other apps; a
+ * full ring makes the shim wait (with its liveness checks), where a queue
+ * with a high-water mark would drop.
  *
  * Refusals (page version 5): a MODULE or DEFINE the worker cannot serve -
  * a module file refused, a kernel missing from its library or with another
@@ -173,13 +180,14 @@
  * connection lives (kept connections keep the verdict), and is never
  * LAUNCHed there: a LAUNCH of a kid not accepted is malformed.  Malformed
  * frames (lengths, ids, version, a NUL in a path or name, a kid defined
- * differently, a module id reused for another image) are hard refusals as
- * before: the ring stops (refused_code), or an ERROR frame comes back, and
- * the shim replays locally what did not complete.
+ * differently, a module id reused for another image) are hard refusals:
+ * the ring stops (refused_code), and the shim replays locally what did not
+ * complete.
  *
- * Compatibility: any change of a frame or of the page bumps FWD_VERSION or
- * FWD_PAGE_VERSION; both sides refuse the other version (ERROR VERSION,
- * HELLO_REPLY BAD_PAGE), and the app then runs locally.
+ * Compatibility: any change of a frame, of the page or of which frames
+ * travel where bumps FWD_VERSION or FWD_PAGE_VERSION; both sides refuse the
+ * other version (ERROR VERSION, HELLO_REPLY BAD_PAGE), and the app then
+ * runs locally.
  */
 #ifndef COLOCATE_FWD_PROTO_H
 #define COLOCATE_FWD_PROTO_H
@@ -193,10 +201,12 @@
 #endif
 
 #define FWD_MAGIC         0xC0u
-#define FWD_VERSION       5u      /* 2: FWD_LF_TIMED, page times;
+#define FWD_VERSION       6u      /* 2: FWD_LF_TIMED, page times;
                                      3: MODULE, DEFINE.mid;
                                      4: MODULE.hash is fwd_image_hash64;
-                                     5: FWD_MF_VARS */
+                                     5: FWD_MF_VARS;
+                                     6: FWD_HF_RING required, MODULE,
+                                        DEFINE and LAUNCH in the ring only */
 
 #define FWD_MAX_STREAMS   64u      /* stream indexes per application       */
 #define FWD_MAX_KERNELS   4096u    /* kernel ids per application           */
@@ -232,9 +242,10 @@ enum fwd_type {
                                     (softly); on simgpu twins never read them */
 
 /* HELLO flags */
-#define FWD_HF_RING 0x01u        /* DEFINE/LAUNCH come through the page's ring:
-                                    frames back to back from any byte offset,
-                                    wrapping at the ring's end               */
+#define FWD_HF_RING 0x01u        /* MODULE/DEFINE/LAUNCH come through the
+                                    page's ring: frames back to back from any
+                                    byte offset, wrapping at the ring's end;
+                                    required, and echoed by the worker       */
 #define FWD_HF_VMM  0x02u        /* the app's memory is VMM-shared: expect it
                                     on the mem socket (below) before any
                                     launch that uses it.  Echoed in the
@@ -386,8 +397,8 @@ struct fwd_page {
 	/* line 0: fixed at creation (shim), worker_pid at HELLO (worker) */
 	uint64_t magic;
 	uint32_t version;
-	uint32_t ring_size;      /* bytes of ring after the page, a power of 2;
-	                            0 when launches travel as zmq frames       */
+	uint32_t ring_size;      /* bytes of ring after the time slots, a
+	                            power of 2 in FWD_RING_MIN..FWD_RING_MAX   */
 	uint32_t worker_pid;
 	uint32_t pad0[11];
 	/* line 1: completions and health (worker) */

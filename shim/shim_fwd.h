@@ -30,7 +30,7 @@ struct fconn {
 	void *sock;
 	pthread_mutex_t sock_mu;
 	struct fwd_page *page;
-	unsigned char *ring;           /* launch ring after the page, or NULL  */
+	unsigned char *ring;           /* launch ring after the time slots     */
 	uint32_t ring_size;
 	size_t map_len;
 	int lost;                      /* the worker said this connection lost
@@ -63,7 +63,9 @@ struct fwait {
 struct fconn *fconn_open(uint32_t worker, char *why, size_t whylen);
 void fconn_get(struct fconn *c);
 void fconn_put(struct fconn *c);
-/* Send one frame without waiting; -1 when the socket refuses it. */
+/* Put one MODULE, DEFINE or LAUNCH frame into the connection's launch
+ * ring, waiting for room while the worker lives; -1 when the worker is
+ * lost or the frame is larger than half the ring. */
 int fconn_send(struct fconn *c, const void *buf, size_t len);
 /* Read what the worker sent (ERROR frames mark the connection lost). */
 void fconn_poll(struct fconn *c);

@@ -5,23 +5,24 @@
  * nobody listens on (one connect(2)), is refused at once; so is, for
  * COLOCATE_WORKER_TIMEOUT_MS, a worker that just failed a HELLO: a route to
  * a dead or hung worker must not stall every route change.  Then create
- * the page <runtime dir>/fwd-<pid>-<n>.page (completions,
- * and the launch ring of $COLOCATE_FWD_RING_KB, default 1024; 0 sends
- * launches as zmq frames instead), connect a DEALER to
+ * the page <runtime dir>/fwd-<pid>-<n>.page (completions, time slots and
+ * the launch ring, RING_BYTES), connect a DEALER to
  * ipc://<runtime dir>/worker-<N>.sock, send HELLO and wait for HELLO_REPLY
  * (bounded by COLOCATE_WORKER_TIMEOUT_MS, at most 2000 ms here).  The
  * worker maps the page before answering; the file is then unlinked, so
  * nothing is left behind whoever dies first.
  *
- * Sending (fconn_send): into the ring, waking the worker's launcher if it
- * sleeps; when the ring is full (the worker is that far behind), wait for
- * room, looking at liveness.  Without a ring: a non-blocking zmq send.
+ * Sending (fconn_send): MODULE, DEFINE and LAUNCH frames go into the ring,
+ * never on the socket, waking the worker's launcher if it sleeps; when the
+ * ring is full (the worker is that far behind), wait for room, looking at
+ * liveness.  The socket carries HELLO, BYE and the worker's ERRORs.
  *
  * Liveness (fconn_lost): the worker's pid (from its HELLO_REPLY) must
  * exist and not be a zombie, its main loop must have stamped the page's
  * heartbeat within COLOCATE_WORKER_TIMEOUT_MS (default 2000), and it must
- * not have sent an ERROR frame (which it does only when a frame of ours was
- * malformed: the rest of the connection is then void).  A kernel the worker
+ * neither have stopped our ring (the page's refused_code: a frame of ours
+ * was malformed) nor sent an ERROR frame (a bad message on the socket, or
+ * its shutdown): the rest of the connection is then void.  A kernel the worker
  * cannot serve is not that: its DEFINE's verdict comes in the page
  * (fconn_wait_defines), and only that kernel runs locally.
  *
@@ -64,19 +65,13 @@
 static void *zctx;
 static unsigned nconn;
 
-/* Launch ring size: $COLOCATE_FWD_RING_KB rounded down to a power of two
- * within the protocol's limits; 0 for none. */
-static uint32_t ring_bytes(void)
-{
-	const char *v = getenv("COLOCATE_FWD_RING_KB");
-	uint64_t kb = v && *v ? strtoull(v, NULL, 10) : 1024, b = 1;
-
-	if (!kb)
-		return 0;
-	while (b * 2 <= kb * 1024 && b * 2 <= FWD_RING_MAX)
-		b *= 2;
-	return b < FWD_RING_MIN ? FWD_RING_MIN : (uint32_t)b;
-}
+/* The launch ring of a connection: a power of two within FWD_RING_MIN..
+ * FWD_RING_MAX.  1 MiB holds thousands of launches (a LAUNCH is 56 bytes
+ * and its arguments), so a full ring means a worker far behind, not a
+ * burst; its pages are touched only as far as the ring is used. */
+#define RING_BYTES (1u << 20)
+_Static_assert(RING_BYTES >= FWD_RING_MIN && RING_BYTES <= FWD_RING_MAX &&
+	       !(RING_BYTES & (RING_BYTES - 1)), "ring size");
 
 /*
  * How long a waiter polls the page before sleeping on its futex.  As CUDA's
@@ -165,7 +160,7 @@ static struct fwd_page *page_create(struct fconn *c, char *path, size_t pathlen,
 	struct fwd_page *pg;
 	int fd, tries;
 
-	c->ring_size = ring_bytes();
+	c->ring_size = RING_BYTES;
 	c->map_len = FWD_RING_OFF + c->ring_size;     /* page, time slots, ring */
 	snprintf(path, pathlen, "%s/fwd-%d-%u.page", shim_runtime_dir(), (int)getpid(),
 		 __atomic_add_fetch(&nconn, 1, __ATOMIC_RELAXED));
@@ -194,7 +189,7 @@ static struct fwd_page *page_create(struct fconn *c, char *path, size_t pathlen,
 	}
 	pg->version = FWD_PAGE_VERSION;
 	pg->ring_size = c->ring_size;
-	c->ring = c->ring_size ? (unsigned char *)pg + FWD_RING_OFF : NULL;
+	c->ring = (unsigned char *)pg + FWD_RING_OFF;
 	__atomic_store_n(&pg->magic, FWD_PAGE_MAGIC, __ATOMIC_RELEASE);
 	return pg;
 }
@@ -336,8 +331,7 @@ static int hello(struct fconn *c, const char *page_path, char *why, size_t whyle
 	o += put(buf + o, twins, &m.twins_len);
 	o += put(buf + o, device, &m.device_len);
 	o += put(buf + o, name, &m.name_len);
-	fwd_hdr_init(&m.h, FWD_T_HELLO,
-		     (c->ring ? FWD_HF_RING : 0) | (c->vmm ? FWD_HF_VMM : 0), o);
+	fwd_hdr_init(&m.h, FWD_T_HELLO, FWD_HF_RING | (c->vmm ? FWD_HF_VMM : 0), o);
 	memcpy(buf, &m, sizeof(m));
 	if (zmq.send(c->sock, buf, o, 0) < 0) {
 		snprintf(why, whylen, "send: %s", zmq.strerror(zmq.errno_()));
@@ -367,7 +361,7 @@ static int hello(struct fconn *c, const char *page_path, char *why, size_t whyle
 		break;
 	}
 	memcpy(&r, reply, sizeof(r));
-	if (r.status == FWD_S_OK && c->ring && !(r.h.flags & FWD_HF_RING)) {
+	if (r.status == FWD_S_OK && !(r.h.flags & FWD_HF_RING)) {
 		snprintf(why, whylen, "the worker does not take launches through a ring");
 		return -1;
 	}
@@ -515,11 +509,11 @@ static void ring_copy(struct fconn *c, uint64_t pos, const void *buf, size_t len
 	memcpy(c->ring, (const char *)buf + first, len - first);
 }
 
-static int ring_send(struct fconn *c, const void *buf, size_t len)
+/* Single producer: the caller holds shim_fwd.c's mutex. */
+int fconn_send(struct fconn *c, const void *buf, size_t len)
 {
 	struct fwd_page *pg = c->page;
 	uint64_t head = __atomic_load_n(&pg->ring_head, __ATOMIC_RELAXED);   /* ours */
-	uint64_t t0 = 0;
 	char why[200];
 
 	if (len > c->ring_size / 2)
@@ -528,11 +522,7 @@ static int ring_send(struct fconn *c, const void *buf, size_t len)
 	 * as a GPU's launch queue gives), but not for a dead one */
 	while (head + len - __atomic_load_n(&pg->ring_tail, __ATOMIC_ACQUIRE) > c->ring_size) {
 		struct timespec ts = { 0, 50000 };
-		uint64_t now = shim_now_ns();
-
-		if (!t0)
-			t0 = now;
-		if (now - c->last_check_ns >= CHECK_NS && fconn_lost(c, why, sizeof(why)))
+		if (shim_now_ns() - c->last_check_ns >= CHECK_NS && fconn_lost(c, why, sizeof(why)))
 			return -1;
 		nanosleep(&ts, NULL);
 	}
@@ -544,18 +534,6 @@ static int ring_send(struct fconn *c, const void *buf, size_t len)
 		syscall(SYS_futex, &pg->ring_wake, FUTEX_WAKE, 1, NULL, NULL, 0);
 	}
 	return 0;
-}
-
-int fconn_send(struct fconn *c, const void *buf, size_t len)
-{
-	int r;
-
-	if (c->ring)
-		return ring_send(c, buf, len);   /* single producer: the caller's F.mu */
-	pthread_mutex_lock(&c->sock_mu);
-	r = c->sock ? zmq.send(c->sock, buf, len, ZMQ_DONTWAIT) : -1;
-	pthread_mutex_unlock(&c->sock_mu);
-	return r < 0 ? -1 : 0;
 }
 
 void fconn_poll(struct fconn *c)

@@ -36,8 +36,11 @@ pytestmark = pytest.mark.skipif(
     reason="bench programs, simgpu or colocate-worker not built (make build)")
 
 # wire constants of processpool/fwd_proto.h
-MAGIC, VERSION = 0xC0, 5
+MAGIC, VERSION = 0xC0, 6
 T_HELLO, T_HELLO_REPLY, T_DEFINE, T_LAUNCH, T_BYE, T_ERROR = 1, 2, 3, 4, 5, 6
+HF_RING = 0x01
+S_UNSUPPORTED, S_BAD_PAGE = 1, 3
+E_TYPE = 6
 
 # hotspot: launches spread over time (a copy, i.e. a fence, every 6 launches),
 # so that route changes land between launches while it runs
@@ -239,18 +242,6 @@ def test_worker_stopped_mid_run_finishes_then_hands_back(slow_rig):
     assert "shutting down" in rig.worker_log(1)
 
 
-def test_zmq_transport_gives_the_same_result(rig):
-    """COLOCATE_FWD_RING_KB=0: launches as zmq frames instead of the ring."""
-    rig.start_worker(1, 40)
-    out, _, _ = rig.run("hotspot", *HOT, **rig.fast)
-    want = result_of(out)
-    out, err, c = rig.run("hotspot", *HOT, routes=1, COLOCATE_FWD_RING_KB="0")
-    assert result_of(out) == want, err
-    assert c["forwarded"] == 300 and rig.stats(1)["forwarded"] == 300
-    out, err, c = rig.run("vecadd", "--repeat", "10", "--stream", routes=1, COLOCATE_FWD_RING_KB="0")
-    assert "PASS vecadd" in out and c["forwarded"] == 10
-
-
 def test_missing_worker_means_local(rig):
     out, err, c = rig.run("hotspot", *HOT, routes=9)
     assert "PASS hotspot" in out
@@ -344,7 +335,7 @@ def test_hello_with_a_bad_page_is_refused(fuzz_worker):
     page, twins, dev, name = b"/nonexistent/page", b"", b"", b"fuzz"
     body = struct.pack("<II4HI", os.getpid(), 5, len(page), len(twins), len(dev), len(name), 0)
     frame = body + page + twins + dev + name
-    reply = send_recv(r, hdr(T_HELLO, 8 + len(frame)) + frame)
+    reply = send_recv(r, hdr(T_HELLO, 8 + len(frame), flags=HF_RING) + frame)
     status = struct.unpack_from("<I", reply[0], 8)[0]
     assert reply[0][2] == T_HELLO_REPLY and status != 0, reply
     wrong = struct.pack("<II4HI", os.getpid(), 6, len(page), 0, 0, len(name), 0) + page + name
@@ -471,6 +462,48 @@ def define(kid: int, name: bytes, params: list[tuple[int, int]], argbytes: int,
 def launch(seq: int, kid: int, args: bytes, sidx: int = 0, flags: int = 0) -> bytes:
     body = struct.pack("<QIHBB3I3III", seq, kid, sidx, 0, 0, 1, 1, 1, 32, 1, 1, 0, len(args)) + args
     return hdr(T_LAUNCH, 8 + len(body), flags=flags) + body
+
+
+def test_hello_without_a_ring_is_refused(fuzz_worker):
+    """The ring is the only way launches reach a worker: a HELLO that asks
+    for none, or whose page holds none, is refused with a reason (a shim
+    then runs locally, as on any refused route), and MODULE, DEFINE and
+    LAUNCH frames on the socket are refused by type, even from an app the
+    worker took."""
+    r = fuzz_worker
+    path = r.dir / f"page-{os.urandom(4).hex()}"
+    dev = os.path.realpath(r.env["SIMGPU_DIR"]).encode()
+
+    def hello(ring_size: int, flags: int) -> tuple[int, str]:
+        with open(path, "wb") as f:
+            f.write(struct.pack("<QII", 0x45474150445746, PAGE_VERSION, ring_size))
+            f.truncate(RING_OFF + RING)
+        page, name = str(path).encode(), b"noring"
+        body = (struct.pack("<II4HI", os.getpid(), 5, len(page), 0, len(dev), len(name), 0)
+                + page + dev + name)
+        reply = send_recv(r, hdr(T_HELLO, 8 + len(body), flags=flags) + body)[0]
+        assert reply[2] == T_HELLO_REPLY and reply[3] & HF_RING == 0, reply
+        status, mlen = struct.unpack_from("<I", reply, 8)[0], struct.unpack_from("<H", reply, 24)[0]
+        return status, reply[28:28 + mlen].decode()
+
+    try:
+        status, msg = hello(RING, 0)
+        assert status == S_UNSUPPORTED and "only through the page's launch ring" in msg, msg
+        status, msg = hello(0, HF_RING)
+        assert status == S_BAD_PAGE and "bad ring size 0" in msg, msg
+    finally:
+        path.unlink()
+    assert r.stats(5)["apps"] == 0
+    app = RingApp(r, 5, name="socketframes")
+    try:
+        for frame in (define(0, b"_Z6vecaddPKfS0_Pfi", [(0, 8)], 8), launch(1, 0, b"")):
+            app.sock.send(frame)
+            assert app.sock.poll(3000), "no ERROR"
+            err = app.sock.recv()
+            assert err[2] == T_ERROR and struct.unpack_from("<I", err, 8)[0] == E_TYPE, err
+        assert not app.refused() and app.u64(OFF_EXECUTED) == 0
+    finally:
+        app.close()
 
 
 def test_timed_launches_get_their_device_times_in_the_page(fuzz_worker):

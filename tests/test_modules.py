@@ -9,8 +9,8 @@ kernel with cudaLibraryGetKernel, its layout checked with
 cudaFuncGetParamInfo.  Workers here run with COLOCATE_WORKER_BY_NAME=0, so
 they never find a kernel by name (simgpu_kernel_by_name), as on a GPU.
 
-Covered: a 3-kernel program gives the local run's bits over the ring and
-over zmq frames, and its kernels ran in the worker from the module; two
+Covered: a 3-kernel program gives the local run's bits, and its kernels
+ran in the worker from the module; two
 apps of one binary load one library; damaged module files (planted where
 the shim looks, or named by a fake shim) are refused with a log line naming
 the file and the reason, and the app completes locally; kernels without a
@@ -28,7 +28,6 @@ that kernel locally, in order, and keeps forwarding the others.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import re
 import shutil
@@ -40,10 +39,9 @@ import time
 from pathlib import Path
 
 import pytest
-import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_forwarding import HOT, result_of
+from test_forwarding import HOT, RingApp, result_of
 
 from processpool.rig import Rig
 from shim import paths
@@ -57,13 +55,13 @@ pytestmark = pytest.mark.skipif(
     or not paths.SIMGPU_CUDART.exists(),
     reason="bench programs, simgpu or colocate-worker not built (make build)")
 
-# wire constants of processpool/fwd_proto.h (protocol v4)
-MAGIC, VERSION = 0xC0, 5
-T_HELLO, T_HELLO_REPLY, T_DEFINE, T_LAUNCH, T_BYE, T_ERROR, T_MODULE = 1, 2, 3, 4, 5, 6, 7
+# wire constants of processpool/fwd_proto.h
+MAGIC, VERSION = 0xC0, 6
+T_DEFINE, T_LAUNCH, T_MODULE = 3, 4, 7
 E_MALFORMED, E_MODULE = 1, 8
 NO_MODULE, MAX_MODULES = 0xFFFFFFFF, 1024
-PAGE_VERSION, RING_OFF = 5, 4096 + 8192 * 32
 OFF_EXECUTED, OFF_DEFINES_DONE, OFF_DONE, OFF_REFUSED_KID = 104, 112, 256, 1792
+OFF_TAIL, OFF_SLEEPING = 192, 200
 
 VECADD = b"_Z6vecaddPKfS0_Pfi"
 VECADD_PARAMS = [(0, 8), (8, 8), (16, 8), (24, 4)]
@@ -152,53 +150,40 @@ def launch_frame(seq: int, kid: int, args: bytes) -> bytes:
 
 
 class FakeApp:
-    """Plays the shim's side of a connection without a ring: MODULE, DEFINE
-    and LAUNCH go as zmq frames, so a refusal comes back as an ERROR frame
-    whose message the test can read."""
+    """Plays the shim's side of a connection: MODULE, DEFINE and LAUNCH go
+    into the page's launch ring.  A frame the worker refuses stops the ring
+    (the code in the page, the reason in the worker's log); errors() says
+    so and goes on over a fresh connection, as the shim would after its
+    local replay."""
 
-    def __init__(self, r: Rig, wid: int, name: str = "fakeapp", twins: str = "",
-                 page_version: int = PAGE_VERSION):
-        self.r, self.path = r, r.dir / f"page-{os.urandom(4).hex()}"
-        with open(self.path, "wb") as f:
-            f.write(struct.pack("<QII", 0x45474150445746, page_version, 0))
-            f.truncate(RING_OFF)
-        fd = os.open(self.path, os.O_RDWR)
-        self.mm = mmap.mmap(fd, RING_OFF)
-        os.close(fd)
-        self.sock = r.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(f"ipc://{r.dir}/worker-{wid}.sock")
-        page, tw = str(self.path).encode(), twins.encode()
-        dev = os.path.realpath(r.env["SIMGPU_DIR"]).encode()
-        body = (struct.pack("<II4HI", os.getpid(), wid, len(page), len(tw), len(dev), len(name), 0)
-                + page + tw + dev + name.encode())
-        self.sock.send(hdr(T_HELLO, 8 + len(body)) + body)
-        assert self.sock.poll(3000), "no HELLO_REPLY"
-        reply = self.sock.recv()
-        assert reply[2] == T_HELLO_REPLY and struct.unpack_from("<I", reply, 8)[0] == 0, reply
+    def __init__(self, r: Rig, wid: int, name: str = "fakeapp", twins: str = ""):
+        self.r, self.wid, self.name, self.twins = r, wid, name, twins
+        self.ring = RingApp(r, wid, name=name, twins=twins)
 
     def send(self, frame: bytes) -> None:
-        self.sock.send(frame)
+        self.ring.write(frame)
 
     def errors(self) -> list[tuple[int, str]]:
-        """ERROR frames for what was sent so far: a stats request goes last,
-        and the worker answers in order."""
-        self.sock.send_multipart([b"", b'{"v":1,"type":"stats"}'])
-        got = []
-        while True:
-            assert self.sock.poll(5000), "worker did not answer"
-            parts = self.sock.recv_multipart()
-            if parts[-1].startswith(b"{"):
-                assert json.loads(parts[-1])["type"] == "stats"
-                return got
-            body = parts[-1]
-            magic, version, type_, _, length = struct.unpack_from("<BBBBI", body)
-            assert (magic, version, type_, length) == (MAGIC, VERSION, T_ERROR, len(body)), body
-            code, _, _, mlen = struct.unpack_from("<IIQH", body, 8)
-            got.append((code, body[32:32 + mlen].decode(errors="replace")))
+        """The refusal of what was sent so far, if any: waits until the
+        worker's launcher has run every frame and sleeps on the empty ring
+        (its tail is stored before a frame runs, ring_sleeping only once
+        the ring was found empty), or until it refused one."""
+        app, end = self.ring, time.monotonic() + 5
+        while not app.refused():
+            # tail first: a launcher seen done with the frames and then asleep
+            if app.u64(OFF_TAIL) == app.head and struct.unpack_from("<I", app.mm, OFF_SLEEPING)[0]:
+                return []
+            assert time.monotonic() < end, "worker did not run the ring's frames"
+            time.sleep(0.002)
+        code = app.refused()
+        why = re.findall(rf"app {re.escape(self.name)} \(pid {os.getpid()}\): refusing its launch "
+                         r"ring: (.*)$", self.r.worker_log(self.wid), re.M)
+        app.close()
+        self.ring = RingApp(self.r, self.wid, name=self.name, twins=self.twins)
+        return [(code, why[-1] if why else "")]
 
     def u64(self, off: int) -> int:
-        return struct.unpack_from("<Q", self.mm, off)[0]
+        return self.ring.u64(off)
 
     def verdicts(self, n: int) -> None:
         """Wait until the worker has judged n DEFINEs on this connection."""
@@ -212,10 +197,7 @@ class FakeApp:
         return bool(self.u64(OFF_REFUSED_KID + 8 * (kid // 64)) >> (kid % 64) & 1)
 
     def close(self) -> None:
-        self.sock.send(hdr(T_BYE, 8))
-        self.sock.close()
-        self.mm.close()
-        self.path.unlink()
+        self.ring.close()
 
 
 def by_module_worker(r: Rig, wid: int, quota: int = 40, **env: str) -> subprocess.Popen:
@@ -245,15 +227,14 @@ def rig():
 # ---------------------------------------------------------------- through the shim
 
 
-@pytest.mark.parametrize("ring_kb", ["1024", "0"], ids=["ring", "zmq"])
-def test_multi_kernel_app_runs_in_the_worker_from_its_module(rig, ring_kb):
+def test_multi_kernel_app_runs_in_the_worker_from_its_module(rig):
     report = rig.dir / "worker.report"
     w = by_module_worker(rig, 1, SIMGPU_REPORT=str(report))
     out, _, local = rig.run("lud", *LUD, **rig.fast)
     want = lud_result(out)
     assert local["launches"] == 200 and local["forwarded"] == 0
 
-    out, err, fwd = rig.run("lud", *LUD, routes=1, COLOCATE_FWD_RING_KB=ring_kb)
+    out, err, fwd = rig.run("lud", *LUD, routes=1)
     assert lud_result(out) == want, err
     assert fwd == {**fwd, "launches": 200, "forwarded": 200,
                    "h2d_bytes": local["h2d_bytes"], "d2h_bytes": local["d2h_bytes"]}
@@ -315,15 +296,15 @@ def test_a_slow_module_load_stalls_nothing(rig):
     thread (COLOCATE_WORKER_LOAD_DELAY_MS makes each take 3 s, as a big or
     JIT-compiled image would): during them the worker answers stats at once
     and heartbeats go on (no app drops it), a second app of the same binary
-    (zmq path: its DEFINE is resolved by its launcher) waits for the load
-    under way instead of loading again, and an app of another binary loads
-    its own module meanwhile; all three forward everything and finish."""
+    waits for the load under way instead of loading again, and an app of
+    another binary loads its own module meanwhile; all three forward
+    everything and finish."""
     by_module_worker(rig, 1, 50, COLOCATE_WORKER_LOAD_DELAY_MS=str(LOAD_DELAY_MS))
     want_hot = result_of(rig.run("hotspot", *HOT, **rig.fast)[0])
     want_lud = lud_result(rig.run("lud", *LUD, **rig.fast)[0])
     rig.route_every = 1
-    apps = [(rig.app("hotspot", *HOT), 300), (rig.app("hotspot", *HOT, COLOCATE_FWD_RING_KB="0"), 300),
-            (rig.app("lud", *LUD, COLOCATE_FWD_RING_KB="0"), 200)]
+    apps = [(rig.app("hotspot", *HOT), 300), (rig.app("hotspot", *HOT), 300),
+            (rig.app("lud", *LUD), 200)]
     slowest, during = 0.0, 0
     try:
         end = time.monotonic() + 60
@@ -358,12 +339,11 @@ def planted(rig: Rig, exe: str, kernel: bytes) -> Path:
     return rig.dir / "modules" / f"{image_hash(image):016x}-{len(image)}.fatbin"
 
 
-@pytest.mark.parametrize("damage,reason,ring_kb", [
-    ("magic", "no fatbin magic", "1024"),
-    ("hash", "does not match the app's hash", "1024"),
-    ("hash", "does not match the app's hash", "0"),
-], ids=["bad-magic", "bad-hash", "bad-hash-zmq"])
-def test_damaged_module_file_is_refused_and_the_app_runs_locally(rig, damage, reason, ring_kb):
+@pytest.mark.parametrize("damage,reason", [
+    ("magic", "no fatbin magic"),
+    ("hash", "does not match the app's hash"),
+], ids=["bad-magic", "bad-hash"])
+def test_damaged_module_file_is_refused_and_the_app_runs_locally(rig, damage, reason):
     """A file of the right size at the module's path is taken by the shim as
     is (it does not read it back); the worker checks it, refuses it, says
     why in its log, and the app runs that module's kernel locally; the
@@ -379,7 +359,7 @@ def test_damaged_module_file_is_refused_and_the_app_runs_locally(rig, damage, re
     path.write_bytes(bytes(image))
     path.chmod(0o600)
     by_module_worker(rig, 2)
-    out, err, c = rig.run("hotspot", *HOT, routes=2, COLOCATE_FWD_RING_KB=ring_kb)
+    out, err, c = rig.run("hotspot", *HOT, routes=2)
     assert result_of(out) == want, err
     assert c["launches"] == 300 and c["forwarded"] == 0, c       # every launch ran here
     assert "lost" not in err and "could not run" not in err, err
@@ -499,8 +479,7 @@ def test_kernels_without_a_module_are_refused_by_a_gpu_like_worker(rig):
 PERIMETER = "_Z13lud_perimeterPfii"
 
 
-@pytest.mark.parametrize("ring_kb", ["1024", "0"], ids=["ring", "zmq"])
-def test_a_refused_kernel_runs_locally_and_the_connection_stays(rig, ring_kb):
+def test_a_refused_kernel_runs_locally_and_the_connection_stays(rig):
     """lud's second kernel is refused by the worker (test hook) while its
     first one's launches are in flight there: that kernel runs here, in
     order, the other two stay forwarded, nothing runs twice or is reported
@@ -508,7 +487,7 @@ def test_a_refused_kernel_runs_locally_and_the_connection_stays(rig, ring_kb):
     by_module_worker(rig, 1, COLOCATE_WORKER_REFUSE="lud_perimeter")
     out, _, local = rig.run("lud", *LUD, **rig.fast)
     want = lud_result(out)
-    out, err, fwd = rig.run("lud", *LUD, routes=1, COLOCATE_FWD_RING_KB=ring_kb)
+    out, err, fwd = rig.run("lud", *LUD, routes=1)
     assert lud_result(out) == want, err
     assert fwd["launches"] == 200 and 0 < fwd["forwarded"] < 200, fwd
     assert "lost" not in err and "could not run" not in err and "launch failure" not in err, err
@@ -604,7 +583,7 @@ def bad_files(r: Rig) -> dict[str, tuple[Path, int, int, str]]:
 
 
 def test_module_files_the_worker_refuses(mod_worker):
-    """Each bad file is refused softly: no ERROR, the reason in the log, and
+    """Each bad file is refused softly: the ring goes on, the reason is in the log, and
     the DEFINE naming that module is refused in the page (it says why)."""
     r = mod_worker
     app = FakeApp(r, 5)
@@ -702,53 +681,6 @@ def test_defines_against_a_module(mod_worker):
         app.close()
 
 
-def test_defines_while_their_module_loads_zmq(rig):
-    """zmq path, module loads slowed down to 1 s: the main thread hands
-    the load and the DEFINEs that need it to the app's launcher and answers
-    stats meanwhile; the verdicts come through the page once the load ended
-    (a kernel missing from the module, every kernel of a refused file), a
-    launch of a kernel refused that way is an unknown kernel, and the good
-    kernel runs."""
-    by_module_worker(rig, 5, 20, COLOCATE_WORKER_LOAD_DELAY_MS="1000")
-    img = module_of(BIN / "vecadd", VECADD)
-    files = rig.dir / "files"
-    files.mkdir(mode=0o700)
-    good, bad = files / "vecadd.fatbin", files / "bad.fatbin"
-    good.write_bytes(img)
-    bad.write_bytes(img[:-1] + bytes([img[-1] ^ 1]))
-    for f in (good, bad):
-        f.chmod(0o600)
-    app = FakeApp(rig, 5, name="slowdefs", twins=str(BIN / "vecadd.twins.so"))
-    try:
-        app.send(module_frame(0, len(img), image_hash(img), str(good).encode()))
-        app.send(module_frame(1, len(img), image_hash(img), str(bad).encode()))
-        app.send(define_frame(0, b"_Z7missingv", [(0, 8)], 8, 0))
-        app.send(define_frame(1, VECADD, VECADD_PARAMS, 28, 0))
-        app.send(define_frame(2, VECADD, VECADD_PARAMS, 28, 1))
-        assert app.errors() == []         # a stats request, answered after them
-        assert app.u64(OFF_DEFINES_DONE) == 0             # and before the load ended
-        app.verdicts(3)
-        assert [app.refused(k) for k in range(3)] == [True, False, True]
-        log = rig.worker_log(5)
-        assert "_Z7missingv is not in module file" in log, log
-        assert re.search(rf"module file {re.escape(str(bad))} refused: .*does not match", log), log
-        assert "kernel 2 refused, the app runs it locally: kernel _Z6vecaddPKfS0_Pfi: its " \
-               "module 1 was refused" in log, log
-        app.send(launch_frame(1, 0, struct.pack("<Q", 0)))
-        assert [c for c, _ in app.errors()] == [4]          # FWD_E_UNKNOWN_KERNEL
-        for seq in (1, 2):                # vecadd with n = 0 touches no memory
-            app.send(launch_frame(seq, 1, struct.pack("<QQQi", 0, 0, 0, 0)))
-        end = time.monotonic() + 5
-        while app.u64(OFF_DONE) != 2:
-            assert time.monotonic() < end, "launches did not complete"
-            time.sleep(0.002)
-        assert app.u64(OFF_EXECUTED) == 2
-    finally:
-        app.close()
-    s = rig.stats(5)
-    assert s["modules"] == 1 and s["module_loads"] == 1 and s["refused_kernels"] == 2, s
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mid=st.one_of(st.integers(0, MAX_MODULES + 2), st.just(NO_MODULE), st.integers(0, 2**32 - 1)),
        size=st.one_of(st.just(-1), st.integers(0, 2**64 - 1), st.integers(0, 1 << 20)),
@@ -766,7 +698,7 @@ def test_fuzz_module_and_define_frames(mod_worker, mid, size, hash_, path, skew,
                                        params):
     """MODULE frames with any id, size, hash and path (sound files, damaged
     ones, devices, garbage), then a DEFINE naming any module: each is taken
-    or answered with an ERROR (malformed or module), and the worker stays up."""
+    or refused (the ring stopped: malformed), and the worker stays up."""
     r = mod_worker
     app = fuzz_app(r)
     files = {k: str(v[0]) for k, v in bad_files(r).items()} | {"good": str(r.good)}

@@ -2,21 +2,18 @@
  * app.c - the applications connected to this worker.
  *
  * An app exists from its HELLO until its BYE, its death (pid polled every
- * 500 ms) or the worker's shutdown.  The main thread owns the table and an
- * app's kernel table (written once per kernel id, before any launch of it
- * is queued: the queue's mutex orders the two); the app's launcher thread
- * owns its streams and, at the end, destroys them and sets `finished`,
- * after which the main thread joins it and frees the rest (the page too:
- * only the main thread's lifetime of an app covers every heartbeat).
+ * 500 ms) or the worker's shutdown.  The main thread owns the table; the
+ * app's launcher thread owns its kernel and module tables (it alone takes
+ * the ring's MODULE and DEFINE frames) and its streams and, at the end,
+ * destroys the streams and sets `finished`, after which the main thread
+ * joins it and frees the rest (the page too: only the main thread's
+ * lifetime of an app covers every heartbeat).  A HELLO that asks for no
+ * launch ring is refused: the ring is the only way launches come in.
  *
  * Kernels: a DEFINE names the app's module (MODULE, modules.c) the kernel
  * is taken from, as a GPU needs; without one, simgpu finds it by name.  A
  * kernel we cannot serve is refused softly (w_app_verdict: in the page, the
- * app runs it itself).  A DEFINE the
- * main thread handles (zmq path) whose module is still loading is not
- * waited for: its kernel is published pending and the app's launcher
- * resolves it after the load (W_JOB_DEFINE), then gives the verdict; a
- * kernel refused there stays in the table, marked refused.
+ * app runs it itself).
  *
  * Host twins (simgpu): the app names its twin libraries in HELLO; they are
  * dlopen'ed RTLD_GLOBAL, which is where simgpu looks last for a twin
@@ -110,8 +107,8 @@ static void load_twins(const char *list, const char *app)
 	free(copy);
 }
 
-/* Map the app's page, and its launch ring when it asks for one. */
-static int map_page(struct wapp *a, const char *path, int want_ring, char *msg, size_t msglen)
+/* Map the app's page: its completions, time slots and launch ring. */
+static int map_page(struct wapp *a, const char *path, char *msg, size_t msglen)
 {
 	struct fwd_page *pg;
 	struct stat st;
@@ -141,12 +138,11 @@ static int map_page(struct wapp *a, const char *path, int want_ring, char *msg, 
 		snprintf(msg, msglen, "page %s has another magic or version", path);
 		goto fail;
 	}
-	ring = want_ring ? pg->ring_size : 0;
-	if (want_ring && (ring < FWD_RING_MIN || ring > FWD_RING_MAX || (ring & (ring - 1)))) {
+	ring = pg->ring_size;
+	if (ring < FWD_RING_MIN || ring > FWD_RING_MAX || (ring & (ring - 1))) {
 		snprintf(msg, msglen, "page %s: bad ring size %u", path, ring);
 		goto fail;
 	}
-	/* the time slots always, the ring when asked for */
 	if ((uint64_t)st.st_size < (uint64_t)FWD_RING_OFF + ring) {
 		snprintf(msg, msglen, "page %s: %lld bytes, too short for its time slots and ring",
 			 path, (long long)st.st_size);
@@ -161,17 +157,15 @@ static int map_page(struct wapp *a, const char *path, int want_ring, char *msg, 
 		close(fd);
 		return -1;
 	}
-	if (ring) {
-		a->frame = malloc(FWD_MAX_FRAME);
-		if (!a->frame) {
-			snprintf(msg, msglen, "out of memory");
-			munmap(pg, len);
-			close(fd);
-			return -1;
-		}
-		a->ring = (unsigned char *)pg + FWD_RING_OFF;
-		a->ring_size = ring;
+	a->frame = malloc(FWD_MAX_FRAME);
+	if (!a->frame) {
+		snprintf(msg, msglen, "out of memory");
+		munmap(pg, len);
+		close(fd);
+		return -1;
 	}
+	a->ring = (unsigned char *)pg + FWD_RING_OFF;
+	a->ring_size = ring;
 	close(fd);
 	a->page = pg;
 	a->map_len = len;
@@ -210,6 +204,12 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 		snprintf(msg, msglen, "this is worker %u, not %u", W.id, m->worker_id);
 		return NULL;
 	}
+	if (!(m->h.flags & FWD_HF_RING)) {
+		*status = FWD_S_UNSUPPORTED;
+		snprintf(msg, msglen, "worker %u takes launches only through the page's launch ring, "
+			 "and this HELLO asks for none (FWD_HF_RING)", W.id);
+		return NULL;
+	}
 	if ((m->h.flags & FWD_HF_VMM) && !W.vmm_ok) {
 		*status = FWD_S_UNSUPPORTED;
 		snprintf(msg, msglen, "worker %u cannot map the app's VMM-shared memory: %.150s",
@@ -244,7 +244,7 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 		snprintf(msg, msglen, "out of memory");
 		return NULL;
 	}
-	if (map_page(a, page, m->h.flags & FWD_HF_RING, msg, msglen) < 0) {
+	if (map_page(a, page, msg, msglen) < 0) {
 		*status = FWD_S_BAD_PAGE;
 		free(a);
 		return NULL;
@@ -260,10 +260,7 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 		load_twins(twins, a->name);
 	__atomic_store_n(&a->page->beat_ns, w_now_ns(), __ATOMIC_RELAXED);
 	__atomic_store_n(&a->page->worker_pid, W.pid, __ATOMIC_RELEASE);
-	a->qtail = &a->qhead;
 	a->last_alive_check_ns = w_now_ns();
-	pthread_mutex_init(&a->mu, NULL);
-	pthread_cond_init(&a->cv, NULL);
 	if (pthread_create(&a->thread, NULL, w_launcher, a) != 0) {
 		*status = FWD_S_FULL;
 		snprintf(msg, msglen, "cannot start a launcher thread");
@@ -333,8 +330,7 @@ static void kernel_free(struct wkernel *k)
 	free(k);
 }
 
-/* k->handle, and the twin check: 0, FWD_E_* or W_E_DEFER (main thread,
- * its module still loading). */
+/* k->handle, and the twin check: 0 or FWD_E_*. */
 static int kernel_resolve(struct wapp *a, struct wkernel *k, char *why, size_t whylen)
 {
 	int code = kernel_handle(a, k, why, whylen);
@@ -364,15 +360,8 @@ int w_app_define(struct wapp *a, const struct fwd_define *m, const struct fwd_pa
 		/* idempotent: the same definition again is fine */
 		if (k->nparams == m->nparams && k->argbytes == m->argbytes && k->mid == m->mid &&
 		    !strcmp(k->name, name) &&
-		    !memcmp(k->params, params, (size_t)m->nparams * sizeof(*params))) {
-			if (__atomic_load_n(&k->pending, __ATOMIC_ACQUIRE))
-				return W_E_DEFER;  /* its verdict comes from the launcher */
-			if (__atomic_load_n(&k->refused, __ATOMIC_ACQUIRE)) {
-				snprintf(why, whylen, "kernel %s was refused before", k->name);
-				return FWD_E_MODULE;
-			}
+		    !memcmp(k->params, params, (size_t)m->nparams * sizeof(*params)))
 			return 0;
-		}
 		snprintf(why, whylen, "kernel id already defined differently");
 		return FWD_E_MALFORMED;
 	}
@@ -393,59 +382,12 @@ int w_app_define(struct wapp *a, const struct fwd_define *m, const struct fwd_pa
 	k->argbytes = m->argbytes;
 	k->mid = m->mid;
 	code = kernel_resolve(a, k, why, whylen);
-	if (code == W_E_DEFER) {
-		/* published now, so that its launches (queued after the job)
-		 * find it; the launcher gives it a handle or refuses it */
-		k->pending = 1;
-		a->kernels[m->kid] = k;
-		return W_E_DEFER;
-	}
 	if (code) {
 		kernel_free(k);
 		return code;
 	}
 	a->kernels[m->kid] = k;
 	return 0;
-}
-
-int w_app_push_job(struct wapp *a, int job, uint32_t kid, struct wlib *lib)
-{
-	struct witem *it = calloc(1, sizeof(*it));
-
-	if (!it)
-		return -1;
-	it->job = job;
-	it->kid = kid;
-	it->lib = lib;
-	w_app_push(a, it);
-	return 0;
-}
-
-/* Launcher thread: a load, or a deferred DEFINE resolved (waiting for its
- * module if need be) and its verdict given, as handle_define would have. */
-void w_app_run_job(struct wapp *a, const struct witem *it)
-{
-	struct wkernel *k;
-	char why[240];
-	int code = 0;
-
-	if (it->job == W_JOB_LOAD) {
-		w_module_load(a, it->lib);
-		return;
-	}
-	k = a->kernels[it->kid];
-	if (!k)
-		return;
-	snprintf(why, sizeof(why), "kernel %s was refused before", k->name);
-	if (__atomic_load_n(&k->pending, __ATOMIC_ACQUIRE)) {
-		code = kernel_resolve(a, k, why, sizeof(why));
-		if (code)
-			__atomic_store_n(&k->refused, 1, __ATOMIC_RELEASE);
-		__atomic_store_n(&k->pending, 0, __ATOMIC_RELEASE);
-	} else if (__atomic_load_n(&k->refused, __ATOMIC_ACQUIRE)) {
-		code = FWD_E_MODULE;
-	}
-	w_app_verdict(a, it->kid, code ? why : NULL);
 }
 
 void w_app_verdict(struct wapp *a, uint32_t kid, const char *refused)
@@ -477,29 +419,16 @@ void w_app_module_refused(struct wapp *a, uint32_t mid)
 	a->mod_refused[mid / 64] |= 1ull << (mid % 64);
 }
 
-void w_app_push(struct wapp *a, struct witem *it)
-{
-	pthread_mutex_lock(&a->mu);
-	*a->qtail = it;
-	a->qtail = &it->next;
-	if (a->sleeping)
-		pthread_cond_signal(&a->cv);
-	pthread_mutex_unlock(&a->mu);
-}
-
 void w_app_close(struct wapp *a, int abandon)
 {
 	if (last_hit == a)
 		last_hit = NULL;
 	a->closing = 1;
-	pthread_mutex_lock(&a->mu);
-	__atomic_store_n(&a->stop, 1, __ATOMIC_RELAXED);
+	/* abandon before stop: a launcher that sees the stop also sees it */
 	if (abandon)
 		__atomic_store_n(&a->abandon, 1, __ATOMIC_RELAXED);
-	pthread_cond_signal(&a->cv);
-	pthread_mutex_unlock(&a->mu);
-	if (a->ring)
-		w_ring_kick(a);
+	__atomic_store_n(&a->stop, 1, __ATOMIC_RELEASE);
+	w_ring_kick(a);
 }
 
 static void app_free(struct wapp *a)
@@ -518,8 +447,6 @@ static void app_free(struct wapp *a)
 	/* the launcher is done with it; a shim may still read it (its own map) */
 	munmap(a->page, a->map_len);
 	free(a->frame);
-	pthread_mutex_destroy(&a->mu);
-	pthread_cond_destroy(&a->cv);
 	free(a);
 }
 

@@ -3,8 +3,10 @@
  *
  * A message is [routing id][optional empty delimiter][payload].  Payloads
  * starting with '{' are JSON requests (only "stats" is known); anything
- * else must be a binary frame of fwd_proto.h.  Every frame is checked
- * (fwd_check_hdr, fwd_check_body) before a field is used; a bad one is
+ * else must be a binary frame of fwd_proto.h, of the two types a shim sends
+ * on its socket: HELLO and BYE (MODULE, DEFINE and LAUNCH travel in the
+ * app's launch ring, ring.c, and never reach this thread).  Every frame is
+ * checked (fwd_check_hdr, fwd_check_body) before a field is used; a bad one is
  * logged in one line and answered with an ERROR frame, and the worker goes
  * on.  Logging is capped so that a flood of garbage cannot fill a disk.
  */
@@ -205,8 +207,7 @@ static void handle_hello(const unsigned char *id, size_t id_len, int delim, size
 	/* FWD_HF_RING echoed: launches are taken from the ring */
 	/* FWD_HF_VMM echoed: its memory is mapped from the mem socket */
 	fwd_hdr_init(&r.h, FWD_T_HELLO_REPLY,
-		     (a && a->ring ? FWD_HF_RING : 0) | (a && a->vmm ? FWD_HF_VMM : 0),
-		     sizeof(r) + ml);
+		     (a ? FWD_HF_RING : 0) | (a && a->vmm ? FWD_HF_VMM : 0), sizeof(r) + ml);
 	r.status = status;
 	r.worker_id = W.id;
 	r.quota_pct = W.quota;
@@ -217,97 +218,11 @@ static void handle_hello(const unsigned char *id, size_t id_len, int delim, size
 	w_send(NULL, id, id_len, delim, out, sizeof(r) + ml);
 }
 
-static void handle_define(struct wapp *a, size_t n)
-{
-	static struct fwd_param params[FWD_MAX_PARAMS];
-	static char name[FWD_MAX_STR + 1];
-	struct fwd_define m;
-	const unsigned char *p = buf + sizeof(m);
-	char why[240];
-	int code;
-
-	memcpy(&m, buf, sizeof(m));
-	memcpy(params, p, (size_t)m.nparams * sizeof(*params));
-	copy_str(name, p + (size_t)m.nparams * sizeof(*params), m.name_len);
-	code = w_app_define(a, &m, params, name, why, sizeof(why));
-	if (code == W_E_DEFER) {
-		/* its module is loading: the launcher resolves it, then answers */
-		if (w_app_push_job(a, W_JOB_DEFINE, m.kid, NULL) == 0)
-			return;
-		/* k stays pending: a later DEFINE of it asks again */
-		code = FWD_E_MODULE;
-		snprintf(why, sizeof(why), "out of memory");
-	}
-	if (code && code != FWD_E_MODULE) {
-		reject(a->rid, a->rid_len, a->delim, (uint32_t)code, 0, n, "DEFINE %u: %s", m.kid,
-		       why);
-		return;
-	}
-	/* the verdict goes through the page: no ERROR, the connection stays */
-	w_app_verdict(a, m.kid, code ? why : NULL);
-}
-
-/* zmq frames: the module is looked up here, and loaded (once per module)
- * by the app's launcher thread: the main thread never waits for a load */
-static void handle_module(struct wapp *a, size_t n)
-{
-	static char path[FWD_MAX_STR + 1];
-	struct fwd_module m;
-	char why[240];
-	int code;
-
-	memcpy(&m, buf, sizeof(m));
-	copy_str(path, buf + sizeof(m), m.path_len);
-	code = w_app_module(a, &m, path, why, sizeof(why));
-	if (code == FWD_E_MODULE)
-		w_app_module_refused(a, m.mid);    /* its DEFINEs say so */
-	if (code && code != FWD_E_MODULE)
-		reject(a->rid, a->rid_len, a->delim, (uint32_t)code, 0, n, "%s", why);
-}
-
-static void handle_launch(struct wapp *a, size_t n)
-{
-	struct fwd_launch m;
-	struct wkernel *k;
-	struct witem *it;
-
-	memcpy(&m, buf, sizeof(m));
-	k = a->kernels[m.kid];
-	/* a kernel refused after a deferred DEFINE is kept (refused) but is
-	 * as unknown as one refused at once: the shim never launches it */
-	if (!k || __atomic_load_n(&k->refused, __ATOMIC_ACQUIRE)) {
-		reject(a->rid, a->rid_len, a->delim, FWD_E_UNKNOWN_KERNEL, m.seq, n,
-		       "LAUNCH %llu of kernel %u, which was not defined",
-		       (unsigned long long)m.seq, m.kid);
-		return;
-	}
-	if (k->argbytes != m.argbytes) {
-		reject(a->rid, a->rid_len, a->delim, FWD_E_MALFORMED, m.seq, n,
-		       "LAUNCH %llu: %u argument bytes, kernel %u takes %u",
-		       (unsigned long long)m.seq, m.argbytes, m.kid, k->argbytes);
-		return;
-	}
-	it = malloc(sizeof(*it) + m.argbytes);
-	if (!it) {
-		/* the app replays it locally: nothing is lost */
-		w_send_error(a->rid, a->rid_len, a->delim, FWD_E_CLOSING, m.seq,
-			     "out of memory");
-		return;
-	}
-	it->next = NULL;
-	it->job = W_JOB_LAUNCH;
-	it->k = k;
-	it->m = m;
-	memcpy(it->args, buf + sizeof(m), m.argbytes);
-	w_app_push(a, it);
-}
-
 static void handle_binary(const unsigned char *id, size_t id_len, int delim, size_t n)
 {
 	struct fwd_hdr h = { 0 };
 	struct wapp *a;
 	const char *why;
-	uint64_t seq = 0;
 
 	why = fwd_check_hdr(buf, n, &h);
 	if (why) {
@@ -327,44 +242,21 @@ static void handle_binary(const unsigned char *id, size_t id_len, int delim, siz
 		handle_hello(id, id_len, delim, n);
 		return;
 	}
-	if (h.type != FWD_T_DEFINE && h.type != FWD_T_LAUNCH && h.type != FWD_T_BYE &&
-	    h.type != FWD_T_MODULE) {
-		reject(id, id_len, delim, FWD_E_TYPE, 0, n, "type %u is not for a worker", h.type);
+	if (h.type != FWD_T_BYE) {
+		/* MODULE, DEFINE and LAUNCH travel only in the app's ring */
+		reject(id, id_len, delim, FWD_E_TYPE, 0, n, "type %u is not taken on a worker's socket",
+		       h.type);
 		return;
 	}
-	if (h.type == FWD_T_LAUNCH)
-		memcpy(&seq, buf + offsetof(struct fwd_launch, seq), sizeof(seq));
-	if (W.closing) {
-		/* the app falls back to running locally and replays what is left */
-		if (h.type != FWD_T_BYE)
-			w_send_error(id, id_len, delim, FWD_E_CLOSING, seq, "worker is shutting down");
-		return;
-	}
+	if (W.closing)
+		return;            /* every app is closing already */
 	a = w_app_find(id, id_len);
 	if (!a) {
 		/* e.g. the app talked to the worker that had this socket before */
-		reject(id, id_len, delim, FWD_E_UNKNOWN_APP, seq, n, "type %u before HELLO", h.type);
+		reject(id, id_len, delim, FWD_E_UNKNOWN_APP, 0, n, "BYE before HELLO");
 		return;
 	}
-	if (a->ring && h.type != FWD_T_BYE) {
-		reject(id, id_len, delim, FWD_E_TYPE, seq, n,
-		       "type %u from an app whose launches come through its ring", h.type);
-		return;
-	}
-	switch (h.type) {
-	case FWD_T_MODULE:
-		handle_module(a, n);
-		break;
-	case FWD_T_DEFINE:
-		handle_define(a, n);
-		break;
-	case FWD_T_LAUNCH:
-		handle_launch(a, n);
-		break;
-	case FWD_T_BYE:
-		w_app_close(a, 0);
-		break;
-	}
+	w_app_close(a, 0);
 }
 
 /* One part of a message: its size (may exceed the buffer: truncated), and

@@ -1,7 +1,7 @@
 /*
  * launcher.c - an app's launcher thread: runs its forwarded launches, in
- * arrival order (from its ring, ring.c, or from the queue the main thread
- * fills with zmq frames), on worker streams that mirror the app's streams.
+ * the order its ring (ring.c) holds them, on worker streams that mirror
+ * the app's streams.
  *
  * Streams: one non-blocking worker stream per app stream index, so apps
  * sharing this worker never wait for one another.  The app's default-stream
@@ -50,20 +50,13 @@
 
 /* A timed launch completed: its events can be read, which only the
  * launcher may do (a host function may not call CUDA).  Wake it if it
- * sleeps; seq_cst pairs with its store of `sleeping` before it checks
- * w_times_due (ring), or the check is under its mutex (queue). */
+ * sleeps; seq_cst pairs with its store of ring_sleeping before it checks
+ * w_times_due. */
 static void wake_for_times(struct wapp *a)
 {
 	atomic_fetch_add_explicit(&a->tmarks, 1, memory_order_seq_cst);
-	if (a->ring) {
-		if (__atomic_load_n(&a->page->ring_sleeping, __ATOMIC_SEQ_CST))
-			w_ring_kick(a);
-		return;
-	}
-	pthread_mutex_lock(&a->mu);
-	if (a->sleeping)
-		pthread_cond_signal(&a->cv);
-	pthread_mutex_unlock(&a->mu);
+	if (__atomic_load_n(&a->page->ring_sleeping, __ATOMIC_SEQ_CST))
+		w_ring_kick(a);
 }
 
 static void CUDART_CB on_mark(void *arg)
@@ -281,52 +274,6 @@ static int stopping(struct wapp *a)
 	return __atomic_load_n(&a->stop, __ATOMIC_ACQUIRE);
 }
 
-/* Take the whole queue; spin briefly first, as launch loops refill it
- * sooner than a sleep and wake-up would take. */
-static struct witem *take(struct wapp *a, int *stop)
-{
-	struct witem *list;
-	uint64_t t0 = mono_ns();
-
-	while (!__atomic_load_n(&a->qhead, __ATOMIC_RELAXED) && !stopping(a) &&
-	       !w_times_due(a) && mono_ns() - t0 < W.spin_ns)
-		;
-	pthread_mutex_lock(&a->mu);
-	while (!a->qhead && !a->stop && !w_times_due(a)) {
-		a->sleeping = 1;
-		pthread_cond_wait(&a->cv, &a->mu);
-		a->sleeping = 0;
-	}
-	list = a->qhead;
-	a->qhead = NULL;
-	a->qtail = &a->qhead;
-	*stop = a->stop;
-	pthread_mutex_unlock(&a->mu);
-	return list;
-}
-
-static void queue_loop(struct wapp *a)
-{
-	for (;;) {
-		int stop;
-		struct witem *list = take(a, &stop), *next;
-
-		for (; list; list = next) {
-			next = list->next;
-			/* jobs run even for an app that is gone: another app
-			 * may wait for the load */
-			if (list->job != W_JOB_LAUNCH)
-				w_app_run_job(a, list);
-			else if (!__atomic_load_n(&a->abandon, __ATOMIC_RELAXED))
-				w_launch(a, &list->m, list->k, list->args);
-			free(list);
-		}
-		w_times_poll(a);
-		if (stop && !__atomic_load_n(&a->qhead, __ATOMIC_ACQUIRE))
-			break;
-	}
-}
-
 static int ring_wake_up(struct wapp *a)
 {
 	return !w_ring_empty(a) || stopping(a) || w_times_due(a);
@@ -365,11 +312,7 @@ void *w_launcher(void *arg)
 	struct wapp *a = arg;
 	unsigned i;
 
-	w_is_launcher = 1;         /* may wait for a module load (modules.c) */
-	if (a->ring)
-		ring_loop(a);
-	else
-		queue_loop(a);
+	ring_loop(a);
 	/* in-flight kernels and their marks finish before we go, and the
 	 * times of the timed ones go to the page (unless the app is gone) */
 	for (i = 0; i < FWD_MAX_STREAMS; i++)

@@ -213,7 +213,8 @@ static void *open_router(void)
 		w_log("zmq socket: %s", zmq.strerror(zmq.errno_()));
 		return NULL;
 	}
-	/* the apps' windows bound what is queued; a HWM would drop frames */
+	/* a HWM would drop a HELLO, BYE or reply; what travels here is small
+	 * and bounded (launches go through the apps' rings) */
 	zmq.setsockopt(s, ZMQ_RCVHWM, &zero, sizeof(zero));
 	zmq.setsockopt(s, ZMQ_SNDHWM, &zero, sizeof(zero));
 	zmq.setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));

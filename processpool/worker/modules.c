@@ -22,20 +22,16 @@
  * when full, a library no app holds is unloaded to make room, and when
  * every one is held the MODULE is refused.
  *
- * Threads: MODULE and DEFINE frames come from an app's launcher thread
- * (ring) or the main thread (zmq frames), and the main thread drops
- * references when it frees an app, so the table has a mutex (mu).  It is
- * held only to find, insert and reference entries, never across a read,
- * hash or cudaLibraryLoadData: a big or JIT-compiled image takes seconds,
- * and the main thread stamps every app's heartbeat (2 s without one and
- * the apps drop the worker).  An entry being loaded is in state L_LOADING,
- * with a reference for its loader; a second app of the same (hash, size)
- * takes a reference and, on a launcher thread, waits on loaded_cv.  The
- * main thread never waits for a load (w_is_launcher is 0 there): a MODULE
- * it handles (zmq path) inserts the entry and hands the load to the app's
- * own launcher thread (W_JOB_LOAD, queued before the app's next frames), and
- * a DEFINE whose module is not loaded yet is resolved there too
- * (W_JOB_DEFINE, app.c), its verdict then going to the page as usual.
+ * Threads: MODULE and DEFINE frames come from the apps' launcher threads
+ * (out of their rings), and the main thread drops references when it frees
+ * an app, so the table has a mutex (mu).  It is held only to find, insert
+ * and reference entries, never across a read, hash or cudaLibraryLoadData:
+ * a big or JIT-compiled image takes seconds, during which other apps'
+ * launchers load and launch, and the main thread stamps every app's
+ * heartbeat (2 s without one and the apps drop the worker).  An entry being
+ * loaded is in state L_LOADING, with a reference for its loader; a second
+ * app of the same (hash, size) takes a reference and waits on loaded_cv
+ * (its own launcher only: the main thread never takes a MODULE or DEFINE).
  * Dropping references never waits: an entry is evicted only when loaded
  * (or failed) and unreferenced.  Test hook: COLOCATE_WORKER_LOAD_DELAY_MS
  * (worker.h) makes every load that long.
@@ -174,8 +170,6 @@ fail:
 	return NULL;
 }
 
-__thread int w_is_launcher;
-
 /* COLOCATE_WORKER_LOAD_DELAY_MS (test hook): every load takes that long
  * more, outside the mutex, as a big or JIT-compiled image would. */
 static unsigned load_delay_ms(void)
@@ -282,7 +276,7 @@ static struct wlib *entry_get(const char *path, uint64_t size, uint64_t hash, in
  * outcome and wake the waiters.  a: the app it is loaded for (its refusal
  * is logged under its name).
  */
-void w_module_load(struct wapp *a, struct wlib *l)
+static void module_load(struct wapp *a, struct wlib *l)
 {
 	cudaLibrary_t lib = NULL;
 	unsigned delay = load_delay_ms();
@@ -325,17 +319,6 @@ void w_module_load(struct wapp *a, struct wlib *l)
 	}
 }
 
-/* The load that job (W_JOB_LOAD, from w_app_module on the main thread) is
- * for could not be queued: the entry fails now, waking any waiter. */
-static void load_not_queued(struct wlib *l)
-{
-	pthread_mutex_lock(&mu);
-	l->state = L_FAILED;
-	snprintf(l->why, sizeof(l->why), "out of memory for the load");
-	pthread_cond_broadcast(&loaded_cv);
-	pthread_mutex_unlock(&mu);
-}
-
 /* Wait (launcher threads only) until l is not loading; its state.  mu held. */
 static int entry_wait(struct wlib *l)
 {
@@ -374,17 +357,8 @@ int w_app_module(struct wapp *a, const struct fwd_module *m, const char *path, c
 		log_refusal(a, why);
 		return FWD_E_MODULE;
 	}
-	if (!w_is_launcher) {
-		/* main thread: never waits.  The app's launcher loads it (its
-		 * queue is in frame order, so before anything of this app that
-		 * follows); a DEFINE meanwhile is resolved there (app.c). */
-		if (mine && w_app_push_job(a, W_JOB_LOAD, 0, l) < 0)
-			load_not_queued(l);
-		a->mods[m->mid] = l;
-		return 0;
-	}
 	if (mine)
-		w_module_load(a, l);
+		module_load(a, l);
 	pthread_mutex_lock(&mu);
 	state = entry_wait(l);
 	if (state != L_LOADED) {
@@ -424,10 +398,6 @@ int w_module_kernel(struct wapp *a, struct wkernel *k, char *why, size_t whylen)
 		return FWD_E_MODULE;
 	}
 	pthread_mutex_lock(&mu);
-	if (l->state == L_LOADING && !w_is_launcher) {
-		pthread_mutex_unlock(&mu);
-		return W_E_DEFER;          /* the main thread never waits */
-	}
 	if (entry_wait(l) != L_LOADED) {
 		snprintf(why, whylen, "kernel %s: its module %u was refused (see above): %s",
 			 k->name, k->mid, l->why);

@@ -97,7 +97,10 @@ static int run_frame(struct wapp *a, size_t n)
 	if (!why && h.type == FWD_T_LAUNCH)
 		memcpy(&seq, buf + offsetof(struct fwd_launch, seq), sizeof(seq));
 	if (why) {
-		refuse(a, seq, h.version != FWD_VERSION ? FWD_E_VERSION : FWD_E_MALFORMED,
+		/* as on the socket: another version only when it is our magic */
+		refuse(a, seq,
+		       h.magic == FWD_MAGIC && h.version != FWD_VERSION ? FWD_E_VERSION
+								  : FWD_E_MALFORMED,
 		       "frame of type %u: %s", h.type, why);
 		return -1;
 	}

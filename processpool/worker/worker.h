@@ -22,24 +22,24 @@
  *
  * Files, one job each:
  *   main.c      start-up, signals, the poll loop, heartbeats, shutdown
- *   frames.c    receiving, checking and dispatching frames; replies; stats
+ *   frames.c    the socket: HELLO, BYE, stats; checks, replies, ERRORs
  *   app.c       one connected application: HELLO, its page, kernels, twins
  *   modules.c   the apps' fat binaries: checked, loaded, cached; kernels
+ *   ring.c      an app's launch ring: MODULE, DEFINE and LAUNCH frames
+ *               taken out of shared memory, checked and run
  *   launcher.c  an application's launcher thread: streams, ordering, marks
  *   times.c     device times of timed launches, into the app's page
- *
- *   ring.c      an app's launch ring: taking frames out of shared memory
  *   vmm.c       apps' VMM-shared device memory mapped here (the mem socket),
  *               pointer translation when the same address cannot be had
  *
  * Threads: the main thread owns the socket and the app table; each app has
- * one launcher thread that makes the CUDA calls, so one app's launch that
- * blocks (simgpu blocks a launch whose argument layout it does not know
- * until the kernel starts) never delays another app, a stats request or a
- * heartbeat.  Launches reach the launcher through the app's ring in shared
- * memory (or, without a ring, as zmq frames queued by the main thread);
- * completions reach the app through its page, written by host functions in
- * stream order.  Neither direction involves the main thread or a message.
+ * one launcher thread that takes its MODULE, DEFINE and LAUNCH frames out
+ * of the app's ring in shared memory and makes the CUDA calls, so one app's
+ * module load or launch that blocks (simgpu blocks a launch whose argument
+ * layout it does not know until the kernel starts) never delays another
+ * app, a stats request or a heartbeat.  Completions reach the app through
+ * its page, written by host functions in stream order.  Neither direction
+ * involves the main thread or a message.
  */
 #ifndef COLOCATE_WORKER_H
 #define COLOCATE_WORKER_H
@@ -76,11 +76,6 @@ struct wkernel {
 	uint32_t argbytes;
 	struct fwd_param *params;
 	char *name;
-	/* zmq path: its DEFINE came while its module was loading, and is
-	 * resolved by the launcher (W_JOB_DEFINE); refused there (atomics:
-	 * the main thread reads them for a repeated DEFINE) */
-	int pending;
-	int refused;
 };
 
 /* A worker stream serving one stream index of one app. */
@@ -100,24 +95,6 @@ struct wstream {
 	uint64_t thead, ttail;         /* launcher thread only                  */
 };
 
-/* What the main thread hands an app's launcher thread, in arrival order:
- * a launch, or (zmq path) work that may wait for a module load, which the
- * main thread never does (modules.c). */
-enum { W_JOB_LAUNCH, W_JOB_LOAD, W_JOB_DEFINE };
-struct witem {
-	struct witem *next;
-	int job;                       /* W_JOB_*                               */
-	uint32_t kid;                  /* W_JOB_DEFINE: the kernel to resolve   */
-	struct wlib *lib;              /* W_JOB_LOAD: the entry to load         */
-	struct wkernel *k;
-	struct fwd_launch m;
-	unsigned char args[];          /* m.argbytes */
-};
-
-/* Not a FWD_E_* code: a DEFINE on the main thread whose module is still
- * loading; the launcher resolves it (W_JOB_DEFINE) and gives the verdict. */
-#define W_E_DEFER 1000
-
 struct wapp {
 	unsigned char rid[W_MAX_RID];
 	size_t rid_len;
@@ -126,15 +103,14 @@ struct wapp {
 	char name[64];
 	struct fwd_page *page;
 	size_t map_len;
-	unsigned char *ring;           /* launch ring, or NULL: zmq frames      */
+	unsigned char *ring;           /* launch ring, after the time slots     */
 	uint32_t ring_size;
 	unsigned char *frame;          /* a frame copied out of the ring        */
 	int poisoned;                  /* launcher: a refused frame stopped it  */
-	uint64_t mod_refused[FWD_MAX_MODULES / 64];  /* MODULE refused softly;
-	                                  written by whoever handles frames   */
-	/* written once per id: by the main thread (zmq frames) or by the
-	 * launcher (ring); never both for one app */
-	struct wkernel *kernels[FWD_MAX_KERNELS];
+	/* launcher thread only (the ring's MODULE and DEFINE frames); the
+	 * main thread frees them once the launcher has finished */
+	uint64_t mod_refused[FWD_MAX_MODULES / 64];  /* MODULE refused softly  */
+	struct wkernel *kernels[FWD_MAX_KERNELS];    /* written once per id    */
 	struct wlib *mods[FWD_MAX_MODULES];         /* module id -> library    */
 	struct wstream *streams[FWD_MAX_STREAMS];   /* launcher thread only    */
 	uint64_t legacy_launches;                   /* launcher thread only    */
@@ -152,11 +128,8 @@ struct wapp {
 
 	pthread_t thread;
 	int thread_ok;
-	pthread_mutex_t mu;            /* the queue below                       */
-	pthread_cond_t cv;
-	struct witem *qhead, **qtail;
-	int sleeping;
-	int stop;                      /* leave after the queue (BYE, shutdown) */
+	int stop;                      /* leave once the ring is empty (BYE,
+	                                  shutdown); atomic                     */
 	int abandon;                   /* leave now: the app is gone (atomic)   */
 	atomic_int finished;           /* launcher thread has cleaned up        */
 	int closing;                   /* main thread: no longer routable       */
@@ -240,28 +213,19 @@ void w_app_verdict(struct wapp *a, uint32_t kid, const char *refused);
 void w_app_module_refused(struct wapp *a, uint32_t mid);
 /* NULL when st is a file we may load (twins, modules), else why not */
 const char *w_file_unsafe(const struct stat *st);
-void w_app_push(struct wapp *a, struct witem *it);
-/* Queue a W_JOB_LOAD or W_JOB_DEFINE for the app's launcher: 0 or -1 */
-int  w_app_push_job(struct wapp *a, int job, uint32_t kid, struct wlib *lib);
-/* The launcher runs a queued job */
-void w_app_run_job(struct wapp *a, const struct witem *it);
 void w_app_close(struct wapp *a, int abandon);   /* BYE / app death / shutdown */
 void w_apps_tick(uint64_t now);                  /* heartbeats, deaths, reaping */
 int  w_apps_shutdown(uint64_t deadline_ns);     /* 1: every app finished */
 
-/* ---- modules.c */
+/* ---- modules.c (launcher threads, but w_app_modules_drop) */
 /* MODULE: 0, or a FWD_E_* code with the reason in why (logged); FWD_E_MODULE
- * is a soft refusal, any other code a malformed frame */
+ * is a soft refusal, any other code a malformed frame.  May wait for a load
+ * of the same image that another app's launcher started. */
 int  w_app_module(struct wapp *a, const struct fwd_module *m, const char *path, char *why,
 		  size_t whylen);
 /* k->handle from the app's module k->mid, its layout checked: 0 or FWD_E_* */
 int  w_module_kernel(struct wapp *a, struct wkernel *k, char *why, size_t whylen);
 void w_app_modules_drop(struct wapp *a);
-/* Read, check and load an entry inserted in L_LOADING (its loader only,
- * never the main thread), waking whoever waits for it */
-void w_module_load(struct wapp *a, struct wlib *l);
-/* This thread is a launcher: it may wait for another app's load */
-extern __thread int w_is_launcher;
 unsigned w_modules_loaded(void);           /* libraries loaded now          */
 uint64_t w_module_loads(void);             /* cudaLibraryLoadData calls made */
 
