@@ -119,4 +119,4 @@ demo: build
 	$(BIN)/colocate demo
 
 clean:
-	rm -rf bench/bin shim/lib shim/_ctlblock*.so predictors/_cinfer*.so controlplane/policies/_knapsack*.so build *.egg-info .pytest_cache
+	rm -rf bench/bin shim/lib shim/_proto*.so predictors/_cinfer*.so controlplane/policies/_knapsack*.so build *.egg-info .pytest_cache

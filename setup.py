@@ -1,4 +1,4 @@
-"""Package build: cffi compiles shim._ctlblock; build_ext also compiles the
+"""Package build: cffi compiles shim._proto; build_ext also compiles the
 native C libraries (see shim/build.py) and, for a wheel or a plain install,
 puts them in the package (shim/lib), so that `pip install .` is enough to
 run `colocate`; `make build` stays the developer's path (an editable

@@ -3,7 +3,7 @@
 Applications (libcolocate.so) and admin clients (the CLI) are DEALER sockets
 sending [b"", json]; every request gets exactly one reply [b"", json] (an
 "error" message for anything malformed).  The loop also runs a ~100 ms tick:
-a check of each app's ledger (shim/ledger.h: exited, or killed and gone) and of
+a check of each app's ledger (shim/proto/ledger.h: exited, or killed and gone) and of
 its pid, which collects apps whatever happened to their messages, then the
 policy's on_tick.  Handlers are `on_<type>` methods; see protocol.py.
 

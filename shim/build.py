@@ -21,15 +21,15 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 LIB = HERE / "lib"
 ROOT = HERE.parent
-POOL = ROOT / "processpool"        # fwd_proto.h, vmm_drv.h: shared by the shim and the worker
-WORKER_SRC = POOL / "worker"
+PROTO = HERE / "proto"             # the formats the shim, the worker and Python share
+WORKER_SRC = ROOT / "processpool" / "worker"
 
 CFLAGS = ["-O2", "-g", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
           "-fvisibility=hidden", "-pthread"]
 
 # --- cffi module: Python's view of the shared-memory files, its cdef generated
 # from the very headers the shim is compiled with (no copy to drift apart)
-CFFI_HEADERS = ("ctlblock.h", "ledger.h")
+CFFI_HEADERS = ("ctlblock.h", "ledger.h", "fwd_proto.h")
 
 
 def _strip_parens(text: str, word: str) -> str:
@@ -88,6 +88,7 @@ def cdef_of(header: str) -> str:
     t = re.sub(r"^\s*#[^\n]*$", "", t, flags=re.M)
     t = _strip_parens(t, "_Static_assert")
     t = _strip_parens(t, "__attribute__")
+    t = _strip_parens(t, "_Alignas")
     t = re.sub(r"\b_Atomic\b", "", t)
     t = re.sub(r"(?<!\w)_Static_assert\s*;", "", t)
     t = _drop_bodies(t)
@@ -100,7 +101,7 @@ def cdef_of(header: str) -> str:
 
 
 def cdef() -> str:
-    return "".join(cdef_of((HERE / h).read_text()) for h in CFFI_HEADERS)
+    return "".join(cdef_of((PROTO / h).read_text()) for h in CFFI_HEADERS)
 
 
 def make_ffi(base: Path) -> FFI:
@@ -108,9 +109,9 @@ def make_ffi(base: Path) -> FFI:
     to setup.py's folder; an in-place build wants them absolute)."""
     ffi = FFI()
     ffi.cdef(cdef())
-    ffi.set_source("shim._ctlblock", "".join(f'#include "{h}"\n' for h in CFFI_HEADERS),
+    ffi.set_source("shim._proto", "".join(f'#include "{h}"\n' for h in CFFI_HEADERS),
                    sources=[str(base / f) for f in ("ctlblock.c", "ledger.c", "shmfile.c")],
-                   include_dirs=[str(base)],
+                   include_dirs=[str(base), str(base / "proto")],
                    extra_compile_args=["-std=gnu11"])
     return ffi
 
@@ -142,7 +143,7 @@ def _link(out: Path, sources: list[Path], extra: list[str], deps: list[Path],
     # link beside it, then rename: a process running the old library keeps
     # its file (writing into a mapped library in place kills it with SIGBUS)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    cmd = [cc, *CFLAGS, f"-I{HERE}", f"-I{POOL}", f"-I{cuda_home() / 'include'}",
+    cmd = [cc, *CFLAGS, f"-I{HERE}", f"-I{PROTO}", f"-I{cuda_home() / 'include'}",
            *(["-shared"] if shared else []), "-o", str(tmp), *map(str, sources), *extra]
     print(" ".join(cmd), file=sys.stderr)
     try:
@@ -168,7 +169,7 @@ def exported_names() -> list[str]:
 
 def build_native() -> None:
     LIB.mkdir(exist_ok=True)
-    headers = sorted(HERE.glob("*.h")) + sorted((HERE / "simgpu").glob("*.h"))
+    headers = sorted(HERE.glob("*.h")) + sorted(PROTO.glob("*.h")) + sorted((HERE / "simgpu").glob("*.h"))
 
     # libcolocate.so: plain C, no Python, every symbol resolved at link time.
     shim_src = (sorted(HERE.glob("hook_*.c")) + sorted(HERE.glob("shim_*.c"))
@@ -177,7 +178,7 @@ def build_native() -> None:
     vs = _version_script(LIB / "libcolocate.map", None, exported_names())
     _link(LIB / "libcolocate.so", shim_src,
           ["-Wl,-z,defs", f"-Wl,--version-script={vs}", "-Wl,-soname,libcolocate.so", "-ldl", "-lpthread"],
-          headers + [HERE / "exports.txt", *sorted(POOL.glob("*.h"))])
+          headers + [HERE / "exports.txt"])
 
     # the process-pool worker: linked against the toolkit's libcudart without
     # an rpath, so LD_LIBRARY_PATH picks simgpu's libcudart.so.13 or the real one.
@@ -185,7 +186,7 @@ def build_native() -> None:
     if worker_src:
         _link(LIB / "colocate-worker", worker_src + [HERE / "zmqdl.c", HERE / "unixutil.c"],
               [f"-L{cuda_home() / 'lib64'}", "-lcudart", "-ldl", "-lpthread"],
-              headers + [*sorted(POOL.glob("*.h")), *sorted(WORKER_SRC.glob("*.h"))], shared=False)
+              headers + sorted(WORKER_SRC.glob("*.h")), shared=False)
 
     # simgpu: the CPU test device, installed as libcudart.so.13 with its version node.
     sim_src = sorted((HERE / "simgpu").glob("*.c"))
@@ -293,8 +294,8 @@ def cffi_inplace(make: Callable[[Path], FFI], here: Path, stem: str, deps: list[
 def build_inplace() -> None:
     """Build the cffi module next to its package and the native libraries."""
     build_native()
-    cffi_inplace(make_ffi, HERE, "_ctlblock", [HERE / f for f in ("ctlblock.c", "ctlblock.h", "ledger.c", "ledger.h",
-                                                                   "shmfile.c", "shmfile.h")] + [Path(__file__)])
+    deps = [HERE / f for f in ("ctlblock.c", "ledger.c", "shmfile.c", "shmfile.h")]
+    cffi_inplace(make_ffi, HERE, "_proto", deps + [PROTO / h for h in CFFI_HEADERS] + [Path(__file__)])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 /*
  * ctlblock.c - create, map and edit the shared control block (ctlblock.h).
  * Compiled twice from this one file: into libcolocate.so (application side)
- * and into the cffi module shim._ctlblock (controller side).
+ * and into the cffi module shim._proto (controller side).
  */
 #define _GNU_SOURCE
 #include "ctlblock.h"

@@ -15,7 +15,7 @@ import errno
 import os
 from pathlib import Path
 
-from shim._ctlblock import ffi, lib
+from shim._proto import ffi, lib
 
 NSLOTS: int = lib.CB_MAX_SLOTS
 FREE, LIVE, EXITED = lib.CB_SLOT_FREE, lib.CB_SLOT_LIVE, lib.CB_SLOT_EXITED

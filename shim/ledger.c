@@ -1,7 +1,7 @@
 /*
  * ledger.c - create and map an application's ledger (ledger.h).
  * Compiled twice from this one file, like ctlblock.c: into libcolocate.so
- * (the application maps its ledger) and into the cffi module shim._ctlblock
+ * (the application maps its ledger) and into the cffi module shim._proto
  * (the controller creates and reads them).
  */
 #define _GNU_SOURCE

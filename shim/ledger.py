@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from shim._ctlblock import ffi, lib
+from shim._proto import ffi, lib
 
 STATES = {lib.LG_NEW: "new", lib.LG_LIVE: "live", lib.LG_EXITED: "exited"}
 RULES = {0: None, 1: "inferred", 2: "api"}

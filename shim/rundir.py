@@ -1,12 +1,12 @@
 """The runtime directory: where a controller and its applications meet.
 
     DIR/ctl.sock       ZeroMQ ROUTER endpoint (ipc://DIR/ctl.sock)
-    DIR/ctlblock       shared control block (shim/ctlblock.h)
+    DIR/ctlblock       shared control block (shim/proto/ctlblock.h)
     DIR/serve.pid      pid of the controller (locked while it runs)
     DIR/serve.log      controller log
     DIR/history.jsonl  final records of exited apps
     DIR/simgpu/        simgpu's arena and report (device sim)
-    DIR/apps/          one ledger per registered app (shim/ledger.h)
+    DIR/apps/          one ledger per registered app (shim/proto/ledger.h)
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 /*
  * shmfile.c - create and publish a shared-memory file (shmfile.h).
- * Compiled into libcolocate.so and into the cffi module shim._ctlblock,
+ * Compiled into libcolocate.so and into the cffi module shim._proto,
  * like ctlblock.c and ledger.c, its two users.
  */
 #define _GNU_SOURCE

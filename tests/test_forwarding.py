@@ -8,7 +8,6 @@ started with the pool's contract (`--id N --quota Q --runtime-dir DIR`).
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import mmap
 import os
@@ -19,13 +18,29 @@ import subprocess
 import time
 from pathlib import Path
 
+import fwdclient as fwd
 import pytest
 import zmq
+from fwdclient import (
+    HF_RING,
+    LF_TIMED,
+    MAGIC,
+    T_BYE,
+    T_ERROR,
+    T_HELLO_REPLY,
+    T_LAUNCH,
+    VERSION,
+    RingApp,
+    define,
+    hdr,
+    launch,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from processpool.rig import Rig
 from shim import paths
+from shim._proto import ffi, lib
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "bench" / "bin"
@@ -35,12 +50,7 @@ pytestmark = pytest.mark.skipif(
     not (BIN / "hotspot").exists() or not WORKER.exists() or not paths.SIMGPU_CUDART.exists(),
     reason="bench programs, simgpu or colocate-worker not built (make build)")
 
-# wire constants of processpool/fwd_proto.h
-MAGIC, VERSION = 0xC0, 6
-T_HELLO, T_HELLO_REPLY, T_DEFINE, T_LAUNCH, T_BYE, T_ERROR = 1, 2, 3, 4, 5, 6
-HF_RING = 0x01
-S_UNSUPPORTED, S_BAD_PAGE = 1, 3
-E_TYPE = 6
+# wire constants of shim/proto/fwd_proto.h
 
 # hotspot: launches spread over time (a copy, i.e. a fence, every 6 launches),
 # so that route changes land between launches while it runs
@@ -277,16 +287,12 @@ def test_kernel_without_layout_runs_locally(rig):
 # ---------------------------------------------------------------- bad frames
 
 
-def hdr(type_: int, length: int, version: int = VERSION, flags: int = 0) -> bytes:
-    return struct.pack("<BBBBI", MAGIC, version, type_, flags, length)
-
-
 def is_error_reply(reply: list[bytes]) -> bool:
     body = reply[-1]
     if body.startswith(b"{"):
         return json.loads(body)["type"] == "error"
-    magic, version, type_, _, length = struct.unpack_from("<BBBBI", body)
-    return (magic, version, length) == (MAGIC, VERSION, len(body)) and type_ in (T_ERROR, T_HELLO_REPLY)
+    h = ffi.from_buffer("struct fwd_hdr *", body)
+    return (h.magic, h.version, h.len) == (MAGIC, VERSION, len(body)) and h.type in (T_ERROR, T_HELLO_REPLY)
 
 
 @pytest.fixture(scope="module")
@@ -309,13 +315,13 @@ def send_recv(r, *frames: bytes) -> list[bytes]:
 
 def test_bad_frames_are_rejected_and_logged(fuzz_worker):
     r = fuzz_worker
-    launch = hdr(T_LAUNCH, 56) + struct.pack("<QIHBB6I2I", 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0)
+    launch = fwd.launch(1, 0, b"", block=(1, 1, 1))          # a sound LAUNCH
     cases = [
         b"\x00random bytes",
         hdr(T_BYE, 8, version=9),                      # wrong version
-        hdr(T_LAUNCH, 56)[:5],                         # truncated header
+        launch[:5],                                    # truncated header
         launch[:40],                                   # truncated body
-        hdr(T_LAUNCH, 57) + launch[8:],                # length field lies
+        hdr(T_LAUNCH, len(launch) + 1) + launch[8:],   # length field lies
         launch,                                        # valid LAUNCH before HELLO
         hdr(77, 8),                                    # unknown type
         hdr(T_ERROR, 32) + bytes(24),                  # a type workers do not take
@@ -332,15 +338,11 @@ def test_bad_frames_are_rejected_and_logged(fuzz_worker):
 
 def test_hello_with_a_bad_page_is_refused(fuzz_worker):
     r = fuzz_worker
-    page, twins, dev, name = b"/nonexistent/page", b"", b"", b"fuzz"
-    body = struct.pack("<II4HI", os.getpid(), 5, len(page), len(twins), len(dev), len(name), 0)
-    frame = body + page + twins + dev + name
-    reply = send_recv(r, hdr(T_HELLO, 8 + len(frame), flags=HF_RING) + frame)
-    status = struct.unpack_from("<I", reply[0], 8)[0]
-    assert reply[0][2] == T_HELLO_REPLY and status != 0, reply
-    wrong = struct.pack("<II4HI", os.getpid(), 6, len(page), 0, 0, len(name), 0) + page + name
-    reply = send_recv(r, hdr(T_HELLO, 8 + len(wrong)) + wrong)
-    assert struct.unpack_from("<I", reply[0], 8)[0] == 2      # FWD_S_WRONG_WORKER
+    page, name = b"/nonexistent/page", b"fuzz"
+    reply = send_recv(r, fwd.hello(5, page, name))
+    assert reply[0][2] == T_HELLO_REPLY and fwd.hello_reply(reply[0]).status != 0, reply
+    reply = send_recv(r, fwd.hello(6, page, name, flags=0))
+    assert fwd.hello_reply(reply[0]).status == lib.FWD_S_WRONG_WORKER
 
 
 def is_stats_request(data: bytes) -> bool:
@@ -380,90 +382,6 @@ def test_worker_survives_the_fuzzing(fuzz_worker):
 # ---------------------------------------------------------------- the launch ring
 
 
-PAGE, RING = 4096, 1 << 16
-PAGE_VERSION, TIMES_N = 5, 8192
-RING_OFF = PAGE + TIMES_N * 32        # the page, its time slots, then the ring
-OFF_TIMED = 1280
-LF_TIMED = 0x02
-OFF_REFUSED_CODE, OFF_EXECUTED, OFF_HEAD, OFF_WAKE, OFF_TAIL, OFF_DONE = 92, 104, 128, 136, 192, 256
-LIBC = ctypes.CDLL(None, use_errno=True)
-SYS_FUTEX = 202 if os.uname().machine == "x86_64" else 98
-
-
-class RingApp:
-    """Plays the shim's side of a ring connection, from Python."""
-
-    def __init__(self, r: Rig, wid: int, name: str = "ringtest", twins: str = ""):
-        self.r, self.path = r, r.dir / f"page-{os.urandom(4).hex()}"
-        with open(self.path, "wb") as f:
-            f.write(struct.pack("<QII", 0x45474150445746, PAGE_VERSION, RING))
-            f.truncate(RING_OFF + RING)
-        fd = os.open(self.path, os.O_RDWR)
-        self.mm = mmap.mmap(fd, RING_OFF + RING)
-        os.close(fd)
-        self.head = 0
-        self.sock = r.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(f"ipc://{r.dir}/worker-{wid}.sock")
-        page = str(self.path).encode()
-        dev = os.path.realpath(r.env["SIMGPU_DIR"]).encode()     # the same simulated device
-        tw = twins.encode()
-        body = (struct.pack("<II4HI", os.getpid(), wid, len(page), len(tw), len(dev), len(name), 0)
-                + page + tw + dev + name.encode())
-        self.sock.send(hdr(T_HELLO, 8 + len(body), flags=1) + body)
-        ok = self.sock.poll(3000)
-        reply = self.sock.recv() if ok else b""
-        if not (ok and reply[2] == T_HELLO_REPLY and reply[3] == 1
-                and struct.unpack_from("<I", reply, 8)[0] == 0):
-            self.sock.close()
-            self.mm.close()
-            raise AssertionError(f"HELLO refused: {reply!r}")
-
-    def u64(self, off: int) -> int:
-        return struct.unpack_from("<Q", self.mm, off)[0]
-
-    def write(self, frame: bytes) -> None:
-        off = self.head % RING
-        first = min(len(frame), RING - off)
-        self.mm[RING_OFF + off:RING_OFF + off + first] = frame[:first]
-        self.mm[RING_OFF:RING_OFF + len(frame) - first] = frame[first:]
-        self.head += len(frame)
-        struct.pack_into("<Q", self.mm, OFF_HEAD, self.head)
-        # wake the launcher as the shim does: bump ring_wake, FUTEX_WAKE it
-        wake = struct.unpack_from("<I", self.mm, OFF_WAKE)[0]
-        struct.pack_into("<I", self.mm, OFF_WAKE, (wake + 1) & 0xffffffff)
-        word = ctypes.c_uint32.from_buffer(self.mm, OFF_WAKE)
-        LIBC.syscall(SYS_FUTEX, ctypes.byref(word), 1, 1, None, None, 0)
-        del word
-
-    def refused(self) -> int:
-        return struct.unpack_from("<i", self.mm, OFF_REFUSED_CODE)[0]
-
-    def settle(self, timeout: float = 3.0) -> None:
-        end = time.monotonic() + timeout
-        while self.u64(OFF_TAIL) != self.head and not self.refused():
-            assert time.monotonic() < end, "worker did not take the ring's frames"
-            time.sleep(0.002)
-
-    def close(self) -> None:
-        self.sock.send(hdr(T_BYE, 8))
-        self.sock.close()
-        self.mm.close()
-        self.path.unlink()
-
-
-def define(kid: int, name: bytes, params: list[tuple[int, int]], argbytes: int,
-           mid: int = 0xFFFFFFFF) -> bytes:
-    body = struct.pack("<IHHII", kid, len(params), len(name), argbytes, mid)
-    body += b"".join(struct.pack("<II", o, n) for o, n in params) + name
-    return hdr(T_DEFINE, 8 + len(body)) + body
-
-
-def launch(seq: int, kid: int, args: bytes, sidx: int = 0, flags: int = 0) -> bytes:
-    body = struct.pack("<QIHBB3I3III", seq, kid, sidx, 0, 0, 1, 1, 1, 32, 1, 1, 0, len(args)) + args
-    return hdr(T_LAUNCH, 8 + len(body), flags=flags) + body
-
-
 def test_hello_without_a_ring_is_refused(fuzz_worker):
     """The ring is the only way launches reach a worker: a HELLO that asks
     for none, or whose page holds none, is refused with a reason (a shim
@@ -476,21 +394,20 @@ def test_hello_without_a_ring_is_refused(fuzz_worker):
 
     def hello(ring_size: int, flags: int) -> tuple[int, str]:
         with open(path, "wb") as f:
-            f.write(struct.pack("<QII", 0x45474150445746, PAGE_VERSION, ring_size))
-            f.truncate(RING_OFF + RING)
-        page, name = str(path).encode(), b"noring"
-        body = (struct.pack("<II4HI", os.getpid(), 5, len(page), 0, len(dev), len(name), 0)
-                + page + dev + name)
-        reply = send_recv(r, hdr(T_HELLO, 8 + len(body), flags=flags) + body)[0]
+            f.truncate(lib.FWD_RING_OFF + fwd.RING)
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+            pg = ffi.from_buffer("struct fwd_page *", mm)
+            pg.magic, pg.version, pg.ring_size = lib.FWD_PAGE_MAGIC, lib.FWD_PAGE_VERSION, ring_size
+            ffi.release(pg)
+        reply = send_recv(r, fwd.hello(5, str(path).encode(), b"noring", device=dev, flags=flags))[0]
         assert reply[2] == T_HELLO_REPLY and reply[3] & HF_RING == 0, reply
-        status, mlen = struct.unpack_from("<I", reply, 8)[0], struct.unpack_from("<H", reply, 24)[0]
-        return status, reply[28:28 + mlen].decode()
+        return fwd.hello_reply(reply).status, fwd.hello_reply_msg(reply)
 
     try:
-        status, msg = hello(RING, 0)
-        assert status == S_UNSUPPORTED and "only through the page's launch ring" in msg, msg
+        status, msg = hello(fwd.RING, 0)
+        assert status == lib.FWD_S_UNSUPPORTED and "only through the page's launch ring" in msg, msg
         status, msg = hello(0, HF_RING)
-        assert status == S_BAD_PAGE and "bad ring size 0" in msg, msg
+        assert status == lib.FWD_S_BAD_PAGE and "bad ring size 0" in msg, msg
     finally:
         path.unlink()
     assert r.stats(5)["apps"] == 0
@@ -500,8 +417,9 @@ def test_hello_without_a_ring_is_refused(fuzz_worker):
             app.sock.send(frame)
             assert app.sock.poll(3000), "no ERROR"
             err = app.sock.recv()
-            assert err[2] == T_ERROR and struct.unpack_from("<I", err, 8)[0] == E_TYPE, err
-        assert not app.refused() and app.u64(OFF_EXECUTED) == 0
+            code = ffi.from_buffer("struct fwd_errmsg *", err).code
+            assert err[2] == T_ERROR and code == lib.FWD_E_TYPE, err
+        assert not app.refused() and app.page("executed") == 0
     finally:
         app.close()
 
@@ -521,13 +439,15 @@ def test_timed_launches_get_their_device_times_in_the_page(fuzz_worker):
         app.write(launch(4, 0, args, sidx=1, flags=LF_TIMED))
         app.settle()
         end = time.monotonic() + 3
-        while app.u64(OFF_TIMED) != 3 or app.u64(OFF_TIMED + 8) != 4:
+        while app.page("timed") != 3 or app.u64(fwd.page_off("timed") + 8) != 4:
             assert time.monotonic() < end, "times did not reach the page"
             time.sleep(0.002)
         assert not app.refused()
 
         def slot(seq: int) -> tuple[int, int, int]:
-            return struct.unpack_from("<QqQ", app.mm, PAGE + (seq % TIMES_N) * 32)
+            off = lib.FWD_PAGE_SIZE + (seq % lib.FWD_TIMES_N) * ffi.sizeof("struct fwd_time")
+            t = ffi.from_buffer("struct fwd_time *", app.mm[off:off + ffi.sizeof("struct fwd_time")])
+            return t.seq, t.start_ns, t.dur_ns
         assert slot(1) == (0, 0, 0)                     # untimed: never written
         (s2, t2, d2), (s3, t3, d3), (s4, _, _) = slot(2), slot(3), slot(4)
         assert (s2, s3, s4) == (2, 3, 4)
@@ -552,10 +472,10 @@ def test_ring_runs_launches_and_refuses_garbage(fuzz_worker):
             app.write(launch(seq, 0, struct.pack("<QQQi4x", 0, 0, 0, 0)))
         app.settle()
         end = time.monotonic() + 3
-        while app.u64(OFF_DONE) != 3:
+        while app.page("done") != 3:
             assert time.monotonic() < end, "launches did not complete"
             time.sleep(0.002)
-        assert app.u64(OFF_EXECUTED) == 3 and not app.refused()
+        assert app.page("executed") == 3 and not app.refused()
         assert r.stats(5)["forwarded"] == before + 3
         app.write(launch(4, 7, b""))                    # kernel 7 was never defined
         app.settle()
@@ -576,7 +496,7 @@ def test_kernel_without_a_twin_is_refused_not_run_as_a_no_op(fuzz_worker):
         app.write(define(0, b"_Z11ring_no_opPii", [(0, 8), (8, 4)], 16))
         app.write(launch(1, 0, struct.pack("<Qi4x", 0, 1)))
         app.settle()
-        assert app.refused() != 0 and app.u64(OFF_EXECUTED) == 0
+        assert app.refused() != 0 and app.page("executed") == 0
         assert "no host twin for _Z11ring_no_opPii" in r.worker_log(5)
     finally:
         app.close()
@@ -591,7 +511,7 @@ def test_fuzz_ring_contents(fuzz_worker, junk, length, framed):
     app = RingApp(fuzz_worker, 5, name="ringfuzz")
     try:
         if framed:      # a sound header in front, with some length
-            junk = struct.pack("<BBBBI", MAGIC, VERSION, junk[0] % 8, 0, length) + junk
+            junk = hdr(junk[0] % 8, length) + junk
         app.write(junk)
         app.settle()
     finally:
@@ -611,7 +531,7 @@ def test_kernel_fault_takes_the_worker_down_cleanly(rig):
         bad = struct.pack("<QQQii5f", 0x10, 0x10, 0x10, 16, 16, 1, 1, 1, 1, 1)   # NULL-ish pointers
         app.write(launch(1, 0, bad))
         assert w.wait(10) == 70
-        assert app.u64(OFF_DONE) == 0                   # the faulted kernel is not "done"
+        assert app.page("done") == 0                   # the faulted kernel is not "done"
     finally:
         app.mm.close()
         app.sock.close()

@@ -38,13 +38,16 @@ import subprocess
 import time
 from pathlib import Path
 
+import fwdclient as fwd
 import pytest
+from fwdclient import MAX_MODULES, NO_MODULE, RingApp, image_hash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_forwarding import HOT, RingApp, result_of
+from test_forwarding import HOT, result_of
 
 from processpool.rig import Rig
 from shim import paths
+from shim._proto import lib
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "bench" / "bin"
@@ -55,49 +58,12 @@ pytestmark = pytest.mark.skipif(
     or not paths.SIMGPU_CUDART.exists(),
     reason="bench programs, simgpu or colocate-worker not built (make build)")
 
-# wire constants of processpool/fwd_proto.h
-MAGIC, VERSION = 0xC0, 6
-T_DEFINE, T_LAUNCH, T_MODULE = 3, 4, 7
-E_MALFORMED, E_MODULE = 1, 8
-NO_MODULE, MAX_MODULES = 0xFFFFFFFF, 1024
-OFF_EXECUTED, OFF_DEFINES_DONE, OFF_DONE, OFF_REFUSED_KID = 104, 112, 256, 1792
-OFF_TAIL, OFF_SLEEPING = 192, 200
-
 VECADD = b"_Z6vecaddPKfS0_Pfi"
 VECADD_PARAMS = [(0, 8), (8, 8), (16, 8), (24, 4)]
 LUD = ["--size", "64", "--repeat", "20", "--check"]
 
 
 # ---------------------------------------------------------------- helpers
-
-
-M64 = 0xFFFFFFFFFFFFFFFF
-HASH_SEED, HASH_K = 0xcbf29ce484222325, 0x9e3779b97f4a7c15
-
-
-def _step(h: int, w: int) -> int:
-    h = ((h ^ w) * HASH_K) & M64
-    return h ^ (h >> 32)
-
-
-def image_hash(data: bytes) -> int:
-    """fwd_image_hash64 (fwd_proto.h): four lanes of 8-byte words, the
-    words after the last 32-byte block into lane 0, then the tail bytes
-    zero-padded, then the length and the lanes mixed."""
-    n, v = len(data), [HASH_SEED + j for j in range(4)]
-    blocks = n // 32 * 32
-    for i, w in enumerate(struct.unpack_from(f"<{blocks // 8}Q", data)):
-        v[i % 4] = _step(v[i % 4], w)
-    i = blocks
-    while n - i >= 8:
-        v[0] = _step(v[0], struct.unpack_from("<Q", data, i)[0])
-        i += 8
-    if i < n:
-        v[0] = _step(v[0], int.from_bytes(data[i:], "little"))
-    h = _step(HASH_SEED, n)
-    for x in v:
-        h = _step(h, x)
-    return h
 
 
 def fatbins(exe: Path) -> list[bytes]:
@@ -128,27 +94,6 @@ def module_of(exe: Path, kernel: bytes) -> bytes:
     return found[0]
 
 
-def hdr(type_: int, length: int, flags: int = 0, version: int = VERSION) -> bytes:
-    return struct.pack("<BBBBI", MAGIC, version, type_, flags, length)
-
-
-def module_frame(mid: int, size: int, hash_: int, path: bytes, skew: int = 0) -> bytes:
-    body = struct.pack("<IIQQHHI", mid, 0, size, hash_, len(path), 0, 0) + path
-    return hdr(T_MODULE, 8 + len(body) + skew) + body
-
-
-def define_frame(kid: int, name: bytes, params: list[tuple[int, int]], argbytes: int,
-                 mid: int) -> bytes:
-    body = struct.pack("<IHHII", kid, len(params), len(name), argbytes, mid)
-    body += b"".join(struct.pack("<II", o, n) for o, n in params) + name
-    return hdr(T_DEFINE, 8 + len(body)) + body
-
-
-def launch_frame(seq: int, kid: int, args: bytes) -> bytes:
-    body = struct.pack("<QIHBB3I3III", seq, kid, 0, 0, 0, 1, 1, 1, 32, 1, 1, 0, len(args)) + args
-    return hdr(T_LAUNCH, 8 + len(body)) + body
-
-
 class FakeApp:
     """Plays the shim's side of a connection: MODULE, DEFINE and LAUNCH go
     into the page's launch ring.  A frame the worker refuses stops the ring
@@ -170,8 +115,7 @@ class FakeApp:
         the ring was found empty), or until it refused one."""
         app, end = self.ring, time.monotonic() + 5
         while not app.refused():
-            # tail first: a launcher seen done with the frames and then asleep
-            if app.u64(OFF_TAIL) == app.head and struct.unpack_from("<I", app.mm, OFF_SLEEPING)[0]:
+            if app.idle():
                 return []
             assert time.monotonic() < end, "worker did not run the ring's frames"
             time.sleep(0.002)
@@ -182,19 +126,14 @@ class FakeApp:
         self.ring = RingApp(self.r, self.wid, name=self.name, twins=self.twins)
         return [(code, why[-1] if why else "")]
 
-    def u64(self, off: int) -> int:
-        return self.ring.u64(off)
+    def page(self, field: str) -> int:
+        return self.ring.page(field)
 
     def verdicts(self, n: int) -> None:
-        """Wait until the worker has judged n DEFINEs on this connection."""
-        end = time.monotonic() + 5
-        while self.u64(OFF_DEFINES_DONE) < n:
-            assert time.monotonic() < end, f"{self.u64(OFF_DEFINES_DONE)} of {n} verdicts"
-            time.sleep(0.002)
-        assert self.u64(OFF_DEFINES_DONE) == n
+        self.ring.verdicts(n)
 
     def refused(self, kid: int) -> bool:
-        return bool(self.u64(OFF_REFUSED_KID + 8 * (kid // 64)) >> (kid % 64) & 1)
+        return self.ring.refused_kernel(kid)
 
     def close(self) -> None:
         self.ring.close()
@@ -590,8 +529,8 @@ def test_module_files_the_worker_refuses(mod_worker):
     try:
         cases = bad_files(r)
         for mid, (path, size, h, _) in enumerate(cases.values()):
-            app.send(module_frame(mid, size, h, str(path).encode()))
-            app.send(define_frame(mid, VECADD, VECADD_PARAMS, 28, mid))
+            app.send(fwd.module(mid, size, h, str(path).encode()))
+            app.send(fwd.define(mid, VECADD, VECADD_PARAMS, 28, mid))
         assert app.errors() == []
         app.verdicts(len(cases))
         assert all(app.refused(kid) for kid in range(len(cases)))
@@ -602,8 +541,8 @@ def test_module_files_the_worker_refuses(mod_worker):
             assert f"kernel {mid} refused, the app runs it locally: kernel " \
                    f"{VECADD.decode()}: its module {mid} was refused" in log, log
         # out of the protocol's range: a malformed frame
-        app.send(module_frame(MAX_MODULES, len(r.image), 0, str(r.good).encode()))
-        assert [c for c, _ in app.errors()] == [E_MALFORMED]
+        app.send(fwd.module(MAX_MODULES, len(r.image), 0, str(r.good).encode()))
+        assert [c for c, _ in app.errors()] == [lib.FWD_E_MALFORMED]
     finally:
         app.close()
     assert r.stats(5)["modules"] == 0
@@ -615,13 +554,13 @@ def test_module_path_with_a_nul_byte_is_malformed(mod_worker):
     r = mod_worker
     app = FakeApp(r, 5, name="nulpath")
     try:
-        app.send(module_frame(0, len(r.image), image_hash(r.image), str(r.good).encode() + b"\0/x"))
+        app.send(fwd.module(0, len(r.image), image_hash(r.image), str(r.good).encode() + b"\0/x"))
         errs = app.errors()
-        assert [c for c, _ in errs] == [E_MALFORMED] and "NUL byte in the module path" in errs[0][1]
-        app.send(define_frame(0, VECADD + b"\0x", VECADD_PARAMS, 28, 0))
+        assert [c for c, _ in errs] == [lib.FWD_E_MALFORMED] and "NUL byte in the module path" in errs[0][1]
+        app.send(fwd.define(0, VECADD + b"\0x", VECADD_PARAMS, 28, 0))
         errs = app.errors()
-        assert [c for c, _ in errs] == [E_MALFORMED] and "NUL byte in the kernel name" in errs[0][1]
-        assert app.u64(OFF_DEFINES_DONE) == 0
+        assert [c for c, _ in errs] == [lib.FWD_E_MALFORMED] and "NUL byte in the kernel name" in errs[0][1]
+        assert app.page("defines_done") == 0
     finally:
         app.close()
     assert r.stats(5)["modules"] <= 1
@@ -636,16 +575,16 @@ def test_defines_against_a_module(mod_worker):
     app = FakeApp(r, 5, name="defines", twins=str(BIN / "vecadd.twins.so"))
     try:
         before = r.stats(5)["forwarded"]
-        good = module_frame(3, len(r.image), image_hash(r.image), str(r.good).encode())
+        good = fwd.module(3, len(r.image), image_hash(r.image), str(r.good).encode())
         app.send(good)
         app.send(good)                    # the same module again: fine
         assert app.errors() == []
         wrong = [(0, 8), (8, 8), (16, 8), (24, 8)]
-        app.send(define_frame(0, VECADD, VECADD_PARAMS, 28, 4))             # module 4 never shipped
-        app.send(define_frame(1, b"_Z7missingv", [(0, 8)], 8, 3))           # not in the module
-        app.send(define_frame(2, VECADD, wrong, 32, 3))                     # another layout
-        app.send(define_frame(3, VECADD, VECADD_PARAMS[:3], 24, 3))         # a parameter short
-        app.send(define_frame(4, VECADD, VECADD_PARAMS, 28, NO_MODULE))     # by name: not here
+        app.send(fwd.define(0, VECADD, VECADD_PARAMS, 28, 4))             # module 4 never shipped
+        app.send(fwd.define(1, b"_Z7missingv", [(0, 8)], 8, 3))           # not in the module
+        app.send(fwd.define(2, VECADD, wrong, 32, 3))                     # another layout
+        app.send(fwd.define(3, VECADD, VECADD_PARAMS[:3], 24, 3))         # a parameter short
+        app.send(fwd.define(4, VECADD, VECADD_PARAMS, 28, NO_MODULE))     # by name: not here
         assert app.errors() == []
         app.verdicts(5)
         assert [app.refused(k) for k in range(5)] == [True] * 5
@@ -661,19 +600,19 @@ def test_defines_against_a_module(mod_worker):
         assert "parameter 3 is not what the app says (layout mismatch)" in msgs[2]
         assert "parameter 3 is not what the app says" in msgs[3]
         assert "comes without a module" in msgs[4] and "COLOCATE_WORKER_BY_NAME=0" in msgs[4]
-        app.send(define_frame(5, VECADD, VECADD_PARAMS, 28, 3))
+        app.send(fwd.define(5, VECADD, VECADD_PARAMS, 28, 3))
         app.verdicts(6)
         assert not app.refused(5)
         for seq in (1, 2, 3):             # vecadd with n = 0 touches no memory
-            app.send(launch_frame(seq, 5, struct.pack("<QQQi", 0, 0, 0, 0)))
+            app.send(fwd.launch(seq, 5, struct.pack("<QQQi", 0, 0, 0, 0)))
         assert app.errors() == []
         end = time.monotonic() + 5
-        while app.u64(OFF_DONE) != 3:
+        while app.page("done") != 3:
             assert time.monotonic() < end, "launches did not complete"
             time.sleep(0.002)
-        assert app.u64(OFF_EXECUTED) == 3
+        assert app.page("executed") == 3
         # a launch of a refused kernel is malformed: the shim never sends one
-        app.send(launch_frame(4, 1, struct.pack("<Q", 0)))
+        app.send(fwd.launch(4, 1, struct.pack("<Q", 0)))
         assert [c for c, _ in app.errors()] == [4]          # FWD_E_UNKNOWN_KERNEL
         s = r.stats(5)
         assert s["forwarded"] == before + 3 and s["modules"] >= 1
@@ -705,11 +644,11 @@ def test_fuzz_module_and_define_frames(mod_worker, mid, size, hash_, path, skew,
     p = files.get(path, path).encode("latin-1")
     size = len(r.image) if size < 0 else size
     hash_ = image_hash(r.image) if hash_ < 0 else hash_
-    app.send(module_frame(mid, size, hash_, p, skew))
+    app.send(fwd.module(mid, size, hash_, p, skew))
     argbytes = max([o + n for o, n in params] + [0])
-    app.send(define_frame(kid, name, params, argbytes, dmid))
+    app.send(fwd.define(kid, name, params, argbytes, dmid))
     for code, msg in app.errors():
-        assert code in (E_MALFORMED, E_MODULE), (code, msg)
+        assert code in (lib.FWD_E_MALFORMED, lib.FWD_E_MODULE), (code, msg)
     assert r.workers[5].poll() is None
 
 

@@ -2,7 +2,7 @@
 is stopped on purpose (SIGSTOP) while they run and exit, and one app
 SIGKILLed meanwhile.  Every app's exit, counters and kernel table must be
 recorded once the controller runs again, and the query counts must equal
-the apps' own: the ledger (shim/ledger.h) carries what the dropped messages
+the apps' own: the ledger (shim/proto/ledger.h) carries what the dropped messages
 did not.  The apps must also finish while the controller is stopped: a
 stalled controller never stalls an app.
 """

@@ -47,6 +47,7 @@ from test_modules import LUD, by_module_worker, lud_result
 
 from processpool.rig import Rig
 from shim import paths
+from shim._proto import ffi, lib
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "bench" / "bin"
@@ -58,13 +59,16 @@ pytestmark = pytest.mark.skipif(
     or not paths.SIMGPU_CUDART.exists() or not (CUDA_INC / "cuda.h").exists(),
     reason="bench programs, simgpu, colocate-worker or CUDA headers missing (make build)")
 
-# processpool/fwd_proto.h, mem socket
-MEM_MAGIC, MEM_VERSION = 0x4D454D43, 1
-MAP, UNMAP, ACK = 1, 2, 3
-S_OK, S_REFUSED, S_FAILED = 0, 1, 2
-MEM_BASE, MEM_SIZE, ALIGN = 0x300000000000, 256 * (64 << 30), 2 << 20
-MSG = struct.Struct("<IHHIIIIQQQ")   # magic version op len status pid pad addr size waddr
-assert MSG.size == 48
+# the mem socket of shim/proto/fwd_proto.h, its constants from the header
+MEM_MAGIC, MEM_VERSION = lib.FWD_MEM_MAGIC, lib.FWD_MEM_VERSION
+MAP, UNMAP, ACK = lib.FWD_MEM_MAP, lib.FWD_MEM_UNMAP, lib.FWD_MEM_ACK
+S_OK, S_REFUSED, S_FAILED = lib.FWD_MEM_S_OK, lib.FWD_MEM_S_REFUSED, lib.FWD_MEM_S_FAILED
+MEM_BASE, MEM_SIZE, ALIGN = lib.FWD_MEM_BASE, lib.FWD_MEM_SIZE, lib.FWD_MEM_ALIGN
+MSG_FIELDS = ("magic", "version", "op", "len", "status", "pid", "pad", "addr", "size", "waddr")
+MSG = struct.Struct("<IHHIIIIQQQ")   # struct fwd_mem_msg, field for field
+assert MSG.size == ffi.sizeof("struct fwd_mem_msg")
+assert [ffi.offsetof("struct fwd_mem_msg", f) for f in MSG_FIELDS] == \
+    [struct.calcsize("<" + MSG.format[1:i]) for i in range(1, len(MSG_FIELDS) + 1)]
 
 
 # ---------------------------------------------------------------- the emulation

@@ -47,7 +47,7 @@
 #include <unistd.h>
 
 #include "worker.h"
-#include "../vmm_drv.h"
+#include "vmm_drv.h"
 #include "zmqdl.h"
 
 #define MAX_MCONN   W_VMM_MAX_CONNS

@@ -8,7 +8,7 @@
  * on simgpu the same variable gives its quota in the device model.  It binds
  * a ZeroMQ ROUTER at ipc://DIR/worker-N.sock, writes DIR/worker-N.pid and
  * prints "READY worker N quota Q pid P" once its CUDA context exists.
- * Protocol: processpool/fwd_proto.h.
+ * Protocol: shim/proto/fwd_proto.h.
  *
  * Test hook: COLOCATE_WORKER_REFUSE=<text> refuses (softly, as a kernel
  * missing from its module) every DEFINE whose kernel name contains <text>;
@@ -51,7 +51,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-#include "../fwd_proto.h"
+#include "fwd_proto.h"
 
 #define W_MAX_APPS    256
 #define W_MAX_RID     256          /* zmq routing ids are at most 255 bytes */

@@ -3,7 +3,7 @@
  * every application running under the shim.
  *
  * One file, $COLOCATE_RUNTIME_DIR/ctlblock, created by `colocate serve` and
- * mmap'ed MAP_SHARED by the controller (through the cffi module shim._ctlblock,
+ * mmap'ed MAP_SHARED by the controller (through the cffi module shim._proto,
  * built from ctlblock.c) and by libcolocate.so in each application.  The same
  * C source defines the layout for both sides, so they cannot drift apart.
  *
