@@ -1,7 +1,8 @@
 /*
  * shim_trace.h - the task layer inside libcolocate.so: what the launch,
- * copy and sync hooks call (shim_task.c), the per-task trace (shim_trace.c)
- * and queries (shim_query.c).  The library-call hooks use shim_task.h.
+ * copy and sync hooks call (shim_task.c), the per-task trace (shim_trace.c
+ * and the files shim_trace_int.h names) and queries (shim_query.c).  The
+ * library-call hooks use shim_task.h.
  *
  * Off path: a launch hook asks shim_task_hot(): one load of the tracing
  * flag, which sits alone on a read-mostly cache line (written only when
@@ -34,7 +35,7 @@ static inline int shim_tracing(void)
 	return __atomic_load_n(&shim_trace_flag.on, __ATOMIC_RELAXED) != 0;
 }
 
-/* Tracing to a file (COLOCATE_TRACE), the ON_FILE bit of shim_trace.c. */
+/* Tracing to a file (COLOCATE_TRACE): the TRACE_ON_FILE bit. */
 static inline int shim_trace_to_file(void)
 {
 	return (__atomic_load_n(&shim_trace_flag.on, __ATOMIC_RELAXED) & 1u) != 0;
@@ -126,7 +127,7 @@ struct shim_task_drv {
 void shim_task_drv_begin(struct shim_task_drv *t);
 void shim_task_drv_end(struct shim_task_drv *t, int rc);
 
-/* Read COLOCATE_TRACE (a constructor does it once). */
+/* Read COLOCATE_TRACE (a constructor does it once; shim_trace_json.c). */
 void shim_trace_init(void);
 /* Take events from the pool and record the start event on stream through
  * the backend's real API (SHIM_EV_NONE: an untimed record). */
@@ -148,7 +149,7 @@ void shim_trace_device_reset(void);
 
 /* Task feedback (the controller's reply to "register" asked for it): take
  * records as the trace does and send completed ones to the controller from
- * a feed thread (shim_trace.c, "the feed").  With COLOCATE_TRACE as well,
+ * a feed thread (shim_feed.c).  With COLOCATE_TRACE as well,
  * each task goes to both. */
 void shim_trace_feed_on(void);
 /* Tasks sent and dropped, messages sent; returns whether the thread runs. */
