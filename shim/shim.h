@@ -10,7 +10,8 @@
  *   hook_rt.c     CUDA runtime API hooks (what nvcc 13 emits)
  *   hook_drv.c    driver API hooks: dlsym, cuGetProcAddress, launches, memory
  *   shim_fwd.c    launch forwarding to process-pool workers: routes, fences,
- *                 replay (shim_fwd_conn.c: one connection to a worker)
+ *                 replay (and the files shim_fwd.h names: holds, task
+ *                 times, one connection to a worker, ...)
  *   zmqdl.c       libzmq loaded with dlopen (shared with colocate-worker)
  *
  * The launch path touches only this process's counter line of the shared

@@ -73,7 +73,7 @@ void shim_task_counts(uint64_t *kernels, uint64_t *libraries);
 
 enum { SHIM_TASK_KERNEL = 1, SHIM_TASK_LIBRARY = 2 };
 
-/* A task's launches forwarded to a pool worker, timed there (shim_fwd.c
+/* A task's launches forwarded to a pool worker, timed there (shim_fwd_span.c
  * fills it while the task is open on its thread): the task's device times
  * come from the worker's page, not from events of ours. */
 struct shim_fwd_span {
@@ -155,7 +155,7 @@ void shim_trace_feed_on(void);
 /* Tasks sent and dropped, messages sent; returns whether the thread runs. */
 int shim_trace_feed_count(uint64_t *sent, uint64_t *dropped, uint64_t *msgs);
 
-/* --- forwarded tasks' times (shim_fwd.c) ---------------------------------- */
+/* --- forwarded tasks' times (shim_fwd_span.c) ----------------------------- */
 
 /* A routed task begins on this thread: its forwarded launches are sent
  * timed (FWD_LF_TIMED) and gathered in this thread's span. */
