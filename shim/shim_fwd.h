@@ -7,6 +7,8 @@
  *   shim_fwd_span.c     routed tasks' device times, from the worker's page
  *   shim_fwd_conn.c     one connection to a worker: socket, completion
  *                       page, HELLO, liveness, waiting on the page
+ *   shim_fwd_twins.c    the simgpu twin libraries a worker is told about
+ *   shim_fwd_modfile.c  module files: the fat binaries a worker loads
  *
  * Locking: shim_fwd.c's mutex (F.mu, fwd_lock) covers its state, the
  * holds' and every send; a connection's socket has its own small mutex
@@ -95,10 +97,14 @@ int fconn_time(struct fconn *c, uint64_t seq, uint32_t idx, int64_t *start_ns, i
  * finished our work), then drop the route's reference.  A reference held
  * elsewhere (a trace record) keeps the page mapped. */
 void fconn_close(struct fconn *c, int bye);
+/* "<exe>.twins.so" (if it exists), loaded twin libraries, and
+ * $SIMGPU_TWINS, absolute, ':'-joined, for HELLO (shim_fwd_twins.c). */
+void fconn_twins(char *out, size_t outlen);
 /* Make sure the module image (size bytes) is in its file in the runtime
- * dir, <dir>/modules/<hash>-<size>.fatbin: an existing sound file of that
- * size is taken as is, else the image is written (temp file, rename).
- * 0 with its hash and path, or -1 with a reason. */
+ * dir, <dir>/modules/<hash>-<size>.fatbin (shim_fwd_modfile.c): an
+ * existing sound file of that size is taken as is, else the image is
+ * written (temp file, rename).  0 with its hash and path, or -1 with a
+ * reason. */
 int fconn_module_file(const void *image, uint64_t size, uint64_t *hash, char *path,
 		      size_t pathlen, char *why, size_t whylen);
 /* Forget the process's ZeroMQ context in a fork child. */
