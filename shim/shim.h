@@ -267,6 +267,11 @@ struct shim_launch {
 	const void *config;     /* SHIM_E_EXC: the cudaLaunchConfig_t        */
 };
 
+/* Run a launch as its hook would have, locally, and count it (shim_task.c):
+ * what the hooks do when not routed, and what forwarding does with a
+ * launch that stays local while routed.  Returns its cudaError_t. */
+int shim_launch_local(const struct shim_launch *l);
+
 /* A launch while shim_fwd_check() says so: forwards it, or runs it locally
  * in order with forwarded work; counts it.  Returns its cudaError_t.  A
  * route of CB_ROUTE_HOLD makes it wait here first (see ctlblock.h). */

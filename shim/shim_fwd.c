@@ -53,7 +53,6 @@
  */
 #define _GNU_SOURCE
 #include "shim_fwd.h"
-#include "shim_graph.h"
 #include "shim_vmm.h"
 #include "shim_trace.h"
 
@@ -184,8 +183,6 @@ void fwd_unlock(void)
 /* ---------------------------------------------------------------- real calls */
 
 typedef cudaError_t (*launch_fn)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
-typedef cudaError_t (*launch_exc_fn)(const cudaLaunchConfig_t *, const void *, void **);
-typedef cudaError_t (*graph_fn)(cudaGraphExec_t, cudaStream_t);
 
 #define REAL_FN(var, name)                                                 \
 	static void *var;                                                  \
@@ -235,30 +232,6 @@ static dim3 mkdim(const uint32_t v[3])
 
 	d.x = v[0], d.y = v[1], d.z = v[2];
 	return d;
-}
-
-/* Run a launch as its hook would have, and count it. */
-static int local_launch(const struct shim_launch *l)
-{
-	cudaError_t r;
-
-	switch (l->entry) {
-	case SHIM_E_EXC:
-		r = IN_RUNTIME(((launch_exc_fn)l->real)(l->config, l->key, l->args));
-		break;
-	case SHIM_E_GRAPH:
-		r = IN_RUNTIME(((graph_fn)l->real)((cudaGraphExec_t)l->key, l->stream));
-		break;
-	default:
-		r = IN_RUNTIME(((launch_fn)l->real)(l->key, mkdim(l->grid), mkdim(l->block), l->args,
-					       l->shmem, l->stream));
-		break;
-	}
-	if (r == cudaSuccess && l->entry == SHIM_E_GRAPH)
-		shim_graph_count(l->key);       /* its kernels (shim_graph.c) */
-	else if (r == cudaSuccess)
-		shim_count_launch(l->key);
-	return r;
 }
 
 /* ---------------------------------------------------------------- state */
@@ -891,7 +864,7 @@ static int ordered_local(const struct shim_launch *l)
 	n = fence_set(st, w);
 	if (n && fconn_wait(F.conn, w, n, lost, sizeof(lost)) < 0)
 		lose_worker(lost);
-	r = local_launch(l);
+	r = shim_launch_local(l);
 	F.local_runs++;
 	if (F.conn)
 		mark_local(l->stream, l->ptsz);
@@ -1000,12 +973,12 @@ static int forward(const struct shim_launch *l)
 	if (!shipped(F.conn, k->mid) && module_ready(k->mid, k->name) < 0)
 		return ordered_local(l);
 	if (!(F.conn->defined[k->kid / 64] & (1ull << (k->kid % 64))) && define_kernel(k) < 0)
-		return local_launch(l);            /* after the replay, in order */
+		return shim_launch_local(l);       /* after the replay, in order */
 	if (F.conn->refused[k->kid / 64] & (1ull << (k->kid % 64)))
 		return ordered_local(l);
 	settle_local(st);
 	if (window_room() < 0)
-		return local_launch(l);
+		return shim_launch_local(l);
 
 	e = &F.ring[F.head % FWD_WINDOW];
 	memset(e, 0, sizeof(*e));
@@ -1066,13 +1039,13 @@ static int fwd_launch(const struct shim_launch *l)
 	int r;
 
 	if (fwd_lock() < 0)
-		return local_launch(l);
+		return shim_launch_local(l);
 	follow_route();
 	if (F.err) {
 		r = take_error();
 	} else if (!F.conn) {
 		fwd_unlock();
-		return local_launch(l);
+		return shim_launch_local(l);
 	} else {
 		r = forward(l);
 	}
