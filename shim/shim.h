@@ -10,7 +10,8 @@
  *   hook_rt.c     CUDA runtime API hooks (what nvcc 13 emits)
  *   hook_drv.c    driver API hooks: dlsym, cuGetProcAddress, launches, memory
  *   shim_fwd.c    launch forwarding to process-pool workers: routes, fences,
- *                 replay (shim_fwd_conn.c: one connection to a worker)
+ *                 replay (and the files shim_fwd.h names: holds, task
+ *                 times, one connection to a worker, ...)
  *   zmqdl.c       libzmq loaded with dlopen (shared with colocate-worker)
  *
  * The launch path touches only this process's counter line of the shared
@@ -265,6 +266,11 @@ struct shim_launch {
 	void **args;
 	const void *config;     /* SHIM_E_EXC: the cudaLaunchConfig_t        */
 };
+
+/* Run a launch as its hook would have, locally, and count it (shim_task.c):
+ * what the hooks do when not routed, and what forwarding does with a
+ * launch that stays local while routed.  Returns its cudaError_t. */
+int shim_launch_local(const struct shim_launch *l);
 
 /* A launch while shim_fwd_check() says so: forwards it, or runs it locally
  * in order with forwarded work; counts it.  Returns its cudaError_t.  A

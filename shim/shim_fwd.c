@@ -53,7 +53,6 @@
  */
 #define _GNU_SOURCE
 #include "shim_fwd.h"
-#include "shim_graph.h"
 #include "shim_vmm.h"
 #include "shim_trace.h"
 
@@ -139,10 +138,6 @@ static struct {
 	uint64_t nsent;
 	uint32_t refused_worker;        /* the last worker we could not reach   */
 	uint64_t local_runs;            /* launches run locally while routed    */
-	int hold;                       /* the epoch acted on says CB_ROUTE_HOLD */
-	uint64_t hold_since;            /* when that hold began (ns)             */
-	uint64_t hold_accounted;        /* up to when it is in held_ns (ns)      */
-	int hold_waiting;               /* launches waiting on it                */
 	int unshared_said;              /* logged why a VMM app stays local      */
 	uint64_t voids_seen;            /* shim_vmm_voids when last looked at    */
 } F = { .mu = PTHREAD_MUTEX_INITIALIZER };
@@ -165,15 +160,11 @@ static struct {
 	size_t len;
 } fmods[FWD_MAX_MODULES];
 static __thread uint64_t thread_key;
-/* The routed task open on this thread (shim_fwd_span_open), if span_on:
- * its launches go out timed and are gathered here. */
-static __thread struct shim_fwd_span span;
-static __thread int span_on;
 /* This thread holds F.mu: a hook reached from inside the real runtime
  * (a runtime calling its own exported entry points) must not take it again. */
 static __thread int holding;
 
-static int lock(void)
+int fwd_lock(void)
 {
 	if (holding)
 		return -1;
@@ -182,7 +173,7 @@ static int lock(void)
 	return 0;
 }
 
-static void unlock(void)
+void fwd_unlock(void)
 {
 	holding = 0;
 	pthread_mutex_unlock(&F.mu);
@@ -192,8 +183,6 @@ static void unlock(void)
 /* ---------------------------------------------------------------- real calls */
 
 typedef cudaError_t (*launch_fn)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
-typedef cudaError_t (*launch_exc_fn)(const cudaLaunchConfig_t *, const void *, void **);
-typedef cudaError_t (*graph_fn)(cudaGraphExec_t, cudaStream_t);
 
 #define REAL_FN(var, name)                                                 \
 	static void *var;                                                  \
@@ -245,40 +234,16 @@ static dim3 mkdim(const uint32_t v[3])
 	return d;
 }
 
-/* Run a launch as its hook would have, and count it. */
-static int local_launch(const struct shim_launch *l)
-{
-	cudaError_t r;
-
-	switch (l->entry) {
-	case SHIM_E_EXC:
-		r = IN_RUNTIME(((launch_exc_fn)l->real)(l->config, l->key, l->args));
-		break;
-	case SHIM_E_GRAPH:
-		r = IN_RUNTIME(((graph_fn)l->real)((cudaGraphExec_t)l->key, l->stream));
-		break;
-	default:
-		r = IN_RUNTIME(((launch_fn)l->real)(l->key, mkdim(l->grid), mkdim(l->block), l->args,
-					       l->shmem, l->stream));
-		break;
-	}
-	if (r == cudaSuccess && l->entry == SHIM_E_GRAPH)
-		shim_graph_count(l->key);       /* its kernels (shim_graph.c) */
-	else if (r == cudaSuccess)
-		shim_count_launch(l->key);
-	return r;
-}
-
 /* ---------------------------------------------------------------- state */
 
 /* The fast path's view of the state; F.mu held.  A hold sends every launch
  * here (to wait) but leaves copies and syncs alone (nothing to fence). */
-static void publish(void)
+void fwd_publish(void)
 {
 	int routed = F.conn != NULL || F.err != 0;
 
 	__atomic_store_n(&shim_fwd_busy, routed, __ATOMIC_RELAXED);
-	__atomic_store_n(&shim_fwd_epoch, routed || F.hold ? ~0ull : F.epoch, __ATOMIC_RELEASE);
+	__atomic_store_n(&shim_fwd_epoch, routed || fwd_held() ? ~0ull : F.epoch, __ATOMIC_RELEASE);
 }
 
 static int take_error(void)
@@ -286,7 +251,7 @@ static int take_error(void)
 	int e = F.err;
 
 	F.err = 0;
-	publish();
+	fwd_publish();
 	return e;
 }
 
@@ -687,7 +652,7 @@ static void lose_worker(const char *why)
 			 doubt == 1 ? "was" : "were");
 	F.conn = NULL;
 	fconn_close(c, 0);
-	publish();
+	fwd_publish();
 }
 
 /* Wait for everything forwarded to complete; 0, or -1 when the worker was
@@ -797,91 +762,6 @@ static void join_worker(uint32_t route)
 	F.conn = c;
 }
 
-/* ---------------------------------------------------------------- holding */
-
-/* COLOCATE_HOLD_MAX_MS: the longest one hold keeps launches waiting. */
-static uint64_t hold_max_ns(void)
-{
-	static uint64_t v;
-
-	if (!v) {
-		const char *e = getenv("COLOCATE_HOLD_MAX_MS");
-		long long ms = e && *e ? atoll(e) : 10000;
-
-		v = (uint64_t)(ms > 0 ? ms : 10000) * 1000000ull;
-	}
-	return v;
-}
-
-/* Held time into the slot's held_ns up to now (the controller shows it
- * while the hold lasts).  F.mu held. */
-static void hold_account(uint64_t now)
-{
-	if (F.hold && now > F.hold_accounted) {
-		__atomic_fetch_add(&shim_ctl->held_ns, now - F.hold_accounted, __ATOMIC_RELAXED);
-		F.hold_accounted = now;
-	}
-}
-
-static void hold_end(void)
-{
-	hold_account(shim_now_ns());
-	F.hold = 0;
-}
-
-#define HOLD_NAP_NS     1000000L      /* 1 ms between looks at the epoch     */
-#define HOLD_ALIVE_NS   50000000ull   /* the controller's pid, every 50 ms   */
-
-/*
- * The route says hold (epoch e): wait, without F.mu, until the controller
- * changes the route (1: act on it), or give up and run locally until the
- * next change (0): the controller is gone, or the hold lasted
- * COLOCATE_HOLD_MAX_MS.  Short sleeps: a held app costs ~no CPU, and other
- * threads' copies and syncs go on meanwhile (they fence nothing: the
- * worker, if any, was left before).  F.mu held on entry and on return.
- */
-static int hold_wait(uint64_t e)
-{
-	struct timespec nap = { 0, HOLD_NAP_NS };
-	uint64_t last_alive = shim_now_ns(), now;
-	const char *gave_up = NULL;
-	int first = F.hold_waiting++ == 0;
-
-	unlock();
-	for (;;) {
-		nanosleep(&nap, NULL);
-		if (__atomic_load_n(&shim_ctl->route_epoch, __ATOMIC_ACQUIRE) != e)
-			break;
-		now = shim_now_ns();
-		if (now - F.hold_since >= hold_max_ns()) {
-			gave_up = "COLOCATE_HOLD_MAX_MS";
-			break;
-		}
-		if (now - last_alive >= HOLD_ALIVE_NS) {
-			last_alive = now;
-			if (!shim_ctl_alive()) {
-				gave_up = "the controller is gone";
-				break;
-			}
-		}
-		if (first && lock() == 0) {   /* keep held_ns current */
-			if (F.hold && F.epoch == e)
-				hold_account(now);
-			unlock();
-		}
-	}
-	lock();
-	F.hold_waiting--;
-	if (gave_up && F.hold && F.epoch == e) {
-		/* the first to give up says it and releases the others */
-		hold_end();
-		shim_log("held for %.0f ms (%s): running locally until the route changes",
-			 (shim_now_ns() - F.hold_since) / 1e6, gave_up);
-		publish();
-	}
-	return gave_up == NULL;
-}
-
 /*
  * A MAP or UNMAP to our worker was not acked (shim_vmm.c voided the
  * connection): the worker may lack memory of ours, or still map a range we
@@ -902,7 +782,7 @@ static void leave_void(void)
 		shim_log("leaving worker %u: it did not map or unmap some of the app's memory; "
 			 "running locally until the route changes", w);
 	}
-	publish();
+	fwd_publish();
 }
 
 /* Act on a new route epoch, at a launch boundary; a hold waits here (and
@@ -929,7 +809,7 @@ static void follow_route(void)
 			shim_log("leaving worker %u: %s; running locally", w, shim_vmm_unshared());
 			F.unshared_said = 1;
 		}
-		publish();
+		fwd_publish();
 	}
 	for (;;) {
 		uint64_t e = __atomic_load_n(&shim_ctl->route_epoch, __ATOMIC_ACQUIRE);
@@ -939,22 +819,21 @@ static void follow_route(void)
 			route = __atomic_load_n(&shim_ctl->route, __ATOMIC_RELAXED);
 			F.acted = 1;
 			F.epoch = e;
-			hold_end();
+			fwd_hold_end();
 			if (F.conn && F.conn->worker == route) {
-				publish();         /* the quota changed, not the worker */
+				fwd_publish();         /* the quota changed, not the worker */
 				return;
 			}
 			if (F.conn)
 				leave_worker();    /* drained first, as for any change */
 			if (route == CB_ROUTE_HOLD) {
-				F.hold = 1;
-				F.hold_since = F.hold_accounted = shim_now_ns();
+				fwd_hold_begin(e);
 			} else if (route != CB_ROUTE_LOCAL) {
 				join_worker(route);
 			}
-			publish();
+			fwd_publish();
 		}
-		if (!F.hold || hold_wait(e) == 0)
+		if (!fwd_held() || fwd_hold_wait(e) == 0)
 			return;
 	}
 }
@@ -963,11 +842,11 @@ int shim_fwd_follow(void)
 {
 	int routed;
 
-	if (lock() < 0)
+	if (fwd_lock() < 0)
 		return shim_fwd_check();
 	follow_route();
 	routed = F.conn != NULL || F.err != 0;
-	unlock();
+	fwd_unlock();
 	return routed;
 }
 
@@ -985,7 +864,7 @@ static int ordered_local(const struct shim_launch *l)
 	n = fence_set(st, w);
 	if (n && fconn_wait(F.conn, w, n, lost, sizeof(lost)) < 0)
 		lose_worker(lost);
-	r = local_launch(l);
+	r = shim_launch_local(l);
 	F.local_runs++;
 	if (F.conn)
 		mark_local(l->stream, l->ptsz);
@@ -1010,8 +889,6 @@ static int window_room(void)
 	}
 	return 0;
 }
-
-static void span_add(uint64_t seq, uint32_t sidx);
 
 /*
  * Kernel k on this connection: its MODULE (once per module), its DEFINE,
@@ -1096,12 +973,12 @@ static int forward(const struct shim_launch *l)
 	if (!shipped(F.conn, k->mid) && module_ready(k->mid, k->name) < 0)
 		return ordered_local(l);
 	if (!(F.conn->defined[k->kid / 64] & (1ull << (k->kid % 64))) && define_kernel(k) < 0)
-		return local_launch(l);            /* after the replay, in order */
+		return shim_launch_local(l);       /* after the replay, in order */
 	if (F.conn->refused[k->kid / 64] & (1ull << (k->kid % 64)))
 		return ordered_local(l);
 	settle_local(st);
 	if (window_room() < 0)
-		return local_launch(l);
+		return shim_launch_local(l);
 
 	e = &F.ring[F.head % FWD_WINDOW];
 	memset(e, 0, sizeof(*e));
@@ -1110,8 +987,8 @@ static int forward(const struct shim_launch *l)
 	if (!e->frame)
 		return ordered_local(l);
 	memset(&m, 0, sizeof(m));
-	fwd_hdr_init(&m.h, FWD_T_LAUNCH, (coop ? FWD_LF_COOP : 0) | (span_on ? FWD_LF_TIMED : 0),
-		     e->len);
+	fwd_hdr_init(&m.h, FWD_T_LAUNCH,
+		     (coop ? FWD_LF_COOP : 0) | (fwd_span_timed() ? FWD_LF_TIMED : 0), e->len);
 	m.seq = ++F.seq;
 	m.kid = k->kid;
 	m.sidx = (uint16_t)(st - F.streams);
@@ -1140,8 +1017,8 @@ static int forward(const struct shim_launch *l)
 	e->counted = 1;
 	shim_count_launch(l->key);
 	shim_add(&shim_ctr->forwarded, 1);
-	if (span_on)
-		span_add(m.seq, m.sidx);
+	if (fwd_span_timed())
+		fwd_span_add(F.conn, m.seq, m.sidx);
 
 	if (++F.nsent % POLL_EVERY == 0) {
 		note_failed(F.conn);
@@ -1152,7 +1029,7 @@ static int forward(const struct shim_launch *l)
 			fconn_poll(F.conn);
 		if (F.conn && __atomic_load_n(&F.conn->lost, __ATOMIC_ACQUIRE))
 			lose_worker(F.conn->lost_why);
-		publish();
+		fwd_publish();
 	}
 	return cudaSuccess;
 }
@@ -1161,98 +1038,30 @@ static int fwd_launch(const struct shim_launch *l)
 {
 	int r;
 
-	if (lock() < 0)
-		return local_launch(l);
+	if (fwd_lock() < 0)
+		return shim_launch_local(l);
 	follow_route();
 	if (F.err) {
 		r = take_error();
 	} else if (!F.conn) {
-		unlock();
-		return local_launch(l);
+		fwd_unlock();
+		return shim_launch_local(l);
 	} else {
 		r = forward(l);
 	}
-	unlock();
+	fwd_unlock();
 	return r;
 }
 
 int shim_fwd_launch(const struct shim_launch *l)
 {
-	uint32_t n = span.n;
+	uint32_t n = fwd_span_count();
 	int r = fwd_launch(l);
 
 	/* inside a timed task, a launch that was not forwarded and timed
 	 * (it ran here, or was replayed here) leaves the task untimed */
-	if (span_on && span.n == n)
-		span.untimed++;
+	fwd_span_local(n);
 	return r;
-}
-
-/* ---------------------------------------------------------------- task times */
-
-static void span_add(uint64_t seq, uint32_t sidx)
-{
-	if (!span.conn) {
-		fconn_get(F.conn);
-		span.conn = F.conn;
-		span.first = seq;
-		span.sfirst = (uint16_t)sidx;
-	} else if (span.conn != F.conn) {
-		span.untimed++;    /* two workers: two time bases */
-	}
-	span.last = seq;
-	span.slast = (uint16_t)sidx;
-	span.n++;
-}
-
-void shim_fwd_span_open(void)
-{
-	if (span.conn)
-		fconn_put(span.conn);   /* a task left open (cannot happen) */
-	memset(&span, 0, sizeof(span));
-	span_on = 1;
-}
-
-void shim_fwd_span_close(struct shim_fwd_span *s)
-{
-	if (span_on)
-		*s = span;
-	else
-		memset(s, 0, sizeof(*s));
-	memset(&span, 0, sizeof(span));
-	span_on = 0;
-}
-
-void shim_fwd_span_drop(struct shim_fwd_span *s)
-{
-	if (s->conn)
-		fconn_put(s->conn);
-	s->conn = NULL;
-}
-
-/* Library tasks: first start to last end (what events of ours around the
- * call would measure, gaps and all), not the sum of the kernels. */
-int shim_fwd_span_time(const struct shim_fwd_span *s, int64_t *start_ns, int64_t *dur_ns)
-{
-	int64_t s1, d1, s2, d2;
-	int r;
-
-	if (!s->conn || !s->n || s->untimed)
-		return -1;
-	r = fconn_time(s->conn, s->first, s->sfirst, &s1, &d1);
-	if (r <= 0)
-		return r;
-	if (s->last != s->first) {
-		r = fconn_time(s->conn, s->last, s->slast, &s2, &d2);
-		if (r <= 0)
-			return r;
-		d1 = s2 + d2 - s1;
-		if (d1 < 0)
-			d1 = 0;   /* the last launch, on another stream, ended first */
-	}
-	*start_ns = s1;
-	*dur_ns = d1;
-	return 1;
 }
 
 /* ---------------------------------------------------------------- local operations */
@@ -1264,22 +1073,22 @@ int shim_fwd_fence(void *stream, int ptsz, int scope)
 	char why[256];
 	int n, r;
 
-	if (lock() < 0)
+	if (fwd_lock() < 0)
 		return 0;
 	if (F.err || !F.conn) {
 		r = take_error();
-		unlock();
+		fwd_unlock();
 		return r;
 	}
 	n = fence_set(scope == SHIM_FENCE_ALL ? NULL : stream_get(stream, ptsz), w);
 	c = F.conn;
 	fconn_get(c);
-	unlock();
+	fwd_unlock();
 
 	/* wait without the lock: other threads keep launching meanwhile */
 	r = n ? fconn_wait(c, w, n, why, sizeof(why)) : 0;
 
-	lock();
+	fwd_lock();
 	if (F.conn == c) {
 		if (r < 0)
 			lose_worker(why);
@@ -1290,17 +1099,17 @@ int shim_fwd_fence(void *stream, int ptsz, int scope)
 	}
 	fconn_put(c);
 	r = take_error();
-	unlock();
+	fwd_unlock();
 	return r;
 }
 
 void shim_fwd_local_done(void *stream, int ptsz)
 {
-	if (lock() < 0)
+	if (fwd_lock() < 0)
 		return;
 	if (F.conn)
 		mark_local(stream, ptsz);
-	unlock();
+	fwd_unlock();
 }
 
 int shim_fwd_pending(void *stream, int ptsz)
@@ -1308,17 +1117,17 @@ int shim_fwd_pending(void *stream, int ptsz)
 	struct fwait w[FWD_MAX_STREAMS];
 	int n = 0;
 
-	if (lock() < 0)
+	if (fwd_lock() < 0)
 		return 0;
 	if (F.conn)
 		n = fence_set(stream_get(stream, ptsz), w);
-	unlock();
+	fwd_unlock();
 	return n > 0;
 }
 
 void shim_fwd_exit(void)
 {
-	if (lock() < 0)
+	if (fwd_lock() < 0)
 		return;
 	if (F.conn) {
 		struct fwait w[FWD_MAX_STREAMS];
@@ -1341,8 +1150,8 @@ void shim_fwd_exit(void)
 	if (F.local_runs)
 		shim_log("%llu launch%s ran locally while routed to a worker (see above why)",
 			 (unsigned long long)F.local_runs, F.local_runs == 1 ? "" : "es");
-	publish();
-	unlock();
+	fwd_publish();
+	fwd_unlock();
 }
 
 void shim_fwd_forget(void)
@@ -1364,12 +1173,11 @@ void shim_fwd_forget(void)
 	F.any_pending = F.unknown_pending = 0;
 	F.refused_worker = 0;
 	F.local_runs = 0;
-	F.hold = F.hold_waiting = 0;
+	fwd_hold_forget();
 	F.unshared_said = 0;
 	thread_key = 0;
 	holding = 0;
-	memset(&span, 0, sizeof(span));   /* its reference is the parent's */
-	span_on = 0;
+	fwd_span_forget();
 	pthread_mutex_init(&F.mu, NULL);
 	fconn_forget();
 	__atomic_store_n(&shim_fwd_busy, 0, __ATOMIC_RELAXED);

@@ -1,15 +1,20 @@
 /*
- * shim_fwd.h - internals shared by the forwarding client's two files:
+ * shim_fwd.h - internals shared by the forwarding client's files:
  *
- *   shim_fwd.c       routes, launches, fences, the window of launches not
- *                    yet completed and their local replay
- *   shim_fwd_conn.c  one connection to a worker: socket, completion page,
- *                    HELLO, liveness, waiting on the page
+ *   shim_fwd.c          routes, launches, fences, the window of launches
+ *                       not yet completed and their local replay
+ *   shim_fwd_hold.c     holds: launches wait while the route says so
+ *   shim_fwd_span.c     routed tasks' device times, from the worker's page
+ *   shim_fwd_conn.c     one connection to a worker: socket, completion
+ *                       page, HELLO, liveness, waiting on the page
+ *   shim_fwd_twins.c    the simgpu twin libraries a worker is told about
+ *   shim_fwd_modfile.c  module files: the fat binaries a worker loads
  *
- * Locking: shim_fwd.c's mutex covers its state and every send; a
- * connection's socket has its own small mutex (taken inside the first, or
- * alone by a fence that waits without the first), so a thread waiting for
- * a stream never stops another thread's launches.  A connection is
+ * Locking: shim_fwd.c's mutex (F.mu, fwd_lock) covers its state, the
+ * holds' and every send; a connection's socket has its own small mutex
+ * (taken inside the first, or alone by a fence that waits without the
+ * first), so a thread waiting for a stream never stops another thread's
+ * launches.  A connection is
  * reference-counted: a waiter keeps the page mapped while the route moves
  * on under it.
  */
@@ -94,15 +99,56 @@ int fconn_time(struct fconn *c, uint64_t seq, uint32_t idx, int64_t *start_ns, i
  * finished our work), then drop the route's reference.  A reference held
  * elsewhere (a trace record) keeps the page mapped. */
 void fconn_close(struct fconn *c, int bye);
+/* "<exe>.twins.so" (if it exists), loaded twin libraries, and
+ * $SIMGPU_TWINS, absolute, ':'-joined, for HELLO (shim_fwd_twins.c). */
+void fconn_twins(char *out, size_t outlen);
 /* Make sure the module image (size bytes) is in its file in the runtime
- * dir, <dir>/modules/<hash>-<size>.fatbin: an existing sound file of that
- * size is taken as is, else the image is written (temp file, rename).
- * 0 with its hash and path, or -1 with a reason. */
+ * dir, <dir>/modules/<hash>-<size>.fatbin (shim_fwd_modfile.c): an
+ * existing sound file of that size is taken as is, else the image is
+ * written (temp file, rename).  0 with its hash and path, or -1 with a
+ * reason. */
 int fconn_module_file(const void *image, uint64_t size, uint64_t *hash, char *path,
 		      size_t pathlen, char *why, size_t whylen);
 /* Forget the process's ZeroMQ context in a fork child. */
 void fconn_forget(void);
 /* Polling before sleeping, in ns: 30 us with more than 4 cores, else 2 us. */
 uint64_t shim_fwd_spin_ns(void);
+
+/* --- the forwarding state's lock and view (shim_fwd.c) --------------------- */
+
+/* Take F.mu: 0, or -1 when this thread already holds it (a hook reached
+ * from inside the real runtime). */
+int fwd_lock(void);
+void fwd_unlock(void);
+/* The fast path's view of the state (shim_fwd_epoch, shim_fwd_busy) from
+ * it; F.mu held. */
+void fwd_publish(void);
+
+/* --- holds (shim_fwd_hold.c), F.mu held ------------------------------------ */
+
+/* The route at epoch says hold: launches wait from now on. */
+void fwd_hold_begin(uint64_t epoch);
+/* It ends (any new epoch): the time held goes into the slot's held_ns. */
+void fwd_hold_end(void);
+/* A hold is in force (not given up, not ended). */
+int fwd_held(void);
+/* Wait, without F.mu, for the route to change from epoch: 1 act on the new
+ * one, 0 run locally (the controller is gone, or COLOCATE_HOLD_MAX_MS). */
+int fwd_hold_wait(uint64_t epoch);
+/* Fork child: no hold, nobody waiting. */
+void fwd_hold_forget(void);
+
+/* --- this thread's routed task (shim_fwd_span.c) ---------------------------- */
+
+/* A routed task is open on this thread: its launches go out timed. */
+int fwd_span_timed(void);
+/* Timed launch seq, on stream sidx of connection c, is the task's. */
+void fwd_span_add(struct fconn *c, uint64_t seq, uint32_t sidx);
+/* Launches gathered so far, and: the launch since count n was not
+ * forwarded and timed (it ran here), so the task goes untimed. */
+uint32_t fwd_span_count(void);
+void fwd_span_local(uint32_t n);
+/* Fork child: the parent's span (and its reference) are not ours. */
+void fwd_span_forget(void);
 
 #endif

@@ -29,13 +29,6 @@
  * Waiting (fconn_wait): poll the page for a few microseconds, then sleep on
  * its futex word (process-shared: the worker's host functions wake it),
  * looking at liveness every 10 ms.
- *
- * Module files (fconn_module_file): the fat binaries a worker loads are
- * files <runtime dir>/modules/<fwd_image_hash64>-<size>.fatbin (0600 in a 0700
- * folder), written once per process per module (temp file, rename) and
- * shared by the apps of one binary: an existing one of the right size,
- * ours and closed to others, is taken without reading it back (the worker
- * checks the hash); anything else at that path is replaced.
  */
 #define _GNU_SOURCE
 #include "shim_fwd.h"
@@ -47,7 +40,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <link.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <stdio.h>
@@ -196,98 +188,6 @@ static struct fwd_page *page_create(struct fconn *c, char *path, size_t pathlen,
 
 /* ---------------------------------------------------------------- HELLO */
 
-struct twin_objs {
-	char *out;
-	size_t outlen, o;
-	char **paths;           /* every loaded object with a path          */
-	int n, cap;
-};
-
-/* Only collect here: dlopen under dl_iterate_phdr's lock is not allowed. */
-static int collect_object(struct dl_phdr_info *info, size_t size, void *arg)
-{
-	struct twin_objs *t = arg;
-	char **grown;
-
-	(void)size;
-	if (!info->dlpi_name || info->dlpi_name[0] != '/')
-		return 0;
-	if (t->n == t->cap) {
-		grown = realloc(t->paths, (size_t)(t->cap ? 2 * t->cap : 64) * sizeof(*grown));
-		if (!grown)
-			return 1;
-		t->paths = grown;
-		t->cap = t->cap ? 2 * t->cap : 64;
-	}
-	t->paths[t->n] = strdup(info->dlpi_name);
-	if (t->paths[t->n])
-		t->n++;
-	return 0;
-}
-
-static void add_path(struct twin_objs *t, const char *path)
-{
-	if (t->o + strlen(path) + 2 < t->outlen)
-		t->o += (size_t)snprintf(t->out + t->o, t->outlen - t->o, "%s%s", t->o ? ":" : "",
-					 path);
-}
-
-/* "<exe>.twins.so" (if it exists), loaded twin libraries, and $SIMGPU_TWINS,
- * absolute, ':'-joined. */
-static void twins_list(char *out, size_t outlen)
-{
-	struct twin_objs t;
-	char exe[PATH_MAX], path[PATH_MAX + 16];
-	const char *env = getenv("SIMGPU_TWINS");
-	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-	int i;
-
-	memset(&t, 0, sizeof(t));
-	t.out = out;
-	t.outlen = outlen;
-	out[0] = 0;
-	if (n > 0) {
-		exe[n] = 0;
-		snprintf(path, sizeof(path), "%s.twins.so", exe);
-		if (access(path, R_OK) == 0)
-			add_path(&t, path);
-	}
-	/* loaded libraries that carry twins (simgpu's CPU cuDNN/cuBLAS) say so
-	 * with the marker simgpu_twin_library; once per connection, and only
-	 * on simgpu (a GPU process may have hundreds of libraries, and this
-	 * runs under the forwarding lock) */
-	if (shim_dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin"))
-		dl_iterate_phdr(collect_object, &t);
-	for (i = 0; i < t.n; i++) {
-		void *h = dlopen(t.paths[i], RTLD_NOLOAD | RTLD_LAZY);
-
-		if (h) {
-			/* dlsym(h) also searches h's dependencies: ask for the
-			 * object that really defines the marker */
-			void *m = shim_dlsym(h, "simgpu_twin_library");
-			Dl_info di;
-
-			if (m && dladdr(m, &di) && di.dli_fname && !strcmp(di.dli_fname, t.paths[i]))
-				add_path(&t, t.paths[i]);
-			dlclose(h);
-		}
-		free(t.paths[i]);
-	}
-	free(t.paths);
-	if (env && *env) {
-		char *copy = strdup(env), *save = NULL, *p;
-
-		for (p = copy ? strtok_r(copy, ":", &save) : NULL; p; p = strtok_r(NULL, ":", &save)) {
-			char *r = realpath(p, NULL);
-
-			if (r)
-				add_path(&t, r);
-			free(r);
-		}
-		free(copy);
-	}
-}
-
 static size_t put(unsigned char *dst, const char *s, uint16_t *len)
 {
 	size_t n = strlen(s);
@@ -312,7 +212,7 @@ static int hello(struct fconn *c, const char *page_path, char *why, size_t whyle
 	int n, wait_ms = timeout_ms() < 2000 ? timeout_ms() : 2000;
 	ssize_t len;
 
-	twins_list(twins, sizeof(twins));
+	fconn_twins(twins, sizeof(twins));
 	len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 	exe[len > 0 ? len : 0] = 0;
 	if (!name || !*name)
@@ -758,98 +658,6 @@ void fconn_close(struct fconn *c, int bye)
 	shim_vmm_detach(c->memfd);
 	c->memfd = -1;
 	fconn_put(c);
-}
-
-/* ---------------------------------------------------------------- modules */
-
-/* <runtime dir>/modules, made 0700 if missing; it must be ours and closed
- * to others (workers load what is in it). */
-static int modules_dir(char *dir, size_t dirlen, char *why, size_t whylen)
-{
-	struct stat st;
-
-	snprintf(dir, dirlen, "%s/modules", shim_runtime_dir());
-	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-		snprintf(why, whylen, "cannot create %s: %s", dir, strerror(errno));
-		return -1;
-	}
-	if (lstat(dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
-	    (st.st_mode & (S_IWGRP | S_IWOTH))) {
-		snprintf(why, whylen, "%s is not a folder of ours closed to others", dir);
-		return -1;
-	}
-	return 0;
-}
-
-/* An existing file at path that a worker will take, of size bytes. */
-static int reusable(const char *path, uint64_t size)
-{
-	struct stat st;
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), ok;
-
-	if (fd < 0)
-		return 0;
-	ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid() &&
-	     !(st.st_mode & (S_IWGRP | S_IWOTH)) && (uint64_t)st.st_size == size;
-	close(fd);
-	return ok;
-}
-
-static int write_all(int fd, const unsigned char *p, uint64_t n)
-{
-	while (n) {
-		ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : (size_t)n);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return -1;
-		p += w;
-		n -= (uint64_t)w;
-	}
-	return 0;
-}
-
-int fconn_module_file(const void *image, uint64_t size, uint64_t *hash, char *path,
-		      size_t pathlen, char *why, size_t whylen)
-{
-	static unsigned ntmp;
-	char dir[PATH_MAX], tmp[PATH_MAX + 64];
-	int fd;
-
-	if (modules_dir(dir, sizeof(dir), why, whylen) < 0)
-		return -1;
-	*hash = fwd_image_hash64(image, size);
-	if ((size_t)snprintf(path, pathlen, "%s/%016llx-%llu.fatbin", dir,
-			     (unsigned long long)*hash, (unsigned long long)size) >= pathlen ||
-	    strlen(path) > FWD_MAX_STR) {
-		snprintf(why, whylen, "runtime dir path too long");
-		return -1;
-	}
-	/* apps of the same binary share it; the worker checks its content */
-	if (reusable(path, size))
-		return 0;
-	snprintf(tmp, sizeof(tmp), "%s/.%016llx.%d.%u.tmp", dir, (unsigned long long)*hash,
-		 (int)getpid(), __atomic_add_fetch(&ntmp, 1, __ATOMIC_RELAXED));
-	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0) {
-		snprintf(why, whylen, "cannot create %s: %s", tmp, strerror(errno));
-		return -1;
-	}
-	if (write_all(fd, image, size) < 0 || fchmod(fd, 0600) < 0) {
-		snprintf(why, whylen, "cannot write %s: %s", tmp, strerror(errno));
-		close(fd);
-		unlink(tmp);
-		return -1;
-	}
-	close(fd);
-	/* a reader sees the old file or the whole new one, never a part */
-	if (rename(tmp, path) < 0) {
-		snprintf(why, whylen, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-		unlink(tmp);
-		return -1;
-	}
-	return 0;
 }
 
 void fconn_forget(void)

@@ -161,7 +161,7 @@ void shim_ledger_msg_dropped(void)
 		__atomic_fetch_add(&l->msgs_dropped, 1, __ATOMIC_RELAXED);
 }
 
-/* The task feed's totals (shim_trace.c, under its lock). */
+/* The task feed's totals (shim_feed.c, under its lock). */
 void shim_ledger_feed(uint64_t fed, uint64_t sent, uint64_t dropped)
 {
 	struct lg_header *l = ledger();

@@ -223,8 +223,9 @@ static dim3 mkdim(const uint32_t v[3])
 	return d;
 }
 
-/* What the hook does for a launch that is not routed. */
-static int run_local(const struct shim_launch *l)
+/* What the hook does for a launch that is not routed; forwarding runs a
+ * launch that stays local while routed the same way. */
+int shim_launch_local(const struct shim_launch *l)
 {
 	cudaError_t r;
 
@@ -251,7 +252,7 @@ static int run_local(const struct shim_launch *l)
 
 static int run(const struct shim_launch *l)
 {
-	return shim_fwd_check() ? shim_fwd_launch(l) : run_local(l);
+	return shim_fwd_check() ? shim_fwd_launch(l) : shim_launch_local(l);
 }
 
 int shim_task_launch(const struct shim_launch *l)
@@ -301,7 +302,7 @@ int shim_task_launch(const struct shim_launch *l)
 	/* routed to a worker, the kernel runs elsewhere: events on this
 	 * process's stream would not bracket it */
 	shim_trace_begin(&rec, rec.route ? SHIM_EV_NONE : shim_trace_backend(0), stream, l->ptsz);
-	r = routed ? shim_fwd_launch(l) : run_local(l);
+	r = routed ? shim_fwd_launch(l) : shim_launch_local(l);
 	shim_trace_end(&rec, r == cudaSuccess, stream, l->ptsz);
 	return r;
 }

@@ -1,8 +1,8 @@
 /*
  * shim_trace.h - the task layer inside libcolocate.so: what the launch,
  * copy and sync hooks call (shim_task.c), the per-task trace (shim_trace.c
- * and the files of shim_trace_int.h)
- * and queries (shim_query.c).  The library-call hooks use shim_task.h.
+ * and the files shim_trace_int.h names) and queries (shim_query.c).  The
+ * library-call hooks use shim_task.h.
  *
  * Off path: a launch hook asks shim_task_hot(): one load of the tracing
  * flag, which sits alone on a read-mostly cache line (written only when
@@ -35,7 +35,7 @@ static inline int shim_tracing(void)
 	return __atomic_load_n(&shim_trace_flag.on, __ATOMIC_RELAXED) != 0;
 }
 
-/* Tracing to a file (COLOCATE_TRACE), the ON_FILE bit of shim_trace.c. */
+/* Tracing to a file (COLOCATE_TRACE): the TRACE_ON_FILE bit. */
 static inline int shim_trace_to_file(void)
 {
 	return (__atomic_load_n(&shim_trace_flag.on, __ATOMIC_RELAXED) & 1u) != 0;
@@ -73,7 +73,7 @@ void shim_task_counts(uint64_t *kernels, uint64_t *libraries);
 
 enum { SHIM_TASK_KERNEL = 1, SHIM_TASK_LIBRARY = 2 };
 
-/* A task's launches forwarded to a pool worker, timed there (shim_fwd.c
+/* A task's launches forwarded to a pool worker, timed there (shim_fwd_span.c
  * fills it while the task is open on its thread): the task's device times
  * come from the worker's page, not from events of ours. */
 struct shim_fwd_span {
@@ -127,7 +127,7 @@ struct shim_task_drv {
 void shim_task_drv_begin(struct shim_task_drv *t);
 void shim_task_drv_end(struct shim_task_drv *t, int rc);
 
-/* Read COLOCATE_TRACE (a constructor does it once). */
+/* Read COLOCATE_TRACE (a constructor does it once; shim_trace_json.c). */
 void shim_trace_init(void);
 /* Take events from the pool and record the start event on stream through
  * the backend's real API (SHIM_EV_NONE: an untimed record). */
@@ -149,13 +149,13 @@ void shim_trace_device_reset(void);
 
 /* Task feedback (the controller's reply to "register" asked for it): take
  * records as the trace does and send completed ones to the controller from
- * a feed thread (shim_trace.c, "the feed").  With COLOCATE_TRACE as well,
+ * a feed thread (shim_feed.c).  With COLOCATE_TRACE as well,
  * each task goes to both. */
 void shim_trace_feed_on(void);
 /* Tasks sent and dropped, messages sent; returns whether the thread runs. */
 int shim_trace_feed_count(uint64_t *sent, uint64_t *dropped, uint64_t *msgs);
 
-/* --- forwarded tasks' times (shim_fwd.c) ---------------------------------- */
+/* --- forwarded tasks' times (shim_fwd_span.c) ----------------------------- */
 
 /* A routed task begins on this thread: its forwarded launches are sent
  * timed (FWD_LF_TIMED) and gathered in this thread's span. */
