@@ -71,11 +71,11 @@
  * given a small one: its launches then wait in the app (the ready pool)
  * instead of in a worker's queue, where a new quota or a hold would reach
  * them only after thousands of already-queued kernels. */
-static uint32_t fwd_window = FWD_WINDOW;
+static uint32_t window_cap = FWD_WINDOW;
 
 void shim_fwd_set_window(uint32_t n)
 {
-	__atomic_store_n(&fwd_window, n < 1 ? 1 : n > FWD_WINDOW ? FWD_WINDOW : n,
+	__atomic_store_n(&window_cap, n < 1 ? 1 : n > FWD_WINDOW ? FWD_WINDOW : n,
 			 __ATOMIC_RELAXED);
 }
 #define FWD_KEEP     3u         /* drained connections kept for a return   */
@@ -108,7 +108,7 @@ struct fstream {
 	uint64_t last_seq;              /* last launch forwarded on it          */
 };
 
-struct rentry {                     /* a forwarded launch, until completed  */
+struct wentry {                     /* a forwarded launch, until completed  */
 	uint64_t seq;
 	uint32_t sidx;
 	int entry;                      /* enum shim_entry                      */
@@ -132,7 +132,7 @@ static struct {
 	uint32_t nstreams, last_stream;
 	int any_pending;                /* some stream has local_pending        */
 	int unknown_pending;            /* local work on a stream not tabled    */
-	struct rentry ring[FWD_WINDOW];
+	struct wentry window[FWD_WINDOW];   /* launches sent, not yet completed */
 	uint64_t head, tail;
 	uint32_t nkernels;
 	uint64_t nsent;
@@ -140,7 +140,7 @@ static struct {
 	uint64_t local_runs;            /* launches run locally while routed    */
 	int unshared_said;              /* logged why a VMM app stays local      */
 	uint64_t voids_seen;            /* shim_vmm_voids when last looked at    */
-} F = { .mu = PTHREAD_MUTEX_INITIALIZER };
+} fwd = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
 static struct fkernel not_forwardable = { .ok = 0 };
 
@@ -152,7 +152,7 @@ _Static_assert(SHIM_MAX_MODULES == FWD_MAX_MODULES,
  * the MODULE frame that names it (the same on every connection).  A module
  * that cannot be shipped (its file cannot be written, or it was
  * unregistered) leaves its kernels local, as kernels without a layout are.
- * Under F.mu.
+ * Under fwd.mu.
  */
 static struct {
 	int state;                      /* 0 not yet, 1 shippable, -1 not       */
@@ -160,7 +160,7 @@ static struct {
 	size_t len;
 } fmods[FWD_MAX_MODULES];
 static __thread uint64_t thread_key;
-/* This thread holds F.mu: a hook reached from inside the real runtime
+/* This thread holds fwd.mu: a hook reached from inside the real runtime
  * (a runtime calling its own exported entry points) must not take it again. */
 static __thread int holding;
 
@@ -168,7 +168,7 @@ int fwd_lock(void)
 {
 	if (holding)
 		return -1;
-	pthread_mutex_lock(&F.mu);
+	pthread_mutex_lock(&fwd.mu);
 	holding = 1;
 	return 0;
 }
@@ -176,7 +176,7 @@ int fwd_lock(void)
 void fwd_unlock(void)
 {
 	holding = 0;
-	pthread_mutex_unlock(&F.mu);
+	pthread_mutex_unlock(&fwd.mu);
 }
 
 
@@ -236,21 +236,21 @@ static dim3 mkdim(const uint32_t v[3])
 
 /* ---------------------------------------------------------------- state */
 
-/* The fast path's view of the state; F.mu held.  A hold sends every launch
+/* The fast path's view of the state; fwd.mu held.  A hold sends every launch
  * here (to wait) but leaves copies and syncs alone (nothing to fence). */
 void fwd_publish(void)
 {
-	int routed = F.conn != NULL || F.err != 0;
+	int routed = fwd.conn != NULL || fwd.err != 0;
 
 	__atomic_store_n(&shim_fwd_busy, routed, __ATOMIC_RELAXED);
-	__atomic_store_n(&shim_fwd_epoch, routed || fwd_held() ? ~0ull : F.epoch, __ATOMIC_RELEASE);
+	__atomic_store_n(&shim_fwd_epoch, routed || fwd_held() ? ~0ull : fwd.epoch, __ATOMIC_RELEASE);
 }
 
 static int take_error(void)
 {
-	int e = F.err;
+	int e = fwd.err;
 
-	F.err = 0;
+	fwd.err = 0;
 	fwd_publish();
 	return e;
 }
@@ -261,8 +261,8 @@ static void note_failed(struct fconn *c)
 
 	if (seq && !c->failed_reported) {
 		c->failed_reported = 1;
-		if (!F.err)
-			F.err = c->page->failed_code ? c->page->failed_code : cudaErrorLaunchFailure;
+		if (!fwd.err)
+			fwd.err = c->page->failed_code ? c->page->failed_code : cudaErrorLaunchFailure;
 		shim_log("worker %u could not run launch %llu (cudaError_t %d); reporting it "
 			 "to the app", c->worker, (unsigned long long)seq, c->page->failed_code);
 	}
@@ -289,12 +289,12 @@ static struct fstream *stream_get(void *s, int ptsz)
 	} else {
 		key = v, kind = 0xff;
 	}
-	if (F.last_stream < F.nstreams && F.streams[F.last_stream].key == key)
-		return &F.streams[F.last_stream];
-	for (i = 0; i < F.nstreams; i++)
-		if (F.streams[i].key == key)
-			return &F.streams[F.last_stream = i];
-	if (F.nstreams >= FWD_MAX_STREAMS)
+	if (fwd.last_stream < fwd.nstreams && fwd.streams[fwd.last_stream].key == key)
+		return &fwd.streams[fwd.last_stream];
+	for (i = 0; i < fwd.nstreams; i++)
+		if (fwd.streams[i].key == key)
+			return &fwd.streams[fwd.last_stream = i];
+	if (fwd.nstreams >= FWD_MAX_STREAMS)
 		return NULL;
 	if (kind == 0xff) {
 		/* flags once per stream; a destroyed stream's handle reused by a
@@ -308,18 +308,18 @@ static struct fstream *stream_get(void *s, int ptsz)
 			return NULL;  /* the local launch reports the bad handle */
 		kind = (flags & cudaStreamNonBlocking) ? FWD_SK_NONBLOCKING : FWD_SK_BLOCKING;
 	}
-	i = F.nstreams++;
-	F.streams[i] = (struct fstream){ .key = key, .handle = handle, .kind = kind };
-	return &F.streams[F.last_stream = i];
+	i = fwd.nstreams++;
+	fwd.streams[i] = (struct fstream){ .key = key, .handle = handle, .kind = kind };
+	return &fwd.streams[fwd.last_stream = i];
 }
 
 static struct fstream *legacy_stream(void)
 {
 	uint32_t i;
 
-	for (i = 0; i < F.nstreams; i++)
-		if (F.streams[i].kind == FWD_SK_LEGACY)
-			return &F.streams[i];
+	for (i = 0; i < fwd.nstreams; i++)
+		if (fwd.streams[i].kind == FWD_SK_LEGACY)
+			return &fwd.streams[i];
 	return NULL;
 }
 
@@ -338,10 +338,10 @@ static int fence_set(struct fstream *st, struct fwait *w)
 	uint32_t i;
 	int n = 0;
 
-	for (i = 0; i < F.nstreams; i++) {
-		struct fstream *o = &F.streams[i];
+	for (i = 0; i < fwd.nstreams; i++) {
+		struct fstream *o = &fwd.streams[i];
 
-		if (!o->last_seq || fconn_done(F.conn, i, o->last_seq))
+		if (!o->last_seq || fconn_done(fwd.conn, i, o->last_seq))
 			continue;
 		if (!st || o == st || (st->kind == FWD_SK_LEGACY && blocking(o->kind)) ||
 		    (blocking(st->kind) && o->kind == FWD_SK_LEGACY))
@@ -356,11 +356,11 @@ static void settle_local(struct fstream *st)
 	struct fstream *lg;
 	uint32_t i;
 
-	if (F.unknown_pending || (st->kind == FWD_SK_LEGACY && F.any_pending)) {
+	if (fwd.unknown_pending || (st->kind == FWD_SK_LEGACY && fwd.any_pending)) {
 		real_device_sync();
-		for (i = 0; i < F.nstreams; i++)
-			F.streams[i].local_pending = 0;
-		F.any_pending = F.unknown_pending = 0;
+		for (i = 0; i < fwd.nstreams; i++)
+			fwd.streams[i].local_pending = 0;
+		fwd.any_pending = fwd.unknown_pending = 0;
 		return;
 	}
 	if (st->local_pending) {
@@ -380,8 +380,8 @@ static void mark_local(void *s, int ptsz)
 	if (st)
 		st->local_pending = 1;
 	else
-		F.unknown_pending = 1;
-	F.any_pending = 1;
+		fwd.unknown_pending = 1;
+	fwd.any_pending = 1;
 }
 
 /* ---------------------------------------------------------------- kernels */
@@ -445,10 +445,10 @@ static struct fkernel *kernel_info(const void *key)
 		return NULL;
 	k->name = name;                 /* the names table is never freed */
 	k->gen = gen;
-	if (n == 0 || n > FWD_MAX_PARAMS || nlen > FWD_MAX_STR || F.nkernels >= FWD_MAX_KERNELS) {
+	if (n == 0 || n > FWD_MAX_PARAMS || nlen > FWD_MAX_STR || fwd.nkernels >= FWD_MAX_KERNELS) {
 		shim_log("kernel %s runs locally even when routed to a worker: %s", name,
 			 n == 0 ? "its parameter layout is unknown (or it has none)"
-				: F.nkernels >= FWD_MAX_KERNELS ? "too many kernels"
+				: fwd.nkernels >= FWD_MAX_KERNELS ? "too many kernels"
 								 : "parameters beyond the protocol's limits");
 		sk->fwd = k;            /* ok = 0: not forwardable, said once */
 		return k;
@@ -465,7 +465,7 @@ static struct fkernel *kernel_info(const void *key)
 	memcpy(k->params, params, n * sizeof(*params));
 	k->nparams = (uint16_t)n;
 	k->argbytes = total;
-	k->kid = F.nkernels++;
+	k->kid = fwd.nkernels++;
 	mid = __atomic_load_n(&sk->module, __ATOMIC_ACQUIRE);
 	k->mid = mid >= 0 && mid < (int)FWD_MAX_MODULES ? (uint32_t)mid : FWD_NO_MODULE;
 	memset(&m, 0, sizeof(m));
@@ -489,7 +489,7 @@ static struct fkernel *kernel_info(const void *key)
  * Module mid ready to ship: its file written (once per process) and its
  * MODULE frame built.  0, or -1 (said once): its kernels then run locally.
  * The first time costs a hash of the image and maybe a file write, under
- * F.mu: once per module per process.
+ * fwd.mu: once per module per process.
  */
 static int module_ready(uint32_t mid, const char *kname)
 {
@@ -540,7 +540,7 @@ static int shipped(const struct fconn *c, uint32_t mid)
 
 /* ---------------------------------------------------------------- losing a worker */
 
-static void ring_free(struct rentry *e)
+static void wentry_free(struct wentry *e)
 {
 	free(e->frame);
 	e->frame = NULL;
@@ -549,13 +549,13 @@ static void ring_free(struct rentry *e)
 /* Retire completed launches from the window's tail. */
 static void reap(void)
 {
-	while (F.tail < F.head) {
-		struct rentry *e = &F.ring[F.tail % FWD_WINDOW];
+	while (fwd.tail < fwd.head) {
+		struct wentry *e = &fwd.window[fwd.tail % FWD_WINDOW];
 
-		if (!fconn_done(F.conn, e->sidx, e->seq))
+		if (!fconn_done(fwd.conn, e->sidx, e->seq))
 			break;
-		ring_free(e);
-		F.tail++;
+		wentry_free(e);
+		fwd.tail++;
 	}
 }
 
@@ -577,7 +577,7 @@ static int replay_in_doubt(void)
 /*
  * The worker is gone (or refused a malformed frame): replay locally, in
  * order, every launch of the window it did not complete, then run locally
- * until the route changes.  F.mu held.
+ * until the route changes.  fwd.mu held.
  *
  * Exactly once: on each stream, the launches past done[] form a run in
  * stream order.  All but the first of them certainly never started (the
@@ -589,14 +589,14 @@ static int replay_in_doubt(void)
  */
 static void lose_worker(const char *why)
 {
-	struct fconn *c = F.conn;
+	struct fconn *c = fwd.conn;
 	uint64_t i, unfinished = 0, failed = 0, doubt = 0;
 	uint8_t seen[FWD_MAX_STREAMS] = { 0 };
 	const char *doubt_name = NULL;
 
 	note_failed(c);
-	for (i = F.tail; i < F.head; i++) {
-		struct rentry *e = &F.ring[i % FWD_WINDOW];
+	for (i = fwd.tail; i < fwd.head; i++) {
+		struct wentry *e = &fwd.window[i % FWD_WINDOW];
 		void *argv[FWD_MAX_PARAMS];
 		struct fwd_launch m;
 		launch_fn fn;
@@ -604,7 +604,7 @@ static void lose_worker(const char *why)
 		int first;
 
 		if (fconn_done(c, e->sidx, e->seq)) {
-			ring_free(e);
+			wentry_free(e);
 			continue;
 		}
 		unfinished++;
@@ -616,7 +616,7 @@ static void lose_worker(const char *why)
 			doubt++;
 			if (!doubt_name)
 				doubt_name = e->k->name;
-			ring_free(e);
+			wentry_free(e);
 			continue;          /* counted as launched and forwarded */
 		}
 		memcpy(&m, e->frame, sizeof(m));
@@ -626,19 +626,19 @@ static void lose_worker(const char *why)
 		/* per-thread default streams belong to their threads: replay their
 		 * work on the legacy stream, which orders with all of them */
 		if (!fn || IN_RUNTIME(fn(e->key, mkdim(m.grid), mkdim(m.block), argv, m.shmem,
-				    F.streams[e->sidx].kind == FWD_SK_PERTHREAD
+				    fwd.streams[e->sidx].kind == FWD_SK_PERTHREAD
 					    ? cudaStreamLegacy
-					    : F.streams[e->sidx].handle)) != cudaSuccess)
+					    : fwd.streams[e->sidx].handle)) != cudaSuccess)
 			failed++;
 		else if (!e->counted)
 			shim_count_launch(e->key);   /* it never reached the worker */
 		if (e->counted)
 			__atomic_fetch_sub(&shim_ctr->forwarded, 1, __ATOMIC_RELAXED);
-		ring_free(e);
+		wentry_free(e);
 	}
-	F.tail = F.head;
-	if ((failed || doubt) && !F.err)
-		F.err = cudaErrorLaunchFailure;
+	fwd.tail = fwd.head;
+	if ((failed || doubt) && !fwd.err)
+		fwd.err = cudaErrorLaunchFailure;
 	shim_log("worker %u (pid %u) lost: %s; replayed %llu unfinished launch%s locally%s%s; "
 		 "running locally until the route changes", c->worker, c->worker_pid, why,
 		 (unsigned long long)(unfinished - doubt), unfinished - doubt == 1 ? "" : "es",
@@ -650,24 +650,24 @@ static void lose_worker(const char *why)
 			 (unsigned long long)doubt, doubt == 1 ? "" : "es",
 			 doubt_name ? doubt_name : "?", doubt > 1 ? ", ..." : "",
 			 doubt == 1 ? "was" : "were");
-	F.conn = NULL;
+	fwd.conn = NULL;
 	fconn_close(c, 0);
 	fwd_publish();
 }
 
 /* Wait for everything forwarded to complete; 0, or -1 when the worker was
- * lost (and its work replayed).  F.mu held. */
+ * lost (and its work replayed).  fwd.mu held. */
 static int drain(void)
 {
 	struct fwait w[FWD_MAX_STREAMS];
 	char why[256];
 	int n = fence_set(NULL, w);
 
-	if (n && fconn_wait(F.conn, w, n, why, sizeof(why)) < 0) {
+	if (n && fconn_wait(fwd.conn, w, n, why, sizeof(why)) < 0) {
 		lose_worker(why);
 		return -1;
 	}
-	note_failed(F.conn);
+	note_failed(fwd.conn);
 	reap();
 	return 0;
 }
@@ -677,10 +677,10 @@ static int drain(void)
 /* Keep a drained connection for a later return; the oldest kept one goes. */
 static void keep(struct fconn *c)
 {
-	struct fconn *old = F.kept[FWD_KEEP - 1];
+	struct fconn *old = fwd.kept[FWD_KEEP - 1];
 
-	memmove(&F.kept[1], &F.kept[0], (FWD_KEEP - 1) * sizeof(F.kept[0]));
-	F.kept[0] = c;
+	memmove(&fwd.kept[1], &fwd.kept[0], (FWD_KEEP - 1) * sizeof(fwd.kept[0]));
+	fwd.kept[0] = c;
 	if (old)
 		fconn_close(old, 1);
 }
@@ -692,12 +692,12 @@ static struct fconn *unkeep(uint32_t route)
 	unsigned i;
 
 	for (i = 0; i < FWD_KEEP; i++) {
-		struct fconn *c = F.kept[i];
+		struct fconn *c = fwd.kept[i];
 
 		if (!c || c->worker != route)
 			continue;
-		memmove(&F.kept[i], &F.kept[i + 1], (FWD_KEEP - 1 - i) * sizeof(F.kept[0]));
-		F.kept[FWD_KEEP - 1] = NULL;
+		memmove(&fwd.kept[i], &fwd.kept[i + 1], (FWD_KEEP - 1 - i) * sizeof(fwd.kept[0]));
+		fwd.kept[FWD_KEEP - 1] = NULL;
 		/* nothing of ours is outstanding there: a lost one just goes.
 		 * The quick test (no /proc read, no socket poll: 60 us of a
 		 * switch's 120 us measured) suffices here: a worker that dies
@@ -714,11 +714,11 @@ static struct fconn *unkeep(uint32_t route)
 
 static void leave_worker(void)
 {
-	struct fconn *c = F.conn;
+	struct fconn *c = fwd.conn;
 
 	if (drain() < 0)
 		return;
-	F.conn = NULL;
+	fwd.conn = NULL;
 	keep(c);
 }
 
@@ -731,10 +731,10 @@ static void join_worker(uint32_t route)
 	/* COLOCATE_MEM=vmm with memory a worker cannot see: when in doubt,
 	 * run natively (said once) */
 	if (shim_vmm_unshared()) {
-		if (!F.unshared_said)
+		if (!fwd.unshared_said)
 			shim_log("not forwarding to worker %u: %s; running locally", route,
 				 shim_vmm_unshared());
-		F.unshared_said = 1;
+		fwd.unshared_said = 1;
 		return;
 	}
 	/* local work queued before the switch finishes before the worker
@@ -745,21 +745,21 @@ static void join_worker(uint32_t route)
 		c = fconn_open(route, why, sizeof(why));
 	if (!c) {
 		/* said once per worker, not at every route change to it */
-		if (F.refused_worker != route)
+		if (fwd.refused_worker != route)
 			shim_log("cannot forward to worker %u: %s; running locally", route, why);
-		F.refused_worker = route;
+		fwd.refused_worker = route;
 		return;
 	}
-	if (F.refused_worker == route)
-		F.refused_worker = 0;
-	for (i = 0; i < F.nstreams; i++) {
-		F.streams[i].last_seq = 0;
-		F.streams[i].local_pending = 0;
+	if (fwd.refused_worker == route)
+		fwd.refused_worker = 0;
+	for (i = 0; i < fwd.nstreams; i++) {
+		fwd.streams[i].last_seq = 0;
+		fwd.streams[i].local_pending = 0;
 	}
-	F.any_pending = F.unknown_pending = 0;
-	F.head = F.tail = 0;
-	F.nsent = 0;
-	F.conn = c;
+	fwd.any_pending = fwd.unknown_pending = 0;
+	fwd.head = fwd.tail = 0;
+	fwd.nsent = 0;
+	fwd.conn = c;
 }
 
 /*
@@ -769,15 +769,15 @@ static void join_worker(uint32_t route)
  * worker is lost at the wait's liveness test, its work replayed), close
  * the connection (never kept: its memory view is void) and run locally
  * until the route changes; a new connection maps everything afresh.
- * F.mu held.
+ * fwd.mu held.
  */
 static void leave_void(void)
 {
-	struct fconn *c = F.conn;
+	struct fconn *c = fwd.conn;
 	uint32_t w = c->worker;
 
 	if (drain() == 0) {
-		F.conn = NULL;
+		fwd.conn = NULL;
 		fconn_close(c, 1);
 		shim_log("leaving worker %u: it did not map or unmap some of the app's memory; "
 			 "running locally until the route changes", w);
@@ -786,7 +786,7 @@ static void leave_void(void)
 }
 
 /* Act on a new route epoch, at a launch boundary; a hold waits here (and
- * acts on the route that ends it).  F.mu held. */
+ * acts on the route that ends it).  fwd.mu held. */
 static void follow_route(void)
 {
 	uint64_t v = __atomic_load_n(&shim_vmm_voids, __ATOMIC_RELAXED);
@@ -794,20 +794,20 @@ static void follow_route(void)
 	/* one relaxed load per launch: the voiding thread bumped it before
 	 * its cudaMalloc/cudaFree returned, which precedes any launch that
 	 * uses that memory */
-	if (__builtin_expect(v != F.voids_seen, 0)) {
-		F.voids_seen = v;
-		if (F.conn && F.conn->memfd >= 0 && !shim_vmm_conn_ok(F.conn->memfd))
+	if (__builtin_expect(v != fwd.voids_seen, 0)) {
+		fwd.voids_seen = v;
+		if (fwd.conn && fwd.conn->memfd >= 0 && !shim_vmm_conn_ok(fwd.conn->memfd))
 			leave_void();
 	}
 	/* memory the worker cannot see appeared while routed (e.g. a
 	 * cudaMallocManaged): leave, as at a route change, and stay local */
-	if (F.conn && shim_vmm_unshared()) {
-		uint32_t w = F.conn->worker;
+	if (fwd.conn && shim_vmm_unshared()) {
+		uint32_t w = fwd.conn->worker;
 
 		leave_worker();
-		if (!F.conn) {
+		if (!fwd.conn) {
 			shim_log("leaving worker %u: %s; running locally", w, shim_vmm_unshared());
-			F.unshared_said = 1;
+			fwd.unshared_said = 1;
 		}
 		fwd_publish();
 	}
@@ -815,16 +815,16 @@ static void follow_route(void)
 		uint64_t e = __atomic_load_n(&shim_ctl->route_epoch, __ATOMIC_ACQUIRE);
 		uint32_t route;
 
-		if (!F.acted || e != F.epoch) {
+		if (!fwd.acted || e != fwd.epoch) {
 			route = __atomic_load_n(&shim_ctl->route, __ATOMIC_RELAXED);
-			F.acted = 1;
-			F.epoch = e;
+			fwd.acted = 1;
+			fwd.epoch = e;
 			fwd_hold_end();
-			if (F.conn && F.conn->worker == route) {
+			if (fwd.conn && fwd.conn->worker == route) {
 				fwd_publish();         /* the quota changed, not the worker */
 				return;
 			}
-			if (F.conn)
+			if (fwd.conn)
 				leave_worker();    /* drained first, as for any change */
 			if (route == CB_ROUTE_HOLD) {
 				fwd_hold_begin(e);
@@ -845,7 +845,7 @@ int shim_fwd_follow(void)
 	if (fwd_lock() < 0)
 		return shim_fwd_check();
 	follow_route();
-	routed = F.conn != NULL || F.err != 0;
+	routed = fwd.conn != NULL || fwd.err != 0;
 	fwd_unlock();
 	return routed;
 }
@@ -862,11 +862,11 @@ static int ordered_local(const struct shim_launch *l)
 	int n, r;
 
 	n = fence_set(st, w);
-	if (n && fconn_wait(F.conn, w, n, lost, sizeof(lost)) < 0)
+	if (n && fconn_wait(fwd.conn, w, n, lost, sizeof(lost)) < 0)
 		lose_worker(lost);
 	r = shim_launch_local(l);
-	F.local_runs++;
-	if (F.conn)
+	fwd.local_runs++;
+	if (fwd.conn)
 		mark_local(l->stream, l->ptsz);
 	return r;
 }
@@ -877,11 +877,11 @@ static int window_room(void)
 	char why[256];
 
 	reap();
-	while (F.head - F.tail >= __atomic_load_n(&fwd_window, __ATOMIC_RELAXED)) {
-		struct rentry *e = &F.ring[F.tail % FWD_WINDOW];
+	while (fwd.head - fwd.tail >= __atomic_load_n(&window_cap, __ATOMIC_RELAXED)) {
+		struct wentry *e = &fwd.window[fwd.tail % FWD_WINDOW];
 		struct fwait w = { e->sidx, e->seq };
 
-		if (fconn_wait(F.conn, &w, 1, why, sizeof(why)) < 0) {
+		if (fconn_wait(fwd.conn, &w, 1, why, sizeof(why)) < 0) {
 			lose_worker(why);
 			return -1;
 		}
@@ -896,11 +896,11 @@ static int window_room(void)
  * 1 refused: k runs locally, in order, while this connection lives (kept
  * connections keep it: a return to the worker does not ask again); -1 the
  * worker was lost (what it had is replayed).  Once per kernel per
- * connection, so the round trip is paid once, not per launch.  F.mu held.
+ * connection, so the round trip is paid once, not per launch.  fwd.mu held.
  */
 static int define_kernel(struct fkernel *k)
 {
-	struct fconn *c = F.conn;
+	struct fconn *c = fwd.conn;
 	char why[256];
 
 	if (!shipped(c, k->mid)) {
@@ -939,7 +939,7 @@ static int forward(const struct shim_launch *l)
 	struct fwd_launch m;
 	struct fkernel *k;
 	struct fstream *st;
-	struct rentry *e;
+	struct wentry *e;
 	int coop = l->entry == SHIM_E_COOP;
 	char why[256];
 	unsigned i;
@@ -970,17 +970,17 @@ static int forward(const struct shim_launch *l)
 	for (i = 0; i < k->nparams; i++)
 		if (!l->args[i])
 			return ordered_local(l);   /* the runtime says why */
-	if (!shipped(F.conn, k->mid) && module_ready(k->mid, k->name) < 0)
+	if (!shipped(fwd.conn, k->mid) && module_ready(k->mid, k->name) < 0)
 		return ordered_local(l);
-	if (!(F.conn->defined[k->kid / 64] & (1ull << (k->kid % 64))) && define_kernel(k) < 0)
+	if (!(fwd.conn->defined[k->kid / 64] & (1ull << (k->kid % 64))) && define_kernel(k) < 0)
 		return shim_launch_local(l);       /* after the replay, in order */
-	if (F.conn->refused[k->kid / 64] & (1ull << (k->kid % 64)))
+	if (fwd.conn->refused[k->kid / 64] & (1ull << (k->kid % 64)))
 		return ordered_local(l);
 	settle_local(st);
 	if (window_room() < 0)
 		return shim_launch_local(l);
 
-	e = &F.ring[F.head % FWD_WINDOW];
+	e = &fwd.window[fwd.head % FWD_WINDOW];
 	memset(e, 0, sizeof(*e));
 	e->len = sizeof(m) + k->argbytes;
 	e->frame = malloc(e->len);
@@ -989,9 +989,9 @@ static int forward(const struct shim_launch *l)
 	memset(&m, 0, sizeof(m));
 	fwd_hdr_init(&m.h, FWD_T_LAUNCH,
 		     (coop ? FWD_LF_COOP : 0) | (fwd_span_timed() ? FWD_LF_TIMED : 0), e->len);
-	m.seq = ++F.seq;
+	m.seq = ++fwd.seq;
 	m.kid = k->kid;
-	m.sidx = (uint16_t)(st - F.streams);
+	m.sidx = (uint16_t)(st - fwd.streams);
 	m.skind = st->kind;
 	memcpy(m.grid, grid, sizeof(grid));
 	memcpy(m.block, block, sizeof(block));
@@ -1007,28 +1007,28 @@ static int forward(const struct shim_launch *l)
 	e->coop = coop;
 	e->key = l->key;
 	e->k = k;
-	F.head++;                       /* in the window before it is sent */
+	fwd.head++;                       /* in the window before it is sent */
 
-	if (fconn_send(F.conn, e->frame, e->len) < 0) {
+	if (fconn_send(fwd.conn, e->frame, e->len) < 0) {
 		lose_worker("cannot send to the worker");   /* replays this one */
-		return F.err ? take_error() : cudaSuccess;
+		return fwd.err ? take_error() : cudaSuccess;
 	}
 	st->last_seq = m.seq;
 	e->counted = 1;
 	shim_count_launch(l->key);
 	shim_add(&shim_ctr->forwarded, 1);
 	if (fwd_span_timed())
-		fwd_span_add(F.conn, m.seq, m.sidx);
+		fwd_span_add(fwd.conn, m.seq, m.sidx);
 
-	if (++F.nsent % POLL_EVERY == 0) {
-		note_failed(F.conn);
-		if (shim_now_ns() - F.conn->last_check_ns >= CHECK_EVERY &&
-		    fconn_lost(F.conn, why, sizeof(why)))
+	if (++fwd.nsent % POLL_EVERY == 0) {
+		note_failed(fwd.conn);
+		if (shim_now_ns() - fwd.conn->last_check_ns >= CHECK_EVERY &&
+		    fconn_lost(fwd.conn, why, sizeof(why)))
 			lose_worker(why);
 		else
-			fconn_poll(F.conn);
-		if (F.conn && __atomic_load_n(&F.conn->lost, __ATOMIC_ACQUIRE))
-			lose_worker(F.conn->lost_why);
+			fconn_poll(fwd.conn);
+		if (fwd.conn && __atomic_load_n(&fwd.conn->lost, __ATOMIC_ACQUIRE))
+			lose_worker(fwd.conn->lost_why);
 		fwd_publish();
 	}
 	return cudaSuccess;
@@ -1041,9 +1041,9 @@ static int fwd_launch(const struct shim_launch *l)
 	if (fwd_lock() < 0)
 		return shim_launch_local(l);
 	follow_route();
-	if (F.err) {
+	if (fwd.err) {
 		r = take_error();
-	} else if (!F.conn) {
+	} else if (!fwd.conn) {
 		fwd_unlock();
 		return shim_launch_local(l);
 	} else {
@@ -1075,13 +1075,13 @@ int shim_fwd_fence(void *stream, int ptsz, int scope)
 
 	if (fwd_lock() < 0)
 		return 0;
-	if (F.err || !F.conn) {
+	if (fwd.err || !fwd.conn) {
 		r = take_error();
 		fwd_unlock();
 		return r;
 	}
 	n = fence_set(scope == SHIM_FENCE_ALL ? NULL : stream_get(stream, ptsz), w);
-	c = F.conn;
+	c = fwd.conn;
 	fconn_get(c);
 	fwd_unlock();
 
@@ -1089,7 +1089,7 @@ int shim_fwd_fence(void *stream, int ptsz, int scope)
 	r = n ? fconn_wait(c, w, n, why, sizeof(why)) : 0;
 
 	fwd_lock();
-	if (F.conn == c) {
+	if (fwd.conn == c) {
 		if (r < 0)
 			lose_worker(why);
 		else {
@@ -1107,7 +1107,7 @@ void shim_fwd_local_done(void *stream, int ptsz)
 {
 	if (fwd_lock() < 0)
 		return;
-	if (F.conn)
+	if (fwd.conn)
 		mark_local(stream, ptsz);
 	fwd_unlock();
 }
@@ -1119,7 +1119,7 @@ int shim_fwd_pending(void *stream, int ptsz)
 
 	if (fwd_lock() < 0)
 		return 0;
-	if (F.conn)
+	if (fwd.conn)
 		n = fence_set(stream_get(stream, ptsz), w);
 	fwd_unlock();
 	return n > 0;
@@ -1129,9 +1129,9 @@ void shim_fwd_exit(void)
 {
 	if (fwd_lock() < 0)
 		return;
-	if (F.conn) {
+	if (fwd.conn) {
 		struct fwait w[FWD_MAX_STREAMS];
-		struct fconn *c = F.conn;
+		struct fconn *c = fwd.conn;
 		char why[256];
 		int n = fence_set(NULL, w);
 
@@ -1139,17 +1139,17 @@ void shim_fwd_exit(void)
 		 * finish it on the worker anyway, but do not replay it */
 		if (n && fconn_wait(c, w, n, why, sizeof(why)) < 0)
 			shim_log("worker %u lost at exit: %s", c->worker, why);
-		F.conn = NULL;
+		fwd.conn = NULL;
 		fconn_close(c, 1);
 	}
 	for (unsigned i = 0; i < FWD_KEEP; i++) {
-		if (F.kept[i])
-			fconn_close(F.kept[i], 1);
-		F.kept[i] = NULL;
+		if (fwd.kept[i])
+			fconn_close(fwd.kept[i], 1);
+		fwd.kept[i] = NULL;
 	}
-	if (F.local_runs)
+	if (fwd.local_runs)
 		shim_log("%llu launch%s ran locally while routed to a worker (see above why)",
-			 (unsigned long long)F.local_runs, F.local_runs == 1 ? "" : "es");
+			 (unsigned long long)fwd.local_runs, fwd.local_runs == 1 ? "" : "es");
 	fwd_publish();
 	fwd_unlock();
 }
@@ -1160,25 +1160,25 @@ void shim_fwd_forget(void)
 
 	/* the child shares no worker connection, slot or window with its
 	 * parent; libzmq's threads are gone: drop everything, touch nothing */
-	for (i = F.tail; i < F.head; i++)
-		free(F.ring[i % FWD_WINDOW].frame);
-	memset(F.ring, 0, sizeof(F.ring));
-	F.head = F.tail = 0;
-	F.conn = NULL;
-	memset(F.kept, 0, sizeof(F.kept));     /* leaked: they are the parent's */
-	F.acted = 0;
-	F.epoch = 0;
-	F.err = 0;
-	F.nstreams = F.last_stream = 0;
-	F.any_pending = F.unknown_pending = 0;
-	F.refused_worker = 0;
-	F.local_runs = 0;
+	for (i = fwd.tail; i < fwd.head; i++)
+		free(fwd.window[i % FWD_WINDOW].frame);
+	memset(fwd.window, 0, sizeof(fwd.window));
+	fwd.head = fwd.tail = 0;
+	fwd.conn = NULL;
+	memset(fwd.kept, 0, sizeof(fwd.kept));     /* leaked: they are the parent's */
+	fwd.acted = 0;
+	fwd.epoch = 0;
+	fwd.err = 0;
+	fwd.nstreams = fwd.last_stream = 0;
+	fwd.any_pending = fwd.unknown_pending = 0;
+	fwd.refused_worker = 0;
+	fwd.local_runs = 0;
 	fwd_hold_forget();
-	F.unshared_said = 0;
+	fwd.unshared_said = 0;
 	thread_key = 0;
 	holding = 0;
 	fwd_span_forget();
-	pthread_mutex_init(&F.mu, NULL);
+	pthread_mutex_init(&fwd.mu, NULL);
 	fconn_forget();
 	__atomic_store_n(&shim_fwd_busy, 0, __ATOMIC_RELAXED);
 	__atomic_store_n(&shim_fwd_epoch, 0, __ATOMIC_RELEASE);

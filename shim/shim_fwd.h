@@ -10,7 +10,7 @@
  *   shim_fwd_twins.c    the simgpu twin libraries a worker is told about
  *   shim_fwd_modfile.c  module files: the fat binaries a worker loads
  *
- * Locking: shim_fwd.c's mutex (F.mu, fwd_lock) covers its state, the
+ * Locking: shim_fwd.c's mutex (fwd.mu, fwd_lock) covers its state, the
  * holds' and every send; a connection's socket has its own small mutex
  * (taken inside the first, or alone by a fence that waits without the
  * first), so a thread waiting for a stream never stops another thread's
@@ -116,15 +116,15 @@ uint64_t shim_fwd_spin_ns(void);
 
 /* --- the forwarding state's lock and view (shim_fwd.c) --------------------- */
 
-/* Take F.mu: 0, or -1 when this thread already holds it (a hook reached
+/* Take fwd.mu: 0, or -1 when this thread already holds it (a hook reached
  * from inside the real runtime). */
 int fwd_lock(void);
 void fwd_unlock(void);
 /* The fast path's view of the state (shim_fwd_epoch, shim_fwd_busy) from
- * it; F.mu held. */
+ * it; fwd.mu held. */
 void fwd_publish(void);
 
-/* --- holds (shim_fwd_hold.c), F.mu held ------------------------------------ */
+/* --- holds (shim_fwd_hold.c), fwd.mu held ------------------------------------ */
 
 /* The route at epoch says hold: launches wait from now on. */
 void fwd_hold_begin(uint64_t epoch);
@@ -132,7 +132,7 @@ void fwd_hold_begin(uint64_t epoch);
 void fwd_hold_end(void);
 /* A hold is in force (not given up, not ended). */
 int fwd_held(void);
-/* Wait, without F.mu, for the route to change from epoch: 1 act on the new
+/* Wait, without fwd.mu, for the route to change from epoch: 1 act on the new
  * one, 0 run locally (the controller is gone, or COLOCATE_HOLD_MAX_MS). */
 int fwd_hold_wait(uint64_t epoch);
 /* Fork child: no hold, nobody waiting. */

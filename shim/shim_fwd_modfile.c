@@ -6,7 +6,7 @@
  * right size, ours and closed to others, is taken without reading it back
  * (the worker checks the hash); anything else at that path is replaced.
  *
- * Locking: none of its own; the caller (module_ready) holds F.mu, and
+ * Locking: none of its own; the caller (module_ready) holds fwd.mu, and
  * temporary names are unique per process and call, so apps writing the
  * same module at once each rename a whole file.
  */

@@ -6,7 +6,7 @@
  * $SIMGPU_TWINS.  Only on simgpu: a GPU process may have hundreds of
  * libraries, and a GPU worker needs no twins.
  *
- * Locking: none of its own; called once per connection, under F.mu.
+ * Locking: none of its own; called once per connection, under fwd.mu.
  */
 #define _GNU_SOURCE
 #include "shim_fwd.h"

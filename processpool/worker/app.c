@@ -182,10 +182,10 @@ static int same_device(const char *dev)
 	char *r;
 	int same;
 
-	if (!*dev || !*W.device)
-		return !*dev && !*W.device;
+	if (!*dev || !*wstate.device)
+		return !*dev && !*wstate.device;
 	r = realpath(dev, NULL);
-	same = !strcmp(r ? r : dev, W.device);
+	same = !strcmp(r ? r : dev, wstate.device);
 	free(r);
 	return same;
 }
@@ -199,35 +199,35 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 	int i, slot = -1;
 
 	*status = FWD_S_OK;
-	if (m->worker_id != W.id) {
+	if (m->worker_id != wstate.id) {
 		*status = FWD_S_WRONG_WORKER;
-		snprintf(msg, msglen, "this is worker %u, not %u", W.id, m->worker_id);
+		snprintf(msg, msglen, "this is worker %u, not %u", wstate.id, m->worker_id);
 		return NULL;
 	}
 	if (!(m->h.flags & FWD_HF_RING)) {
 		*status = FWD_S_UNSUPPORTED;
 		snprintf(msg, msglen, "worker %u takes launches only through the page's launch ring, "
-			 "and this HELLO asks for none (FWD_HF_RING)", W.id);
+			 "and this HELLO asks for none (FWD_HF_RING)", wstate.id);
 		return NULL;
 	}
-	if ((m->h.flags & FWD_HF_VMM) && !W.vmm_ok) {
+	if ((m->h.flags & FWD_HF_VMM) && !wstate.vmm_ok) {
 		*status = FWD_S_UNSUPPORTED;
 		snprintf(msg, msglen, "worker %u cannot map the app's VMM-shared memory: %.150s",
-			 W.id, W.vmm_why);
+			 wstate.id, wstate.vmm_why);
 		return NULL;
 	}
-	if (!W.on_simgpu && !(m->h.flags & FWD_HF_VMM)) {
+	if (!wstate.on_simgpu && !(m->h.flags & FWD_HF_VMM)) {
 		/* kernels come as modules; the app's pointers would mean nothing
 		 * here unless its memory is VMM-shared (simgpu: the arena) */
 		*status = FWD_S_UNSUPPORTED;
 		snprintf(msg, msglen, "worker %u: the app's device memory is not shared with "
-			 "workers (run it with COLOCATE_MEM=vmm)", W.id);
+			 "workers (run it with COLOCATE_MEM=vmm)", wstate.id);
 		return NULL;
 	}
 	if (!same_device(device)) {
 		*status = FWD_S_OTHER_DEVICE;
 		snprintf(msg, msglen, "app device '%.100s' is not this worker's '%.100s'", device,
-			 W.device);
+			 wstate.device);
 		return NULL;
 	}
 	for (i = 0; i < W_MAX_APPS && slot < 0; i++)
@@ -235,7 +235,7 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 			slot = i;
 	if (slot < 0 || rid_len > W_MAX_RID) {
 		*status = FWD_S_FULL;
-		snprintf(msg, msglen, "worker %u serves %d apps already", W.id, W_MAX_APPS);
+		snprintf(msg, msglen, "worker %u serves %d apps already", wstate.id, W_MAX_APPS);
 		return NULL;
 	}
 	a = calloc(1, sizeof(*a));
@@ -259,7 +259,7 @@ struct wapp *w_app_hello(const unsigned char *rid, size_t rid_len, int delim,
 	if (*twins)
 		load_twins(twins, a->name);
 	__atomic_store_n(&a->page->beat_ns, w_now_ns(), __ATOMIC_RELAXED);
-	__atomic_store_n(&a->page->worker_pid, W.pid, __ATOMIC_RELEASE);
+	__atomic_store_n(&a->page->worker_pid, wstate.pid, __ATOMIC_RELEASE);
 	a->last_alive_check_ns = w_now_ns();
 	if (pthread_create(&a->thread, NULL, w_launcher, a) != 0) {
 		*status = FWD_S_FULL;
@@ -287,34 +287,34 @@ static void *by_name_handle(const struct wkernel *k)
 	void *h;
 	unsigned i;
 
-	if (W.kernel_define) {
+	if (wstate.kernel_define) {
 		for (i = 0; i < k->nparams; i++) {
 			off[i] = k->params[i].offset;
 			size[i] = k->params[i].size;
 		}
-		h = W.kernel_define(k->name, k->nparams, off, size);
+		h = wstate.kernel_define(k->name, k->nparams, off, size);
 		if (h)
 			return h;
 		w_log("%s: layout refused (defined differently before?); launches will wait "
 		      "for their arguments to be read", k->name);
 	}
-	return W.kernel_by_name(k->name);
+	return wstate.kernel_by_name(k->name);
 }
 
 /* k->handle: from its module, or by name where this worker may. */
 static int kernel_handle(struct wapp *a, struct wkernel *k, char *why, size_t whylen)
 {
-	if (W.refuse_hook && strstr(k->name, W.refuse_hook)) {
+	if (wstate.refuse_hook && strstr(k->name, wstate.refuse_hook)) {
 		snprintf(why, whylen, "kernel %s refused by COLOCATE_WORKER_REFUSE (a test hook)",
 			 k->name);
 		return FWD_E_MODULE;
 	}
 	if (k->mid != FWD_NO_MODULE)
 		return w_module_kernel(a, k, why, whylen);
-	if (!W.has_by_name) {
+	if (!wstate.has_by_name) {
 		snprintf(why, whylen, "kernel %s comes without a module, and this worker does not "
 			 "find kernels by name (%s)", k->name,
-			 W.on_simgpu ? "COLOCATE_WORKER_BY_NAME=0" : "not simgpu");
+			 wstate.on_simgpu ? "COLOCATE_WORKER_BY_NAME=0" : "not simgpu");
 		return FWD_E_MODULE;
 	}
 	k->handle = by_name_handle(k);
@@ -340,7 +340,7 @@ static int kernel_resolve(struct wapp *a, struct wkernel *k, char *why, size_t w
 	/* simgpu runs a kernel without a host twin as a timed no-op: here that
 	 * would silently drop the app's work, so refuse it (the app replays
 	 * locally, where its own libraries provide the twin) */
-	if (k->handle && W.has_twin && W.has_twin(k->name) == 0) {
+	if (k->handle && wstate.has_twin && wstate.has_twin(k->name) == 0) {
 		w_log("app %s: no host twin for %s in this worker (twin libraries come from the "
 		      "app's HELLO); refusing it", a->name, k->name);
 		k->handle = NULL;
@@ -396,7 +396,7 @@ void w_app_verdict(struct wapp *a, uint32_t kid, const char *refused)
 	uint64_t bit = 1ull << (kid % 64);
 
 	if (refused) {
-		uint64_t n = atomic_fetch_add(&W.refused_kernels, 1) + 1;
+		uint64_t n = atomic_fetch_add(&wstate.refused_kernels, 1) + 1;
 
 		if (n <= SOFT_LOG_CAP)
 			w_log("app %s (pid %u): kernel %u refused, the app runs it locally: %s%s",

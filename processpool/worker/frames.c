@@ -35,11 +35,11 @@ void w_send(struct wapp *a, const unsigned char *id, size_t id_len, int delim,
 		delim = a->delim;
 	}
 	/* ROUTER: never blocks; a message to a peer that left is dropped */
-	if (zmq.send(W.sock, id, id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+	if (zmq.send(wstate.sock, id, id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
 		return;
-	if (delim && zmq.send(W.sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+	if (delim && zmq.send(wstate.sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
 		return;
-	zmq.send(W.sock, msg, len, ZMQ_DONTWAIT);
+	zmq.send(wstate.sock, msg, len, ZMQ_DONTWAIT);
 }
 
 void w_send_error(const unsigned char *id, size_t id_len, int delim, uint32_t code,
@@ -83,7 +83,7 @@ static void reject(const unsigned char *id, size_t id_len, int delim, uint32_t c
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
-	uint64_t nbad = atomic_fetch_add(&W.bad_frames, 1) + 1;
+	uint64_t nbad = atomic_fetch_add(&wstate.bad_frames, 1) + 1;
 
 	if (nbad <= BAD_LOG_CAP) {
 		hexid(id, id_len, who, sizeof(who));
@@ -132,7 +132,7 @@ static void handle_json(const unsigned char *id, size_t id_len, int delim, size_
 	int len;
 
 	if (json_type((const char *)buf, n, type, sizeof(type)) < 0 || strcmp(type, "stats") != 0) {
-		if (atomic_fetch_add(&W.bad_frames, 1) < BAD_LOG_CAP)
+		if (atomic_fetch_add(&wstate.bad_frames, 1) < BAD_LOG_CAP)
 			w_log("unknown JSON request (%zu bytes)", n);
 		len = snprintf(out, sizeof(out),
 			       "{\"v\":1,\"type\":\"error\",\"error\":\"unknown request; "
@@ -148,16 +148,16 @@ static void handle_json(const unsigned char *id, size_t id_len, int delim, size_
 		       "\"vmm_same_address\":%s,\"translated\":%llu,\"bad_mem\":%llu,"
 		       "\"vmm_mapped\":%llu,\"vmm_unmapped\":%llu,\"vmm_live\":%llu,"
 		       "\"refused_kernels\":%llu}",
-		       W.id, W.quota, W.pid, (unsigned long long)atomic_load(&W.executed),
-		       w_app_count(), W.closing ? "closing" : "ready",
-		       (unsigned long long)atomic_load(&W.bad_frames), W.has_by_name ? "true" : "false",
+		       wstate.id, wstate.quota, wstate.pid, (unsigned long long)atomic_load(&wstate.executed),
+		       w_app_count(), wstate.closing ? "closing" : "ready",
+		       (unsigned long long)atomic_load(&wstate.bad_frames), wstate.has_by_name ? "true" : "false",
 		       w_modules_loaded(), (unsigned long long)w_module_loads(),
-		       W.vmm_ok ? "true" : "false",
-		       W.vmm_ok && W.vmm_base == FWD_MEM_BASE ? "true" : "false",
-		       (unsigned long long)atomic_load(&W.translated),
+		       wstate.vmm_ok ? "true" : "false",
+		       wstate.vmm_ok && wstate.vmm_base == FWD_MEM_BASE ? "true" : "false",
+		       (unsigned long long)atomic_load(&wstate.translated),
 		       (unsigned long long)w_vmm_bad(), (unsigned long long)vm_mapped,
 		       (unsigned long long)vm_unmapped, (unsigned long long)vm_live,
-		       (unsigned long long)atomic_load(&W.refused_kernels));
+		       (unsigned long long)atomic_load(&wstate.refused_kernels));
 	w_send(NULL, id, id_len, delim, out, (size_t)len);
 }
 
@@ -195,9 +195,9 @@ static void handle_hello(const unsigned char *id, size_t id_len, int delim, size
 	copy_str(device, p, m.device_len);
 	p += m.device_len;
 	copy_str(name, p, m.name_len);
-	if (W.closing) {
+	if (wstate.closing) {
 		status = FWD_S_CLOSING;
-		snprintf(msg, sizeof(msg), "worker %u is shutting down", W.id);
+		snprintf(msg, sizeof(msg), "worker %u is shutting down", wstate.id);
 	} else {
 		a = w_app_hello(id, id_len, delim, &m, page, twins, device, name, &status, msg,
 				sizeof(msg));
@@ -209,9 +209,9 @@ static void handle_hello(const unsigned char *id, size_t id_len, int delim, size
 	fwd_hdr_init(&r.h, FWD_T_HELLO_REPLY,
 		     (a ? FWD_HF_RING : 0) | (a && a->vmm ? FWD_HF_VMM : 0), sizeof(r) + ml);
 	r.status = status;
-	r.worker_id = W.id;
-	r.quota_pct = W.quota;
-	r.pid = W.pid;
+	r.worker_id = wstate.id;
+	r.quota_pct = wstate.quota;
+	r.pid = wstate.pid;
 	r.msg_len = (uint16_t)ml;
 	memcpy(out, &r, sizeof(r));
 	memcpy(out + sizeof(r), msg, ml);
@@ -248,7 +248,7 @@ static void handle_binary(const unsigned char *id, size_t id_len, int delim, siz
 		       h.type);
 		return;
 	}
-	if (W.closing)
+	if (wstate.closing)
 		return;            /* every app is closing already */
 	a = w_app_find(id, id_len);
 	if (!a) {
@@ -267,12 +267,12 @@ static int recv_part(void *dst, size_t cap, int flags, int *more)
 	int n;
 
 	do
-		n = zmq.recv(W.sock, dst, cap, flags);
+		n = zmq.recv(wstate.sock, dst, cap, flags);
 	while (n < 0 && zmq.errno_() == EINTR);
 	if (n < 0)
 		return -1;
 	*more = 0;
-	if (zmq.getsockopt(W.sock, ZMQ_RCVMORE, more, &sz) < 0)
+	if (zmq.getsockopt(wstate.sock, ZMQ_RCVMORE, more, &sz) < 0)
 		*more = 0;
 	return n;
 }

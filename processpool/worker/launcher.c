@@ -69,7 +69,7 @@ static void CUDART_CB on_mark(void *arg)
 	/* simgpu runs host functions even after a kernel faulted (a GPU would
 	 * not run them): never report a faulted kernel as done.  A host
 	 * function may not call CUDA on a GPU; on simgpu this one only reads. */
-	if (W.on_simgpu) {
+	if (wstate.on_simgpu) {
 		cudaError_t e = cudaPeekAtLastError();
 
 		if (w_sticky(e))
@@ -81,7 +81,7 @@ static void CUDART_CB on_mark(void *arg)
 	 * asks for the stats finds it counted */
 	if (!(v & W_MARK_FAILED)) {
 		__atomic_fetch_add(&pg->executed, 1, __ATOMIC_RELAXED);
-		atomic_fetch_add_explicit(&W.executed, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&wstate.executed, 1, memory_order_relaxed);
 	}
 	/* seq_cst pairs with the waiter's increment of `waiters` */
 	__atomic_store_n(&pg->done[ws->idx], v & W_MARK_SEQ, __ATOMIC_SEQ_CST);
@@ -197,7 +197,7 @@ static void map_pointers(const unsigned char *args, uint32_t n)
 		memcpy(&v, args + o, sizeof(v));
 		/* user-space addresses only; simgpu ignores the rest quickly */
 		if (v >= 0x10000 && v < (1ull << 47))
-			W.map_peer((const void *)(uintptr_t)v);
+			wstate.map_peer((const void *)(uintptr_t)v);
 	}
 }
 
@@ -225,11 +225,11 @@ void w_launch(struct wapp *a, const struct fwd_launch *m, struct wkernel *k,
 		return;
 	}
 	order(a, ws);
-	if (W.map_peer)
+	if (wstate.map_peer)
 		map_pointers(args, m->argbytes);
 	/* the app's memory is elsewhere here: its pointers are moved (the
 	 * launch copies its arguments before returning) */
-	if (a->vmm && atomic_load_explicit(&W.vmm_moved, memory_order_relaxed) &&
+	if (a->vmm && atomic_load_explicit(&wstate.vmm_moved, memory_order_relaxed) &&
 	    w_vmm_translate(a, args, m->argbytes, k, moved))
 		args = moved;
 	for (i = 0; i < k->nparams; i++)
@@ -300,7 +300,7 @@ static void ring_loop(struct wapp *a)
 			continue;
 		}
 		t0 = mono_ns();
-		while (!ring_wake_up(a) && mono_ns() - t0 < W.spin_ns)
+		while (!ring_wake_up(a) && mono_ns() - t0 < wstate.spin_ns)
 			;
 		if (!ring_wake_up(a))
 			w_ring_sleep(a, ring_wake_up);

@@ -29,7 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-struct wglobal W;
+struct wglobal wstate;
 
 static char sock_path[PATH_MAX], pid_path[PATH_MAX];
 
@@ -38,7 +38,7 @@ void w_log(const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	colocate_vlog("colocate-worker", W.id, fmt, ap);
+	colocate_vlog("colocate-worker", wstate.id, fmt, ap);
 	va_end(ap);
 }
 
@@ -114,26 +114,26 @@ static int parse_args(int argc, char **argv)
 			return -1;
 		}
 		if (!strcmp(a, "--id")) {
-			if (parse_u32(v, 1, 0x7fffffff, &W.id) < 0) {
+			if (parse_u32(v, 1, 0x7fffffff, &wstate.id) < 0) {
 				fprintf(stderr, "colocate-worker: bad --id %s (1..2^31-1)\n", v);
 				return -1;
 			}
 			have_id = 1;
 		} else if (!strcmp(a, "--quota")) {
-			if (parse_u32(v, 1, 100, &W.quota) < 0) {
+			if (parse_u32(v, 1, 100, &wstate.quota) < 0) {
 				fprintf(stderr, "colocate-worker: bad --quota %s (1..100)\n", v);
 				return -1;
 			}
 			have_q = 1;
 		} else if (!strcmp(a, "--runtime-dir")) {
-			W.rundir = v;
+			wstate.rundir = v;
 		} else {
 			fprintf(stderr, "colocate-worker: unknown option %s\n", a);
 			return -1;
 		}
 		i++;
 	}
-	if (!have_id || !have_q || !W.rundir || !*W.rundir) {
+	if (!have_id || !have_q || !wstate.rundir || !*wstate.rundir) {
 		usage();
 		return -1;
 	}
@@ -148,11 +148,11 @@ static void quota_env(void)
 	char buf[16];
 
 	if (!v || !*v) {
-		snprintf(buf, sizeof(buf), "%u", W.quota);
+		snprintf(buf, sizeof(buf), "%u", wstate.quota);
 		setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", buf, 1);
-	} else if (atof(v) != (double)W.quota) {
+	} else if (atof(v) != (double)wstate.quota) {
 		w_log("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%s differs from --quota %u; the "
-		      "variable is what the device applies", v, W.quota);
+		      "variable is what the device applies", v, wstate.quota);
 	}
 }
 
@@ -165,7 +165,7 @@ static int write_pid_file(void)
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return -1;
-	n = snprintf(buf, sizeof(buf), "%u\n", W.pid);
+	n = snprintf(buf, sizeof(buf), "%u\n", wstate.pid);
 	if (write(fd, buf, (size_t)n) != n) {
 		close(fd);
 		unlink(tmp);
@@ -187,7 +187,7 @@ static void remove_files(void)
 
 		close(fd);
 		buf[n > 0 ? n : 0] = 0;
-		if ((uint32_t)strtoul(buf, NULL, 10) == W.pid)
+		if ((uint32_t)strtoul(buf, NULL, 10) == wstate.pid)
 			unlink(pid_path);
 	}
 	unlink(sock_path);
@@ -232,11 +232,11 @@ static void device_identity(void)
 	const char *d = getenv("SIMGPU_DIR");
 	char *r;
 
-	W.device[0] = 0;
+	wstate.device[0] = 0;
 	if (!d || !*d)
 		return;
 	r = realpath(d, NULL);
-	snprintf(W.device, sizeof(W.device), "%s", r ? r : d);
+	snprintf(wstate.device, sizeof(wstate.device), "%s", r ? r : d);
 	free(r);
 }
 
@@ -252,13 +252,13 @@ int main(int argc, char **argv)
 
 	if (parse_args(argc, argv) < 0)
 		return 2;
-	W.pid = (uint32_t)getpid();
-	if (snprintf(sock_path, sizeof(sock_path), "%s/worker-%u.sock", W.rundir, W.id) >= 108) {
+	wstate.pid = (uint32_t)getpid();
+	if (snprintf(sock_path, sizeof(sock_path), "%s/worker-%u.sock", wstate.rundir, wstate.id) >= 108) {
 		/* sockaddr_un.sun_path is 108 bytes */
 		w_log("runtime dir path too long for an ipc socket: %s", sock_path);
 		return 1;
 	}
-	snprintf(pid_path, sizeof(pid_path), "%s/worker-%u.pid", W.rundir, W.id);
+	snprintf(pid_path, sizeof(pid_path), "%s/worker-%u.pid", wstate.rundir, wstate.id);
 
 	/* before any thread exists: every thread inherits the blocked mask */
 	sigemptyset(&sigs);
@@ -274,7 +274,7 @@ int main(int argc, char **argv)
 	quota_env();
 	device_identity();
 	/* as the shim's waits: poll only when cores are to spare */
-	W.spin_ns = getenv("COLOCATE_FWD_SPIN_US") && *getenv("COLOCATE_FWD_SPIN_US")
+	wstate.spin_ns = getenv("COLOCATE_FWD_SPIN_US") && *getenv("COLOCATE_FWD_SPIN_US")
 		? strtoull(getenv("COLOCATE_FWD_SPIN_US"), NULL, 10) * 1000ull
 		: sysconf(_SC_NPROCESSORS_ONLN) > 4 ? 30000ull : 2000ull;
 	if (zmqdl_load(dlsym, why, sizeof(why)) < 0) {
@@ -287,30 +287,30 @@ int main(int argc, char **argv)
 		w_log("cannot create a CUDA context: %s", cudaGetErrorString(e));
 		return 1;
 	}
-	*(void **)&W.kernel_by_name = dlsym(RTLD_DEFAULT, "simgpu_kernel_by_name");
-	*(void **)&W.has_twin = dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin");
+	*(void **)&wstate.kernel_by_name = dlsym(RTLD_DEFAULT, "simgpu_kernel_by_name");
+	*(void **)&wstate.has_twin = dlsym(RTLD_DEFAULT, "simgpu_kernel_has_twin");
 	/* with the layout, a launch copies its arguments and returns at once */
-	*(void **)&W.kernel_define = dlsym(RTLD_DEFAULT, "simgpu_kernel_define_layout");
-	*(void **)&W.map_peer = dlsym(RTLD_DEFAULT, "simgpu_map_peer");
+	*(void **)&wstate.kernel_define = dlsym(RTLD_DEFAULT, "simgpu_kernel_define_layout");
+	*(void **)&wstate.map_peer = dlsym(RTLD_DEFAULT, "simgpu_map_peer");
 	/* CUDA 12.4+: a DEFINE's layout is checked against its module's */
-	*(void **)&W.param_info = dlsym(RTLD_DEFAULT, "cudaFuncGetParamInfo");
-	W.on_simgpu = W.kernel_by_name != NULL;
+	*(void **)&wstate.param_info = dlsym(RTLD_DEFAULT, "cudaFuncGetParamInfo");
+	wstate.on_simgpu = wstate.kernel_by_name != NULL;
 	by_name = getenv("COLOCATE_WORKER_BY_NAME");
-	W.has_by_name = W.on_simgpu && !(by_name && !strcmp(by_name, "0"));
-	if (!W.on_simgpu)
+	wstate.has_by_name = wstate.on_simgpu && !(by_name && !strcmp(by_name, "0"));
+	if (!wstate.on_simgpu)
 		w_log("not simgpu: only apps whose memory is VMM-shared (COLOCATE_MEM=vmm) are "
 		      "taken; others are told so and run locally");
-	else if (!W.has_by_name)
+	else if (!wstate.has_by_name)
 		w_log("COLOCATE_WORKER_BY_NAME=0: kernels only from the apps' modules, as on a GPU");
-	W.refuse_hook = getenv("COLOCATE_WORKER_REFUSE");
-	if (W.refuse_hook && !*W.refuse_hook)
-		W.refuse_hook = NULL;
-	if (W.refuse_hook)
+	wstate.refuse_hook = getenv("COLOCATE_WORKER_REFUSE");
+	if (wstate.refuse_hook && !*wstate.refuse_hook)
+		wstate.refuse_hook = NULL;
+	if (wstate.refuse_hook)
 		w_log("COLOCATE_WORKER_REFUSE=%s (test hook): refusing kernels whose name holds it",
-		      W.refuse_hook);
+		      wstate.refuse_hook);
 
-	W.sock = open_router();
-	if (!W.sock)
+	wstate.sock = open_router();
+	if (!wstate.sock)
 		return 1;
 	/* apps' VMM-shared memory (COLOCATE_MEM=vmm): the region, the mem
 	 * socket.  Without them only apps whose memory is shared otherwise
@@ -322,12 +322,12 @@ int main(int argc, char **argv)
 		w_vmm_close();
 		return 1;
 	}
-	printf("READY worker %u quota %u pid %u\n", W.id, W.quota, W.pid);
+	printf("READY worker %u quota %u pid %u\n", wstate.id, wstate.quota, wstate.pid);
 	fflush(stdout);
 
-	items[0] = (struct zmqdl_pollitem){ W.sock, 0, ZMQ_POLLIN, 0 };
+	items[0] = (struct zmqdl_pollitem){ wstate.sock, 0, ZMQ_POLLIN, 0 };
 	items[1] = (struct zmqdl_pollitem){ NULL, sfd, ZMQ_POLLIN, 0 };
-	while (!W.closing) {
+	while (!wstate.closing) {
 		uint64_t now;
 		int nv = w_vmm_items(items + 2, 1 + W_VMM_MAX_CONNS);
 		int n = zmq.poll(items, 2 + nv, 100);
@@ -341,7 +341,7 @@ int main(int argc, char **argv)
 
 			if (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
 				w_log("signal %u: shutting down", si.ssi_signo);
-			W.closing = 1;
+			wstate.closing = 1;
 		}
 		if (n > 0)
 			w_vmm_serve(items + 2, nv);
@@ -360,14 +360,14 @@ int main(int argc, char **argv)
 	}
 
 	drain_ms = env_ms("COLOCATE_WORKER_DRAIN_MS", 3000);
-	W.closing = 1;
+	wstate.closing = 1;
 	clean = w_apps_shutdown(w_now_ns() + (uint64_t)drain_ms * 1000000ull);
 	w_vmm_tick();
 	w_vmm_close();
 	remove_files();
-	zmq.close(W.sock);
+	zmq.close(wstate.sock);
 	w_log("exiting: %llu kernels run for apps%s",
-	      (unsigned long long)atomic_load(&W.executed),
+	      (unsigned long long)atomic_load(&wstate.executed),
 	      clean ? "" : " (some launcher threads did not finish in time)");
 	fflush(stdout);
 	if (!clean)

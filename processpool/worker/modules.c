@@ -342,7 +342,7 @@ int w_app_module(struct wapp *a, const struct fwd_module *m, const char *path, c
 			 path);
 		return FWD_E_MALFORMED;   /* the shim never reuses an id */
 	}
-	if ((m->h.flags & FWD_MF_VARS) && !W.has_by_name) {
+	if ((m->h.flags & FWD_MF_VARS) && !wstate.has_by_name) {
 		/* a GPU (or a simgpu worker told to act as one) */
 		snprintf(why, whylen, "module %u (%s) has __device__/__constant__ variables: this "
 			 "worker's copy of them would not hold the app's values", m->mid, path);
@@ -412,9 +412,9 @@ int w_module_kernel(struct wapp *a, struct wkernel *k, char *why, size_t whylen)
 			 cudaGetErrorName(e));
 		return FWD_E_MODULE;
 	}
-	if (W.param_info) {
+	if (wstate.param_info) {
 		for (i = 0; i <= k->nparams; i++) {
-			e = W.param_info((const void *)h, i, &off, &size);
+			e = wstate.param_info((const void *)h, i, &off, &size);
 			if (i == k->nparams ? e == cudaSuccess
 					    : e != cudaSuccess || off != k->params[i].offset ||
 						      size != k->params[i].size)

@@ -34,7 +34,7 @@ static void refuse(struct wapp *a, uint64_t seq, int code, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
-	atomic_fetch_add(&W.bad_frames, 1);
+	atomic_fetch_add(&wstate.bad_frames, 1);
 	w_log("app %s (pid %u): refusing its launch ring: %s", a->name, a->pid, why);
 	__atomic_store_n(&a->page->refused_seq, seq, __ATOMIC_RELAXED);
 	__atomic_store_n(&a->page->refused_code, code, __ATOMIC_RELEASE);

@@ -128,7 +128,7 @@ int w_vmm_init(void)
 	for (i = 0; i < MAX_MCONN; i++)
 		conns[i].fd = -1;
 	if (load_driver(why, sizeof(why)) < 0) {
-		snprintf(W.vmm_why, sizeof(W.vmm_why), "%s", why);
+		snprintf(wstate.vmm_why, sizeof(wstate.vmm_why), "%s", why);
 		w_log("VMM-shared app memory cannot be mapped here: %s", why);
 		return -1;
 	}
@@ -145,11 +145,11 @@ int w_vmm_init(void)
 		      "address here; pointer arguments of their launches will be translated",
 		      (unsigned long long)got, (unsigned long long)FWD_MEM_BASE);
 	}
-	W.vmm_base = got;
-	if ((size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/worker-%u.mem.sock", W.rundir,
-			     W.id) >= sizeof(sa.sun_path)) {
-		snprintf(W.vmm_why, sizeof(W.vmm_why), "mem socket path too long");
-		w_log("%s", W.vmm_why);
+	wstate.vmm_base = got;
+	if ((size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/worker-%u.mem.sock", wstate.rundir,
+			     wstate.id) >= sizeof(sa.sun_path)) {
+		snprintf(wstate.vmm_why, sizeof(wstate.vmm_why), "mem socket path too long");
+		w_log("%s", wstate.vmm_why);
 		return -1;
 	}
 	snprintf(sock_path, sizeof(sock_path), "%s", sa.sun_path);
@@ -157,16 +157,16 @@ int w_vmm_init(void)
 	lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
 	    chmod(sock_path, 0600) < 0 || listen(lfd, 64) < 0) {
-		snprintf(W.vmm_why, sizeof(W.vmm_why), "mem socket %.150s: %s", sock_path,
+		snprintf(wstate.vmm_why, sizeof(wstate.vmm_why), "mem socket %.150s: %s", sock_path,
 			 strerror(errno));
-		w_log("%s", W.vmm_why);
+		w_log("%s", wstate.vmm_why);
 		if (lfd >= 0)
 			close(lfd);
 		lfd = -1;
 		unlink(sock_path);
 		return -1;
 	}
-	W.vmm_ok = 1;
+	wstate.vmm_ok = 1;
 	return 0;
 }
 
@@ -204,7 +204,7 @@ static void map_drop(size_t i)
 	if (m->own_resv)
 		D.addr_free(m->own_resv, m->size);
 	if (m->waddr != m->addr)
-		atomic_fetch_sub(&W.vmm_moved, 1);
+		atomic_fetch_sub(&wstate.vmm_moved, 1);
 	memmove(&maps[i], &maps[i + 1], (nmaps - i - 1) * sizeof(*maps));
 	nmaps--;
 }
@@ -221,8 +221,8 @@ static CUresult place(uint64_t addr, uint64_t size, CUmemGenericAllocationHandle
 	CUresult r = CUDA_ERROR_INVALID_VALUE;
 
 	*own = 0;
-	if (W.vmm_base && addr >= FWD_MEM_BASE && addr + size <= FWD_MEM_BASE + FWD_MEM_SIZE) {
-		at = W.vmm_base + (addr - FWD_MEM_BASE);
+	if (wstate.vmm_base && addr >= FWD_MEM_BASE && addr + size <= FWD_MEM_BASE + FWD_MEM_SIZE) {
+		at = wstate.vmm_base + (addr - FWD_MEM_BASE);
 		r = D.map(at, size, 0, h, 0);
 	}
 	if (r != CUDA_SUCCESS) {
@@ -363,15 +363,15 @@ static int do_map(struct mconn *c, int ci, const struct fwd_mem_msg *m, int fd, 
 	}
 	maps[nmaps++] = (struct wmap){ m->pid, ci, c->aserial, m->addr, m->size, *waddr, own, h };
 	if (*waddr != m->addr)
-		atomic_fetch_add(&W.vmm_moved, 1);
+		atomic_fetch_add(&wstate.vmm_moved, 1);
 	pthread_rwlock_unlock(&maps_mu);
 	if (*waddr != m->addr && !c->said_moved) {
 		c->said_moved = 1;
 		w_log("app pid %u: memory at 0x%llx is mapped at 0x%llx here: the same address "
 		      "could not be had (%s); its launches' pointer arguments are translated",
 		      m->pid, (unsigned long long)m->addr, (unsigned long long)*waddr,
-		      !W.vmm_base ? "no colocate region here"
-		      : W.vmm_base != FWD_MEM_BASE ? "the region is elsewhere in this worker"
+		      !wstate.vmm_base ? "no colocate region here"
+		      : wstate.vmm_base != FWD_MEM_BASE ? "the region is elsewhere in this worker"
 						   : "the range is taken by another app");
 	}
 	return FWD_MEM_S_OK;
@@ -685,7 +685,7 @@ int w_vmm_translate(struct wapp *a, const unsigned char *args, uint32_t argbytes
 	pthread_rwlock_unlock(&maps_mu);
 	if (changed) {
 		atomic_fetch_add(&a->translated, 1);
-		atomic_fetch_add(&W.translated, 1);
+		atomic_fetch_add(&wstate.translated, 1);
 		if (!a->translate_said) {
 			a->translate_said = 1;
 			w_log("app %s (pid %u): its memory is not at the same address here: pointer "

@@ -173,7 +173,7 @@ struct wglobal {
 	 * a kernel missing from its module would be */
 	const char *refuse_hook;
 };
-extern struct wglobal W;
+extern struct wglobal wstate;
 
 void w_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The CUDA context is unusable (a sticky error): leave at once, from any
@@ -252,7 +252,7 @@ void w_times_free(struct wapp *a);
 #define W_VMM_MAX_CONNS 64
 struct zmqdl_pollitem;
 /* Reserve the colocate region, listen on the mem socket: 0, or -1 (logged;
- * W.vmm_why says why VMM apps are refused). */
+ * wstate.vmm_why says why VMM apps are refused). */
 int  w_vmm_init(void);
 /* Poll items for the mem socket and its connections (max >= 1 + W_VMM_MAX_CONNS);
  * w_vmm_serve acts on what poll found in them. */
