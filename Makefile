@@ -25,7 +25,7 @@ DRVLIB  ?= $(firstword $(wildcard $(CUDA_HOME)/lib64/stubs/libcuda.so $(CUDA_HOM
 DRVPROG := bench/bin/drvcheck bench/bin/drvcheck.fatbin bench/bin/drvcheck.twins.so \
 	   bench/bin/test-drvapi.fatbin bench/bin/test-drvapi.twins.so
 
-.PHONY: all build native progs test lint demo clean gpu-wheels
+.PHONY: all build native progs test lint format demo clean gpu-wheels
 all: build
 
 build: $(VENV)/.installed native progs
@@ -111,6 +111,13 @@ bench/bin/test-%: tests/progs/%.c
 lint: $(VENV)/.installed
 	$(BIN)/ruff check controlplane predictors processpool shim bench tests
 	$(BIN)/mypy
+
+# C in kernel style (.clang-format) on the lines changed since HEAD, the
+# kernel's own habit: the rest of the tree keeps its hand-aligned comments.
+# Python: ruff's fixes (imports in order).  Run before a commit.
+format: $(VENV)/.installed
+	$(BIN)/git-clang-format --binary $(BIN)/clang-format --extensions c,h,cu --force HEAD || test $$? -eq 1  # 1: it changed something
+	$(BIN)/ruff check --fix -q controlplane predictors processpool shim bench tests
 
 test: build lint
 	$(BIN)/python -m pytest -q
