@@ -5,6 +5,7 @@ import collections
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from enum import Enum
@@ -544,6 +545,18 @@ def demo(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
     """Run hotspot (batch) and vecadd (QoS, 50 ms) together under a controller and show what each got."""
     from controlplane import demo as demo_mod
     raise typer.Exit(demo_mod.main(device.value, keep))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                               "help_option_names": []})
+def experiment(ctx: typer.Context) -> None:
+    """C-Laius's experiments in the simulator (claius-pairs, claius-ablation, ...):
+    `colocate experiment --help` lists them and their options.  Needs a source
+    checkout (the experiments and the simulator live in bench/)."""
+    script = Path(__file__).resolve().parent.parent / "bench" / "experiments.py"
+    if not script.exists():
+        raise ColocateError(f"{script} is missing: experiments run from a source checkout of colocate")
+    raise typer.Exit(subprocess.call([sys.executable, str(script), *ctx.args]))
 
 
 # the predictors' commands live with the predictors

@@ -1,0 +1,465 @@
+"""C-Laius's experiments in the simulator (bench/simulator.py): `colocate
+experiment NAME` runs this file.
+
+    colocate experiment claius-pairs [--quick] [--out DIR] [--json FILE]
+                        [--services pos,ner] [--batch hotspot,lud] [--policies claius,baymax]
+                        [--rate 10] [--qos-ms 80] [--seed 1] [--horizon 30]
+    colocate experiment claius-ablation | claius-granularity   (the same options)
+
+Each writes rows.csv, rows.json, table.md and plot.png under --out
+(default bench/out/NAME) and prints the headline figures, the simulated
+seconds per wall second and the study's wall time.
+
+Apps are replayed from `colocate trace` recordings (predictors/traces.py),
+recorded once per device setting (timing-only: no host twins) and cached.
+
+The device (as bench/colocation.py's live runs): simgpu's H100 preset made
+--slowdown times slower (SM flop rate and bandwidth), MPS on, except for
+baymax, which the paper runs on a GPU without MPS (§9.2: every app at
+100 %), here time-sliced contexts.
+
+QoS targets.  The paper (§9.1) defines the target as a p99 latency but
+gives no values; Baymax and Prophet, whose setup it follows, set a
+service's target as a multiple of its latency alone.  Ours: QOS_FACTOR
+(1.5) times the service's query latency alone at 100 % (its largest
+configured size, device time plus PCIe copies), unless --qos-ms says.
+
+Policies get the EnginePredictor: the device model's own solo time of each
+task at each quota (what a timing-only profile measures).  Batch throughput
+is normalised to the app alone at 100 % on the same device, simulated
+for the same horizon.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for p in (str(ROOT), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from simulator import Arrivals, EnginePredictor, SimResult, SimTask, Simulator, Workload  # noqa: E402
+
+from controlplane.policies import make_policy  # noqa: E402
+from shim.devmodel import Device, default_params  # noqa: E402
+
+SERVICES = ("face", "dig", "imc", "ner", "pos", "chk")
+BATCH = ("bfs", "btree", "pathfinder", "nw", "hotspot", "lavamd", "myocyte", "lud")
+PAIR_POLICIES = ("claius", "mps-even", "mps-priority", "baymax", "static-optimal")
+NO_MPS = ("baymax",)
+QOS_FACTOR = 1.5
+SLOWDOWN = 1000.0
+WARMUP = 5                   # first queries of a run left out of its p99
+
+
+@dataclass
+class Config:
+    slowdown: float = SLOWDOWN
+    rate: float = 10.0
+    arrivals: str = "poisson"
+    horizon_s: float = 30.0
+    seed: int = 1
+    qos_ms: float | None = None
+    granularity: int = 10
+
+
+# --- workloads from traces ------------------------------------------------------
+
+def _task(t: Any) -> SimTask:
+    g = tuple(int(x) for x in (getattr(t, "grid", None) or (1, 1, 1)))
+    b = tuple(int(x) for x in (getattr(t, "block", None) or (1, 1, 1)))
+    return SimTask(kind=t.kind, name=t.name, grid=g, block=b,  # type: ignore[arg-type]
+                   regs=float(getattr(t, "regs", 0) or 0), smem=float(getattr(t, "smem", 0) or 0),
+                   flops=float(t.flops or 0), bytes=float(t.bytes or 0),
+                   gap_s=max(0.0, float(t.gap_us or 0)) / 1e6, sync=bool(t.sync))
+
+
+def workloads(names: Sequence[str], cfg: Config, log: Callable[[str], None]) -> dict[str, Workload]:
+    """Each named app as a Workload, from its trace (recorded when missing)."""
+    from predictors import traces
+    out = {}
+    for n in names:
+        target = f"tonic:{n}" if n in SERVICES else n
+        tr = traces.get(target, slowdown=cfg.slowdown, log=log)
+        if n in SERVICES:
+            qs = {int(size): [_task(t) for t in tasks] for size, tasks in tr.queries().items()}
+            out[n] = Workload(n, "qos", queries=qs)
+        else:
+            out[n] = Workload(n, "batch", iteration=[_task(t) for t in tr.iteration()])
+    return out
+
+
+# --- one run --------------------------------------------------------------------
+
+def device(cfg: Config, mps: bool = True) -> Device:
+    return Device(default_params(mps=mps, slowdown=cfg.slowdown))
+
+
+def policy(name: str, pred: EnginePredictor, dev: Device, sim_now: Callable[[], float],
+           cfg: Config, qos_size: float) -> Any:
+    base = name.split(",")[0]
+    opts: dict[str, Any] = {}
+    if base.startswith("claius"):
+        opts = dict(predictor=pred, device_bw_gbs=dev.params.bw / 1e9, granularity=cfg.granularity)
+    elif base == "baymax":
+        opts = dict(predictor=pred, clock=sim_now)
+    elif base == "static-optimal":
+        opts = dict(predictor=pred, qos_size=qos_size, granularity=cfg.granularity)
+    elif base.startswith("mps"):
+        opts = dict(granularity=cfg.granularity)
+    for kv in name.split(",")[1:]:
+        k, _, v = kv.partition("=")
+        opts[k] = v
+    return make_policy(base, **opts)
+
+
+def simulate(apps: Sequence[Workload], pol_name: str, cfg: Config) -> SimResult:
+    dev = device(cfg, mps=pol_name.split(",")[0] not in NO_MPS)
+    pred = EnginePredictor(dev.params, apps)
+    qos = [w for w in apps if w.cls == "qos"]
+    qsize = max(qos[0].queries) if qos else 1
+    holder: list[Simulator] = []
+    pol = policy(pol_name, pred, dev, lambda: holder[0].now if holder else 0.0, cfg, qsize)
+    arrivals = {w.name: Arrivals(cfg.arrivals, cfg.rate, cfg.seed + i) for i, w in enumerate(qos)}
+    sim = Simulator(pol, dev, apps, arrivals, horizon_s=cfg.horizon_s, seed=cfg.seed)
+    holder.append(sim)
+    return sim.run()
+
+
+def solo_latency_ms(svc: Workload, cfg: Config) -> float:
+    """The service's largest query alone at 100 %: its QoS yardstick."""
+    w = Workload(svc.name, "qos", queries={max(svc.queries): svc.queries[max(svc.queries)]})
+    r = simulate([w], "static", Config(**{**cfg.__dict__, "rate": 1.0, "arrivals": "fixed",
+                                          "horizon_s": 3.0}))
+    return float(min(r.latencies_ms[svc.name]))
+
+
+def solo_ips(batch: Workload, cfg: Config) -> float:
+    return simulate([batch], "static", cfg).iterations_per_s[batch.name]
+
+
+def with_target(svc: Workload, cfg: Config) -> Workload:
+    target = cfg.qos_ms or QOS_FACTOR * solo_latency_ms(svc, cfg)
+    return Workload(svc.name, "qos", queries=svc.queries, qos_ms=round(target, 3))
+
+
+# --- experiments ----------------------------------------------------------------
+
+@dataclass
+class Study:
+    """What every run of an experiment shares: the apps, their QoS targets
+    and the batch apps' solo throughput."""
+    wl: dict[str, Workload]
+    targets: dict[str, Workload]
+    solo: dict[str, float]
+
+
+def study(svcs: Sequence[str], batch: Sequence[str], cfg: Config, log: Callable[[str], None]) -> Study:
+    wl = workloads([*svcs, *batch], cfg, log)
+    return Study(wl, {s: with_target(wl[s], cfg) for s in svcs}, {b: solo_ips(wl[b], cfg) for b in batch})
+
+
+def run_set(st: Study, apps: Sequence[str], pol: str, cfg: Config) -> dict[str, Any]:
+    """One co-location of apps under pol: per service p99 and its target,
+    per batch app throughput normalised to solo."""
+    r = simulate([st.targets[a] if a in st.targets else st.wl[a] for a in apps], pol, cfg)
+    out: dict[str, Any] = {"policy": pol, "services": {}, "batch": {},
+                           "sim_s_per_wall_s": r.horizon_s / r.wall_s if r.wall_s > 0 else None,
+                           "events": r.events}
+    for a in apps:
+        if a in st.targets:
+            p99, tgt = r.p99_ms(a, WARMUP), st.targets[a].qos_ms or math.inf
+            out["services"][a] = {"qos_ms": tgt, "p99_ms": p99, "queries": len(r.latencies_ms[a]),
+                                  "p99_norm": p99 / tgt if p99 is not None else None,
+                                  "violated": r.violated(a, WARMUP)}
+        else:
+            out["batch"][a] = r.iterations_per_s[a] / st.solo[a] if st.solo[a] else 0.0
+    return out
+
+
+def runs(jobs: Sequence[tuple[Sequence[str], str]], st: Study, cfg: Config, progress: bool,
+         label: str) -> list[dict[str, Any]]:
+    """Every (apps, policy) job, with a progress bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    cols = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    out = []
+    with Progress(*cols, disable=not progress, transient=True) as bar:
+        job = bar.add_task(label, total=len(jobs))
+        for apps, pol in jobs:
+            bar.update(job, description=f"{'+'.join(apps)} {pol}")
+            out.append(run_set(st, apps, pol, cfg))
+            bar.advance(job)
+    return out
+
+
+def pair_row(svc: str, b: str, run: dict[str, Any]) -> dict[str, Any]:
+    s = run["services"][svc]
+    return {"service": svc, "batch": b, "policy": run["policy"], "qos_ms": s["qos_ms"], "p99_ms": s["p99_ms"],
+            "p99_norm": s["p99_norm"], "violated": s["violated"], "queries": s["queries"],
+            "throughput_norm": run["batch"][b], "sim_s_per_wall_s": run["sim_s_per_wall_s"],
+            "events": run["events"]}
+
+
+def pairs(svcs: Sequence[str], batch: Sequence[str], policies: Sequence[str], cfg: Config,
+          log: Callable[[str], None], progress: bool = True) -> list[dict[str, Any]]:
+    """Every service with every batch app, under every policy."""
+    st = study(svcs, batch, cfg, log)
+    jobs = [((s, b), p) for s in svcs for b in batch for p in policies]
+    return [pair_row(apps[0], apps[1], r) for (apps, _), r in zip(jobs, runs(jobs, st, cfg, progress, "pairs"))]
+
+
+def multiqos(svcs: Sequence[str], batch: Sequence[str], policies: Sequence[str], cfg: Config,
+             log: Callable[[str], None], progress: bool = True, n: int = 15) -> list[dict[str, Any]]:
+    """Two services and one batch app on one device (§9.5, Fig. 19-21): the
+    first n service pairs, each with a batch app in turn."""
+    st = study(svcs, batch, cfg, log)
+    duos = [(a, b) for i, a in enumerate(svcs) for b in svcs[i + 1:]][:n]
+    sets = [(a, b, batch[i % len(batch)]) for i, (a, b) in enumerate(duos)]
+    jobs = [(apps, p) for apps in sets for p in policies]
+    rows = []
+    for (apps, _), r in zip(jobs, runs(jobs, st, cfg, progress, "multi-QoS")):
+        s1, s2, b = apps
+        rows.append({"service": s1, "service2": s2, "batch": b, "policy": r["policy"],
+                     "qos_ms": r["services"][s1]["qos_ms"], "p99_ms": r["services"][s1]["p99_ms"],
+                     "p99_norm": r["services"][s1]["p99_norm"],
+                     "p99_norm2": r["services"][s2]["p99_norm"],
+                     "violated": r["services"][s1]["violated"] or r["services"][s2]["violated"],
+                     "queries": min(r["services"][s1]["queries"], r["services"][s2]["queries"]),
+                     "throughput_norm": r["batch"][b], "sim_s_per_wall_s": r["sim_s_per_wall_s"],
+                     "events": r["events"]})
+    return rows
+
+
+_ST: Study | None = None
+_CFG: Config | None = None
+
+
+def _init_worker(st: Study, cfg: Config) -> None:
+    global _ST, _CFG
+    _ST, _CFG = st, cfg
+
+
+def _gpu(job: tuple[int, tuple[str, ...], str]) -> dict[str, Any]:
+    g, apps, pol = job
+    assert _ST is not None and _CFG is not None
+    r = run_set(_ST, apps, pol, Config(**{**_CFG.__dict__, "seed": _CFG.seed + g}))
+    (svc, s), = r["services"].items()
+    return {"gpu": g, "service": svc, "batch": "+".join(r["batch"]), "policy": pol, "qos_ms": s["qos_ms"],
+            "p99_ms": s["p99_ms"], "p99_norm": s["p99_norm"], "violated": s["violated"],
+            "severe": s["p99_norm"] is None or s["p99_norm"] > 1.3, "queries": s["queries"],
+            "throughput_norm": sum(r["batch"].values()) / len(r["batch"]),
+            "sim_s_per_wall_s": r["sim_s_per_wall_s"], "events": r["events"]}
+
+
+def datacenter(svcs: Sequence[str], batch: Sequence[str], policies: Sequence[str], cfg: Config,
+               log: Callable[[str], None], progress: bool = True, per_service: int = 100,
+               corunners: int = 3, address: str | None = None) -> list[dict[str, Any]]:
+    """§9.6, Fig. 22: per_service GPUs for each service, each with corunners
+    random batch apps (seeded), every GPU under every policy.  GPUs are
+    independent: they run in parallel on a local Ray (or the cluster at
+    address) when Ray is installed, else in a process pool."""
+    import random as _random
+    st = study(svcs, batch, cfg, log)
+    rng = _random.Random(cfg.seed)
+    gpus = [(svc, tuple(rng.sample(list(batch), min(corunners, len(batch)))))
+            for svc in svcs for _ in range(per_service)]
+    jobs = [(g, (svc, *bs), p) for g, (svc, bs) in enumerate(gpus) for p in policies]
+    try:
+        import ray  # type: ignore[import-not-found]
+    except ImportError:
+        ray = None
+    if ray is not None:
+        log(f"datacenter: {len(gpus)} GPUs x {len(policies)} policies on Ray ({address or 'local'})")
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        remote = ray.remote(lambda job, st_, cfg_: (_init_worker(st_, cfg_), _gpu(job))[1])
+        st_ref, cfg_ref = ray.put(st), ray.put(cfg)
+        return list(ray.get([remote.remote(j, st_ref, cfg_ref) for j in jobs]))
+    import multiprocessing as mp
+    import os
+    n = max(1, os.cpu_count() or 1)
+    log(f"datacenter: {len(gpus)} GPUs x {len(policies)} policies in {n} processes (Ray not installed)")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    out = []
+    with mp.get_context("fork").Pool(n, _init_worker, (st, cfg)) as pool, \
+            Progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=not progress,
+                     transient=True) as bar:
+        job = bar.add_task("GPUs", total=len(jobs))
+        for row in pool.imap(_gpu, jobs, chunksize=4):
+            out.append(row)
+            bar.advance(job)
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per policy: violations, mean normalised throughput, mean p99 / target."""
+    out = []
+    for p in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == p]
+        thr = [r["throughput_norm"] for r in mine]
+        norm = [r["p99_norm"] for r in mine if r["p99_norm"] is not None]
+        out.append({"policy": p, "pairs": len(mine), "violations": sum(r["violated"] for r in mine),
+                    **({"severe": sum(r["severe"] for r in mine)} if "severe" in mine[0] else {}),
+                    "throughput_norm": sum(thr) / len(thr) if thr else 0.0,
+                    "p99_norm_mean": sum(norm) / len(norm) if norm else None,
+                    "p99_norm_max": max(norm) if norm else None})
+    return out
+
+
+def write(out: Path, rows: list[dict[str, Any]], summ: list[dict[str, Any]], meta: dict[str, Any],
+          title: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rows.json").write_text(json.dumps({"meta": meta, "summary": summ, "rows": rows}, indent=1))
+    with open(out / "rows.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    md = [f"# {title}", "", "| policy | pairs | QoS violations | batch throughput (norm.) | p99/target mean | max |",
+          "|---|---|---|---|---|---|"]
+    for s in summ:
+        md.append(f"| {s['policy']} | {s['pairs']} | {s['violations']}/{s['pairs']} | "
+                  f"{s['throughput_norm']:.3f} | {_f(s['p99_norm_mean'])} | {_f(s['p99_norm_max'])} |")
+    (out / "table.md").write_text("\n".join(md) + "\n")
+    plot(out / "plot.png", rows, title)
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    pols = list(dict.fromkeys(r["policy"] for r in rows))
+    if "gpu" in rows[0]:
+        return plot_fleet(path, rows, pols, title, plt)
+    pairs_ = list(dict.fromkeys(f"{r['service']}+{r['batch']}" for r in rows))
+    fig, (a, b) = plt.subplots(2, 1, figsize=(max(6, len(pairs_) * 0.35 + 2), 6), sharex=True)
+    width = 0.8 / max(1, len(pols))
+    for i, p in enumerate(pols):
+        by = {f"{r['service']}+{r['batch']}": r for r in rows if r["policy"] == p}
+        xs = [j + i * width for j in range(len(pairs_))]
+        a.bar(xs, [by[k]["p99_norm"] or 0 for k in pairs_], width, label=p)
+        b.bar(xs, [by[k]["throughput_norm"] for k in pairs_], width, label=p)
+    a.axhline(1.0, color="k", lw=0.8)
+    a.set_ylabel("p99 / QoS target")
+    b.set_ylabel("batch throughput (norm. to solo)")
+    b.set_xticks([j + 0.4 - width / 2 for j in range(len(pairs_))], pairs_, rotation=90, fontsize=7)
+    a.legend(fontsize=7, ncol=len(pols))
+    a.set_title(title + " (simulator on simgpu's model)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_fleet(path: Path, rows: list[dict[str, Any]], pols: list[str], title: str, plt: Any) -> None:
+    """A fleet: the distribution of p99/target over GPUs, and mean utilization."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for p in pols:
+        v = sorted(r["p99_norm"] for r in rows if r["policy"] == p and r["p99_norm"] is not None)
+        a.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=p)
+    a.axvline(1.0, color="k", lw=0.8)
+    a.set_xlabel("p99 / QoS target")
+    a.set_ylabel("fraction of GPUs")
+    a.legend()
+    util = [sum(r["throughput_norm"] for r in rows if r["policy"] == p) /
+            max(1, sum(1 for r in rows if r["policy"] == p)) for p in pols]
+    b.bar(pols, util)
+    b.set_ylabel("batch throughput (norm. to solo), mean")
+    fig.suptitle(title + " (simulator on simgpu's model)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+EXPERIMENTS = {
+    "claius-pairs": ("48 Tonic x Rodinia pairs: claius vs MPS shares, baymax, static-optimal (Fig. 2, 15, 16)",
+                     PAIR_POLICIES),
+    "claius-ablation": ("C-Laius without its bandwidth cap (NB) and without lag compensation (NC) (Fig. 18)",
+                        ("claius", "claius-nb", "claius-nc")),
+    "claius-multiqos": ("15 pairs of Tonic services + one Rodinia app: claius vs static-optimal (Fig. 19-21)",
+                        ("claius", "static-optimal")),
+    "claius-datacenter": ("600 GPUs, 100 per Tonic service, 3 random Rodinia co-runners each (Fig. 22)",
+                          ("claius", "baymax")),
+    "claius-granularity": ("claius at quota units of 3 (as 4), 5, 10 and 20 % (§9.1)",
+                           ("claius,granularity=4", "claius,granularity=5", "claius,granularity=10",
+                            "claius,granularity=20")),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="colocate experiment", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="experiments:\n" + "\n".join(f"  {k:20s} {v[0]}"
+                                                                    for k, v in EXPERIMENTS.items()))
+    ap.add_argument("name", choices=sorted(EXPERIMENTS), metavar="NAME", help="the experiment (below)")
+    ap.add_argument("--quick", action="store_true", help="2 services x 2 batch apps, 6 s runs (what tests run)")
+    ap.add_argument("--out", type=Path, help="output folder (default bench/out/NAME)")
+    ap.add_argument("--json", type=Path, help="also write the rows there")
+    ap.add_argument("--services", help=f"comma-separated Tonic services (default all: {','.join(SERVICES)})")
+    ap.add_argument("--batch", help=f"comma-separated Rodinia apps (default all: {','.join(BATCH)})")
+    ap.add_argument("--policies", help="comma-separated policy names (default: the experiment's; "
+                                       "claius-granularity: ';'-separated specs)")
+    ap.add_argument("--rate", type=float, default=10.0, help="queries per second (default 10)")
+    ap.add_argument("--arrivals", default="poisson", choices=("fixed", "poisson", "diurnal"))
+    ap.add_argument("--qos-ms", type=float,
+                    help=f"QoS target for every service (default {QOS_FACTOR} x its solo latency)")
+    ap.add_argument("--horizon", type=float, help="simulated seconds per run (default 30; --quick 6)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--slowdown", type=float, default=SLOWDOWN, help="device slowdown (default %(default)g)")
+    ap.add_argument("--gpus", type=int, help="claius-datacenter: GPUs per service (default 100; --quick 2)")
+    ap.add_argument("--address", help="claius-datacenter: a Ray cluster's address (default: a local Ray)")
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args(argv)
+    title, default_pols = EXPERIMENTS[a.name]
+    svcs = a.services.split(",") if a.services else (["pos", "ner"] if a.quick else list(SERVICES))
+    batch = a.batch.split(",") if a.batch else (["hotspot", "bfs"] if a.quick else list(BATCH))
+    pols = a.policies.split(",") if a.policies else list(default_pols)
+    if a.policies and a.name == "claius-granularity":
+        pols = a.policies.split(";")
+    bad = [s for s in svcs if s not in SERVICES] + [b for b in batch if b not in BATCH]
+    if bad:
+        ap.error(f"unknown app(s) {', '.join(bad)}: services {', '.join(SERVICES)}; batch {', '.join(BATCH)}")
+    cfg = Config(slowdown=a.slowdown, rate=a.rate, arrivals=a.arrivals, seed=a.seed, qos_ms=a.qos_ms,
+                 horizon_s=a.horizon or (6.0 if a.quick else 30.0))
+    out = a.out or ROOT / "bench" / "out" / a.name
+
+    def log(m: str) -> None:
+        print(m, file=sys.stderr)
+
+    t0 = time.monotonic()
+    if a.name == "claius-multiqos":
+        rows = multiqos(svcs if a.services or not a.quick else ["pos", "ner", "chk"], batch, pols, cfg, log,
+                        progress=not a.no_progress, n=3 if a.quick else 15)
+    elif a.name == "claius-datacenter":
+        rows = datacenter(svcs if a.services or not a.quick else list(SERVICES), batch, pols, cfg, log,
+                          progress=not a.no_progress, per_service=a.gpus or (2 if a.quick else 100),
+                          address=a.address)
+    else:
+        rows = pairs(svcs, batch, pols, cfg, log, progress=not a.no_progress)
+    wall = time.monotonic() - t0
+    summ = summary(rows)
+    speeds = [r["sim_s_per_wall_s"] for r in rows if r["sim_s_per_wall_s"]]
+    meta = {"experiment": a.name, "config": cfg.__dict__, "services": svcs, "batch": batch,
+            "policies": pols, "wall_s": wall, "device": "simulator on simgpu's engine (shim/devmodel.py)",
+            "sim_s_per_wall_s_median": sorted(speeds)[len(speeds) // 2] if speeds else None}
+    write(out, rows, summ, meta, f"{a.name}: {title}")
+    if a.json:
+        a.json.write_text(json.dumps({"meta": meta, "summary": summ, "rows": rows}, indent=1))
+    print((out / "table.md").read_text())
+    print(f"{len(rows)} runs in {wall:.1f} s wall; {meta['sim_s_per_wall_s_median'] or 0:.1f} simulated s "
+          f"per wall s (median); outputs in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
