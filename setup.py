@@ -1,4 +1,4 @@
-"""Package build: cffi compiles shim._proto; build_ext also compiles the
+"""Package build: cffi compiles shim._proto, shim._devmodel and the others; build_ext also compiles the
 native C libraries (see shim/build.py) and, for a wheel or a plain install,
 puts them in the package (shim/lib), so that `pip install .` is enough to
 run `colocate`; `make build` stays the developer's path (an editable
@@ -26,6 +26,6 @@ class BuildExtWithNative(build_ext):
             shutil.copytree(LIB, dest, symlinks=True, ignore=shutil.ignore_patterns(".*.tmp", "*.map"))
 
 
-setup(cffi_modules=["shim/build.py:ffibuilder", "predictors/build.py:ffibuilder",
+setup(cffi_modules=["shim/build.py:ffibuilder", "shim/build.py:devmodel_ffibuilder", "predictors/build.py:ffibuilder",
                      "controlplane/policies/build.py:ffibuilder"],
       cmdclass={"build_ext": BuildExtWithNative})

@@ -1,4 +1,5 @@
-"""Build step of the package: the cffi module for the control block and the
+"""Build step of the package: the cffi modules (shim._proto for the shared
+formats, shim._devmodel for simgpu's device-model engine) and the
 native C libraries (libcolocate.so, simgpu's libcudart.so.13 and its
 libcuda.so.1).
 
@@ -77,13 +78,14 @@ def _enum_values_from_compiler(m: re.Match) -> str:
 def cdef_of(header: str) -> str:
     """A cffi cdef from a C header: integer #defines, enums, structs (their
     layout left to the compiler: `...;`, array sizes `[...]`) and function
-    prototypes (static inline ones included).  So Python reads sizes,
-    offsets and constants from the header the C code is compiled with,
-    never from a copy."""
+    prototypes (static inline ones included); C++ guards and attribute
+    macros left out.  So Python reads sizes, offsets and constants from the
+    header the C code is compiled with, never from a copy."""
     t = re.sub(r"/\*.*?\*/", " ", header, flags=re.S)
     t = re.sub(r"//[^\n]*", "", t)
     t = re.sub(r"\\\n", " ", t)
-    valued = re.findall(r"^\s*#\s*define\s+([A-Z_][A-Z0-9_]*)[ \t]+\S", t, re.M)
+    t = re.sub(r"^\s*#\s*ifdef\s+__cplusplus\b.*?^\s*#\s*endif[^\n]*$", "", t, flags=re.M | re.S)
+    valued = re.findall(r"^\s*#\s*define\s+([A-Z_][A-Z0-9_]*)[ \t]+(?!__attribute__)\S", t, re.M)
     defines = [f"#define {n} ..." for n in valued]
     t = re.sub(r"^\s*#[^\n]*$", "", t, flags=re.M)
     t = _strip_parens(t, "_Static_assert")
@@ -117,6 +119,103 @@ def make_ffi(base: Path) -> FFI:
 
 
 ffibuilder = make_ffi(Path(os.path.relpath(HERE)))
+
+# --- cffi module shim._devmodel: simgpu's device-model engine (engine.c, the
+# very file the live device runs) for the simulator, shim/devmodel.py
+SIMGPU_SRC = HERE / "simgpu"
+DEVMODEL_HEADERS = ("simgpu_model.h", "engine.h")
+
+# Helpers the Python side needs beyond engine.h: the state on the heap (its
+# task table grown in place), a task's entry, and the finished tasks
+# collected in one call rather than a Python loop over the table.
+DEVMODEL_HELPERS = r"""
+#include <stdlib.h>
+#include <string.h>
+#include "engine.h"
+
+static struct en_state *dm_new(const struct simgpu_model_params *p, uint32_t cap)
+{
+	struct en_state *st = malloc(en_size(cap));
+
+	if (st)
+		en_init(st, p, cap);
+	return st;
+}
+
+/* The same state with room for cap tasks (more than it has); NULL, and st
+ * left as it was, when out of memory. */
+static struct en_state *dm_grow(struct en_state *st, uint32_t cap)
+{
+	uint32_t old = st->cap;
+	struct en_state *n = realloc(st, en_size(cap));
+
+	if (!n)
+		return NULL;
+	memset(&n->t[old], 0, (size_t)(cap - old) * sizeof(n->t[0]));
+	n->cap = cap;
+	return n;
+}
+
+static void dm_free(struct en_state *st)
+{
+	free(st);
+}
+
+static struct en_task *dm_task(struct en_state *st, int i)
+{
+	return &st->t[i];
+}
+
+/* Finished tasks: index, start and end of at most n of them, each dropped
+ * (its entry free for a new task).  Returns how many. */
+static int dm_collect(struct en_state *st, int *idx, double *t0, double *t1, int n)
+{
+	uint32_t i;
+	int got = 0;
+
+	for (i = 0; i < st->hi && got < n; i++) {
+		if (st->t[i].state != EN_DONE)
+			continue;
+		idx[got] = (int)i;
+		t0[got] = st->t[i].t_start;
+		t1[got] = st->t[i].t_end;
+		got++;
+		en_drop(st, (int)i, NULL, NULL);
+	}
+	return got;
+}
+"""
+
+DEVMODEL_HELPERS_CDEF = """
+struct en_state *dm_new(const struct simgpu_model_params *p, uint32_t cap);
+struct en_state *dm_grow(struct en_state *st, uint32_t cap);
+void dm_free(struct en_state *st);
+struct en_task *dm_task(struct en_state *st, int i);
+int dm_collect(struct en_state *st, int *idx, double *t0, double *t1, int n);
+"""
+
+
+def devmodel_cdef() -> str:
+    """simgpu_model.h and engine.h as a cdef, less what lives outside
+    engine.c (simgpu_model_params_get is config.c's: Python asks
+    libcudart.so.13 for it), plus the helpers."""
+    text = "".join(cdef_of((SIMGPU_SRC / h).read_text()) for h in DEVMODEL_HEADERS)
+    text = re.sub(r"^int simgpu_model_params_get\([^;]*\);\n", "", text, flags=re.M)
+    return text + DEVMODEL_HELPERS_CDEF
+
+
+def make_devmodel_ffi(base: Path) -> FFI:
+    """The cffi builder of shim._devmodel, its sources under base."""
+    ffi = FFI()
+    ffi.cdef(devmodel_cdef())
+    ffi.set_source("shim._devmodel", DEVMODEL_HELPERS,
+                   sources=[str(base / "simgpu" / "engine.c")],
+                   include_dirs=[str(base / "simgpu")],
+                   extra_compile_args=["-O2", "-std=gnu11"], libraries=["m"])
+    return ffi
+
+
+devmodel_ffibuilder = make_devmodel_ffi(Path(os.path.relpath(HERE)))
 
 
 def cuda_home() -> Path:
@@ -296,6 +395,8 @@ def build_inplace() -> None:
     build_native()
     deps = [HERE / f for f in ("ctlblock.c", "ledger.c", "shmfile.c", "shmfile.h")]
     cffi_inplace(make_ffi, HERE, "_proto", deps + [PROTO / h for h in CFFI_HEADERS] + [Path(__file__)])
+    cffi_inplace(make_devmodel_ffi, HERE, "_devmodel",
+                 [SIMGPU_SRC / "engine.c"] + [SIMGPU_SRC / h for h in DEVMODEL_HEADERS] + [Path(__file__)])
 
 
 if __name__ == "__main__":

@@ -45,6 +45,13 @@ def test_the_wheel_carries_the_native_libraries(tmp_path):
     lib = Path(where.stdout.strip())
     assert lib.is_relative_to(env_dir) and lib.exists(), where.stdout + where.stderr
 
+    # the simulator's device model: the cffi module shim._devmodel, its preset from the wheel's simgpu
+    solo = subprocess.run([str(py), "-c", "from shim import devmodel as dm; import shim._devmodel as m; "
+                           "print(m.__file__, dm.solo(dm.default_params(), dm.KERNEL, 132, 512, 0, 0, 66e9, 0, 132))"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    mod, secs = solo.stdout.split() if solo.returncode == 0 else ("", "0")
+    assert Path(mod).is_relative_to(env_dir) and abs(float(secs) - 1e-3) < 1e-12, solo.stdout + solo.stderr
+
     r = subprocess.run([str(env_dir / "bin" / "colocate"), "run", "--device", "sim", "--", str(VECADD)],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 0 and "PASS vecadd" in r.stdout, r.stdout + r.stderr

@@ -47,7 +47,6 @@
 #include <string.h>
 
 #include "engine.h"
-#include "simgpu_impl.h"
 
 #define EPS_REM 1e-7
 

@@ -18,7 +18,9 @@
  *    "flops","bytes","sms" (SMs its grid can span),"quota","start_us",
  *    "dur_us" (device time, from its start after the launch overhead),
  *    "wait_us" (from then to its first block on an SM: the co-runners'
- *    blocks it waited for), "id" (the model's, as in SIMGPU_DEVICE_TRACE)}
+ *    blocks it waited for), "id" (the model's, as in SIMGPU_DEVICE_TRACE),
+ *    "regs" (per thread, 0: the default), "smem" (per block, bytes),
+ *    "quota_sms" (SMs its quota allows): the rest of the model's task}
  * written with one write(2) per line (O_APPEND: processes may share it).
  *   copy     host<->device: bytes at its direction's share of PCIe (the
  *            device model); device<->device: bytes / BW
@@ -97,11 +99,12 @@ static void log_launch(const struct sg_op *op, const struct sg_work *w, double s
 		     "{\"pid\":%d,\"seq\":%llu,\"name\":\"%.600s\",\"grid\":[%u,%u,%u],"
 		     "\"block\":[%u,%u,%u],\"flops\":%.17g,\"bytes\":%.17g,\"sms\":%g,"
 		     "\"quota\":%g,\"start_us\":%.3f,\"dur_us\":%.3f,\"wait_us\":%.3f,"
-		     "\"id\":%llu}\n",
+		     "\"id\":%llu,\"regs\":%g,\"smem\":%g,\"quota_sms\":%g}\n",
 		     (int)getpid(), (unsigned long long)op->u.kern.seq, op->u.kern.k->name,
 		     l->grid.x, l->grid.y, l->grid.z, l->block.x, l->block.y, l->block.z,
 		     w->t.flops, w->t.bytes, sg_model_sms(w), sg_cfg.quota_pct, start * 1e6,
-		     (end - start) * 1e6, (w->start - start) * 1e6, (unsigned long long)w->id);
+		     (end - start) * 1e6, (w->start - start) * 1e6, (unsigned long long)w->id,
+		     w->t.regs, w->t.smem, w->t.quota_sms);
 	if (n > 0 && (size_t)n < sizeof(line) && write(log_fd, line, (size_t)n) < 0)
 		sg_log("SIMGPU_LAUNCH_LOG: %s", strerror(errno));
 }

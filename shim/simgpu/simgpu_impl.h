@@ -34,8 +34,8 @@
  *   drvglue.c   private simgpu_drv_* entry points for simgpu's libcuda.so.1
  *               (shim/simgpu/driver/: the driver API over this device)
  *
- * Everything the application may call is marked SG_API; the library is
- * built with -fvisibility=hidden so nothing else leaks out.
+ * Everything the application may call is marked SG_API (simgpu_model.h);
+ * the library is built with -fvisibility=hidden so nothing else leaks out.
  *
  * Beyond the CUDA runtime API, simgpu exports (find them with dlsym; a
  * real libcudart does not have them):
@@ -58,7 +58,6 @@
 #include "simgpu_model.h"
 #include "simgpu_twin.h"
 
-#define SG_API __attribute__((visibility("default")))
 #define SG_LIKELY(x) __builtin_expect(!!(x), 1)
 #define SG_UNLIKELY(x) __builtin_expect(!!(x), 0)
 

@@ -2,7 +2,8 @@
  * simgpu_model.h - simgpu's device model: its parameters and its offline
  * entry point.  The live device (model.c) and anything that wants to ask
  * the model a question without running a program (the calibration fitter
- * bench/calibrate.py, through ctypes) use the same engine (engine.c).
+ * bench/calibrate.py, through ctypes; the simulator's shim/devmodel.py,
+ * which compiles engine.c itself) use the same engine (engine.c).
  *
  * Mechanisms (each one switchable; SIMGPU_MODEL_OFF names the ones off):
  *
@@ -49,6 +50,13 @@ extern "C" {
 #endif
 
 #define SIMGPU_MODEL_ABI 1
+
+/* What simgpu exports: it is built with -fvisibility=hidden.  Here, not in
+ * simgpu_impl.h, so that engine.c builds without the CUDA headers (the
+ * Python module shim._devmodel compiles it too). */
+#ifndef SG_API
+#define SG_API __attribute__((visibility("default")))
+#endif
 
 enum simgpu_mech {
 	SIMGPU_M_BLOCKS = 1u << 0,
