@@ -47,7 +47,7 @@ for p in (str(ROOT), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from simulator import Arrivals, EnginePredictor, SimResult, SimTask, Simulator, Workload  # noqa: E402
+from simulator import HOLD_S, Arrivals, EnginePredictor, SimResult, SimTask, Simulator, Workload  # noqa: E402
 
 from controlplane.policies import make_policy  # noqa: E402
 from shim.devmodel import Device, default_params  # noqa: E402
@@ -84,14 +84,23 @@ def _task(t: Any) -> SimTask:
 
 
 def workloads(names: Sequence[str], cfg: Config, log: Callable[[str], None]) -> dict[str, Workload]:
-    """Each named app as a Workload, from its trace (recorded when missing)."""
-    from predictors import traces
+    """Each named app as a Workload, from its trace in the trace library
+    (recorded there first when missing: timing-only, seconds each).  A
+    service runs its queries at the largest size of profile's ladder, with
+    that ladder's service options (predictors/profile.py TONIC)."""
+    from predictors import profile, traces
+    lib = traces.default_dir()
     out = {}
     for n in names:
-        target = f"tonic:{n}" if n in SERVICES else n
-        tr = traces.get(target, slowdown=cfg.slowdown, log=log)
-        if n in SERVICES:
-            qs = {int(size): [_task(t) for t in tasks] for size, tasks in tr.queries().items()}
+        svc = n in SERVICES
+        sizes, args = (profile.TONIC[n][0][-1:], profile.TONIC[n][1]) if svc else ([], "")
+        target = f"tonic:{n}" if svc else n
+        done = traces.record_all([target], lib, sizes=[int(x) for x in sizes], service_args=args, log=log)
+        if done[0].error:
+            raise SystemExit(f"colocate experiment: recording {target} failed: {done[0].error}")
+        tr = traces.load(done[0].path)
+        if svc:
+            qs = {sz: [_task(t) for t in tr.query_tasks(sz)[-1]] for sz in tr.sizes()}
             out[n] = Workload(n, "qos", queries=qs)
         else:
             out[n] = Workload(n, "batch", iteration=[_task(t) for t in tr.iteration()])
@@ -101,7 +110,7 @@ def workloads(names: Sequence[str], cfg: Config, log: Callable[[str], None]) -> 
 # --- one run --------------------------------------------------------------------
 
 def device(cfg: Config, mps: bool = True) -> Device:
-    return Device(default_params(mps=mps, slowdown=cfg.slowdown))
+    return Device(default_params(mps=mps, slowdown=cfg.slowdown), hold_s=0.0 if mps else HOLD_S)
 
 
 def policy(name: str, pred: EnginePredictor, dev: Device, sim_now: Callable[[], float],

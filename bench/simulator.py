@@ -46,12 +46,15 @@ import numpy as np
 
 from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, TaskDone
 from predictors.schema import task_row
-from shim.devmodel import Device, quota_sms
+from shim.devmodel import D2H, H2D, KERNEL, Device, quota_sms, solo
 
 CLOCK_HZ = 1.755e9          # IPC's cycles, as predictors/profile.py (an H100's boost clock)
 WARP = 32                   # flops per warp instruction (the profile's assumption)
 FEED_S = 0.005              # a batch app's task feed: per kernel name at most this often
 COPY_KINDS = ("h2d", "d2h")
+ENGINE_KIND = {"kernel": KERNEL, "h2d": H2D, "d2h": D2H}
+HOLD_S = 2e-3               # without MPS, a context with its next kernel queued keeps the
+                            # device this long (model.c: the executor's 2 ms wake-up)
 
 
 # --- workloads ------------------------------------------------------------------
@@ -91,6 +94,13 @@ class Workload:
 
     def tasks_of(self, size: int | None = None) -> list[SimTask]:
         return self.iteration if self.cls == "batch" else self.queries[int(size or 0)]
+
+
+def local_s(t: SimTask, params: Any) -> float:
+    """A device-to-device copy or a memset: bytes at the device's bandwidth,
+    as the live simgpu charges them (exec.c), outside the engine (they do
+    not compete with kernels there either)."""
+    return t.bytes / params.bw if params.bw > 0 else 0.0
 
 
 # --- arrivals -------------------------------------------------------------------
@@ -148,13 +158,13 @@ class EnginePredictor:
         self.params = params
         self.wl = {w.name: w for w in workloads}
         self._cache: dict[tuple[str, Any, int], tuple[float, float, float]] = {}
-        self._dev = Device(params, cap=64)
 
     def _solo(self, t: SimTask, q: float) -> float:
-        if t.kind != "kernel":
-            return self._dev.solo(t.kind, 1, 1, 0, 0, 0, t.bytes, 1, 0)
-        sms = quota_sms(q, self.params.sms)
-        return self._dev.solo("kernel", t.blocks, t.threads, t.regs, t.smem, t.flops, t.bytes, sms, 0)
+        if t.kind not in ENGINE_KIND:
+            return local_s(t, self.params)
+        sms = quota_sms(q, int(self.params.sms)) if t.kind == "kernel" else 1
+        return solo(self.params, ENGINE_KIND[t.kind], t.blocks, t.threads, t.regs, t.smem, t.flops,
+                    t.bytes, sms)
 
     def _task(self, app: str, row: Mapping[str, Any]) -> list[SimTask]:
         ref = row.get("_sim")
@@ -215,7 +225,8 @@ class AppState:
     pos: int = 0                         # next task to issue
     issue_t: float = 0.0                 # host time of the last issue
     prev_end: float = 0.0                # device end of the last task
-    running: int | None = None           # engine index of the task on the device
+    running: int | None = None           # engine entry of the task on the device (-1: local)
+    local_end: float = 0.0               # when a task beside the engine ends
     run_quota: int = 100
     admit_at: float | None = None        # an admission is scheduled
     iterations: float = 0.0
@@ -319,16 +330,24 @@ class Simulator:
         if a.held and a.wl.cls == "batch":
             return
         t = a.tasks[a.pos]
-        sms = quota_sms(a.quota, self.dev.params.sms) if t.kind == "kernel" else 1
         a.run_quota = a.quota
-        a.running = self.dev.add(t.kind, t.blocks, t.threads, t.regs, t.smem, t.flops, t.bytes,
-                                 sms, a.ctx, self.now)
+        if t.kind not in ENGINE_KIND:             # runs beside the engine: a fixed delay
+            a.running, a.local_end = -1, self.now + local_s(t, self.dev.params)
+            self._push(a.local_end, "local", a.info.slot)
+            return
+        sms = quota_sms(a.quota, int(self.dev.params.sms)) if t.kind == "kernel" else 1
+        follow = a.wl.cls == "batch" or a.pos + 1 < len(a.tasks)
+        a.running = self.dev.add(ENGINE_KIND[t.kind], t.blocks, t.threads, t.regs, t.smem, t.flops,
+                                 t.bytes, sms, a.ctx, self.now, follow=follow)
 
     def _finish(self, a: AppState) -> None:
         i = a.running
         assert i is not None
-        start, end = self.dev.times(i)
-        self.dev.drop(i)
+        if i < 0:
+            start = end = a.local_end
+        else:
+            start, end = self.dev.times(i)
+            self.dev.drop(i)
         a.running, a.prev_end = None, end
         t, idx = a.tasks[a.pos], a.pos
         a.pos += 1
@@ -400,7 +419,8 @@ class Simulator:
                 break
             self.dev.advance(t)
             self.now = t
-            done = [a for a in self.apps if a.running is not None and self.dev.finished(a.running)]
+            done = [a for a in self.apps if a.running is not None and a.running >= 0
+                    and self.dev.finished(a.running)]
             for a in sorted(done, key=lambda a: (self.dev.times(a.running)[1], a.info.slot)):  # type: ignore[arg-type]
                 self._finish(a)
             while self._heap and self._heap[0][0] <= t:
@@ -410,6 +430,8 @@ class Simulator:
                     self._push(t + self.tick_s, "tick", -1)
                 elif kind == "admit":
                     self._admit(self.apps[slot])
+                elif kind == "local":
+                    self._finish(self.apps[slot])
                 elif kind == "arrive":
                     a = self.apps[slot]
                     a.queue.append(self._arrivals.pop(arg))
