@@ -15,7 +15,8 @@
  * $SIMGPU_LAUNCH_LOG=FILE appends one JSON line per kernel run, what the
  * device model knew of it, for profilers (bandwidth and IPC per task):
  *   {"pid","seq" (launch order in the process),"name","grid","block",
- *    "flops","bytes","sms" (SMs its grid can span),"quota","start_us",
+ *    "flops","bytes","regs" (per thread; 0: the default),"smem" (shared
+ *    bytes per block),"sms" (SMs its grid can span),"quota","start_us",
  *    "dur_us" (device time, from its start after the launch overhead),
  *    "wait_us" (from then to its first block on an SM: the co-runners'
  *    blocks it waited for), "id" (the model's, as in SIMGPU_DEVICE_TRACE)}
@@ -95,12 +96,12 @@ static void log_launch(const struct sg_op *op, const struct sg_work *w, double s
 		return;
 	n = snprintf(line, sizeof(line),
 		     "{\"pid\":%d,\"seq\":%llu,\"name\":\"%.600s\",\"grid\":[%u,%u,%u],"
-		     "\"block\":[%u,%u,%u],\"flops\":%.17g,\"bytes\":%.17g,\"sms\":%g,"
+		     "\"block\":[%u,%u,%u],\"flops\":%.17g,\"bytes\":%.17g,\"regs\":%g,\"smem\":%g,\"sms\":%g,"
 		     "\"quota\":%g,\"start_us\":%.3f,\"dur_us\":%.3f,\"wait_us\":%.3f,"
 		     "\"id\":%llu}\n",
 		     (int)getpid(), (unsigned long long)op->u.kern.seq, op->u.kern.k->name,
 		     l->grid.x, l->grid.y, l->grid.z, l->block.x, l->block.y, l->block.z,
-		     w->t.flops, w->t.bytes, sg_model_sms(w), sg_cfg.quota_pct, start * 1e6,
+		     w->t.flops, w->t.bytes, w->t.regs, w->t.smem, sg_model_sms(w), sg_cfg.quota_pct, start * 1e6,
 		     (end - start) * 1e6, (w->start - start) * 1e6, (unsigned long long)w->id);
 	if (n > 0 && (size_t)n < sizeof(line) && write(log_fd, line, (size_t)n) < 0)
 		sg_log("SIMGPU_LAUNCH_LOG: %s", strerror(errno));
