@@ -22,6 +22,7 @@ from rich.text import Text
 from controlplane import client, daemon, protocol
 from predictors.cli import app as predictors_app
 from predictors.cli import profile as predictors_profile
+from predictors.cli import traces as predictors_traces
 from predictors.cli import train as predictors_train
 from processpool import SPEC_HELP, parse_spec
 from shim import launcher, rundir
@@ -564,6 +565,7 @@ app.add_typer(predictors_app, name="predictors",
               help="Predictors: sample schema, synthetic samples, train, report.")
 app.command("profile")(predictors_profile)
 app.command("train")(predictors_train)
+app.command("traces")(predictors_traces)
 
 
 def main() -> None:

@@ -329,6 +329,64 @@ def _profile_groups(tgts: list, qs: list[int], quotas: str, st, n: int, group_si
         raise typer.Exit(1)
 
 
+
+@app.command()
+def traces(names: list[str] = typer.Argument(
+               ..., metavar="APP|tonic:NET|PROGRAM...",
+               help="Rodinia apps (hotspot bfs btree pathfinder nw lud myocyte lavamd), Tonic "
+                    "services (tonic:dig, tonic:imc, tonic:face, tonic:pos, tonic:chk, tonic:ner) "
+                    "or programs (a path, or a name on PATH) that take --repeat N."),
+           out: Optional[Path] = typer.Option(
+               None, "--out", metavar="DIR",
+               help="Trace directory (default: <data dir>/traces/<device>-<settings hash>, the "
+                    "data dir as for `colocate profile`: $COLOCATE_DATA_DIR, else "
+                    "$XDG_DATA_HOME/colocate, else ~/.local/share/colocate)."),
+           sizes: Optional[str] = typer.Option(
+               None, metavar="LIST", help="Services: query sizes, comma-separated (default per "
+                                          "net, as `colocate profile`'s ladder)."),
+           args: str = typer.Option("", metavar="ARGS", help="Apps and programs: their arguments "
+                                    "(default none: the program's defaults, as the co-location "
+                                    "experiment runs it)."),
+           service_args: str = typer.Option("", metavar="ARGS", help="Services: tonic-service "
+                                            "options (default none: the full nets)."),
+           force: bool = typer.Option(False, "--force", help="Record again traces already there."),
+           twins: bool = typer.Option(False, "--twins", help="Run simgpu's host twins (real "
+                                      "results, and control flow that depends on them, as bfs's "
+                                      "levels; slower).  Default: timing-only, as the co-location "
+                                      "experiment runs.")
+           ) -> None:
+    """Record task traces of programs on simgpu, for a trace-driven simulator.
+
+    Each program runs under the shim on a private simgpu device, timing-only
+    (no host twins: seconds, not minutes), and its device tasks (kernels,
+    copies, memsets) are written in issue order with their model figures
+    (grid, block, registers, shared memory, flops, bytes), the host time
+    before each (gap_us), whether the host waited for the device before it
+    (sync) and its stream: one JSON line each after a header.  A batch app's
+    trace is one iteration of its loop; a service's is one query per size.
+    The format: predictors/traces.py.  One file per program, NAME.jsonl (or
+    NAME@ARGS.jsonl), reused unless --force.  simgpu's settings come from the
+    environment (SIMGPU_*) and key the default directory.  Exit 1 when a
+    recording failed, 2 on bad usage or a missing build."""
+    from predictors import traces as T
+    szs: list[int] = []
+    if sizes:
+        try:
+            szs = [int(x) for x in sizes.split(",") if x.strip()]
+        except ValueError:
+            _fail(f"--sizes {sizes!r}: comma-separated positive integers")
+        if not szs or min(szs) < 1:
+            _fail(f"--sizes {sizes!r}: comma-separated positive integers")
+    try:
+        done = T.record_all(names, out, sizes=szs, args=args, service_args=service_args,
+                            force=force, twins=twins)
+    except T.TraceError as e:
+        _fail(str(e))
+    failed = [d.name for d in done if d.error]
+    if failed:
+        print(f"colocate: {len(failed)} recording(s) failed: {', '.join(failed)}", file=sys.stderr)
+        raise typer.Exit(1)
+
 @app.command()
 def report(models: Optional[Path] = typer.Option(None, help=MODELS_HELP, metavar="DIR"),
            store: Optional[Path] = typer.Option(None, help=STORE_HELP, metavar="DIR"),

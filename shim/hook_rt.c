@@ -281,30 +281,32 @@ GRAPH_HOOK(cudaGraphLaunch_ptsz, 1)
  * captures.  params and args are the hook's parameter list and the call's
  * argument list, in parentheses; then runs after a successful call.
  */
-#define SYNC_WORK(name, ptsz, params, args, then)                         \
-	SHIM_API cudaError_t name params                                  \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                 \
-		r = IN_RUNTIME(real_ args);                               \
-		if (r == cudaSuccess)                                     \
-			then;                                             \
-		FWD_LOCAL(NULL, ptsz);                                    \
-		return r;                                                 \
+#define SYNC_WORK(name, ptsz, params, args, then)                                            \
+	SHIM_API cudaError_t name params                                                     \
+	{                                                                                    \
+		cudaError_t r;                                                               \
+		struct shim_op_site op_ __attribute__((unused)) = SHIM_OP_SITE(#name, NULL); \
+		REAL(name, NOSYM);                                                           \
+		FWD_FENCE(NULL, ptsz, SHIM_FENCE_STREAM);                                    \
+		r = IN_RUNTIME(real_ args);                                                  \
+		if (r == cudaSuccess)                                                        \
+			then;                                                                \
+		FWD_LOCAL(NULL, ptsz);                                                       \
+		return r;                                                                    \
 	}
-#define STREAM_WORK(name, ptsz, st, params, args, then)                   \
-	SHIM_API cudaError_t name params                                  \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		CAPTURED(st, ptsz, real_ args);                           \
-		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                   \
-		r = IN_RUNTIME(real_ args);                               \
-		if (r == cudaSuccess)                                     \
-			then;                                             \
-		FWD_LOCAL(st, ptsz);                                      \
-		return r;                                                 \
+#define STREAM_WORK(name, ptsz, st, params, args, then)                                    \
+	SHIM_API cudaError_t name params                                                   \
+	{                                                                                  \
+		cudaError_t r;                                                             \
+		struct shim_op_site op_ __attribute__((unused)) = SHIM_OP_SITE(#name, st); \
+		REAL(name, NOSYM);                                                         \
+		CAPTURED(st, ptsz, real_ args);                                            \
+		FWD_FENCE(st, ptsz, SHIM_FENCE_STREAM);                                    \
+		r = IN_RUNTIME(real_ args);                                                \
+		if (r == cudaSuccess)                                                      \
+			then;                                                              \
+		FWD_LOCAL(st, ptsz);                                                       \
+		return r;                                                                  \
 	}
 
 /* ---- device memory --------------------------------------------------- */
@@ -490,39 +492,35 @@ static int count_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind 
 
 /* Blocking copies run on the default stream (legacy, or per-thread for
  * _ptds); even they may return before a device-side copy has finished. */
-#define COPY_HOOK(name, ptsz)                                             \
-	SYNC_WORK(name, ptsz,                                             \
-	          (void *d, const void *s, size_t n, enum cudaMemcpyKind k), \
-	          (d, s, n, k),                                           \
-	          shim_task_copy(count_copy(d, s, n, k), n, 1))
+#define COPY_HOOK(name, ptsz)                                                            \
+	SYNC_WORK(name, ptsz, (void *d, const void *s, size_t n, enum cudaMemcpyKind k), \
+		  (d, s, n, k), shim_task_copy(count_copy(d, s, n, k), n, 1, &op_))
 COPY_HOOK(cudaMemcpy, 0)
 COPY_HOOK(cudaMemcpy_ptds, 1)
 
-#define COPY_ASYNC_HOOK(name, ptsz)                                       \
-	STREAM_WORK(name, ptsz, st,                                       \
-	            (void *d, const void *s, size_t n, enum cudaMemcpyKind k, \
-	             cudaStream_t st),                                    \
-	            (d, s, n, k, st),                                     \
-	            shim_task_copy(count_copy(d, s, n, k), n, 0))
+#define COPY_ASYNC_HOOK(name, ptsz)                                                             \
+	STREAM_WORK(name, ptsz, st,                                                             \
+		    (void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st), \
+		    (d, s, n, k, st), shim_task_copy(count_copy(d, s, n, k), n, 0, &op_))
 COPY_ASYNC_HOOK(cudaMemcpyAsync, 0)
 COPY_ASYNC_HOOK(cudaMemcpyAsync_ptsz, 1)
 
 /* 2D copies: width x height bytes, in order with forwarded launches. */
-#define COPY2D_HOOK(name, ptsz)                                           \
-	SYNC_WORK(name, ptsz,                                             \
-	          (void *d, size_t dp, const void *s, size_t sp, size_t w, \
-	           size_t h, enum cudaMemcpyKind k),                      \
-	          (d, dp, s, sp, w, h, k),                                \
-	          shim_task_copy(count_copy(d, s, w * h, k), w * h, 1))
+#define COPY2D_HOOK(name, ptsz)                                                      \
+	SYNC_WORK(name, ptsz,                                                        \
+		  (void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h, \
+		   enum cudaMemcpyKind k),                                           \
+		  (d, dp, s, sp, w, h, k),                                           \
+		  shim_task_copy(count_copy(d, s, w *h, k), w *h, 1, &op_))
 COPY2D_HOOK(cudaMemcpy2D, 0)
 COPY2D_HOOK(cudaMemcpy2D_ptds, 1)
 
-#define COPY2D_ASYNC_HOOK(name, ptsz)                                     \
-	STREAM_WORK(name, ptsz, st,                                       \
-	            (void *d, size_t dp, const void *s, size_t sp, size_t w, \
-	             size_t h, enum cudaMemcpyKind k, cudaStream_t st),   \
-	            (d, dp, s, sp, w, h, k, st),                          \
-	            shim_task_copy(count_copy(d, s, w * h, k), w * h, 0))
+#define COPY2D_ASYNC_HOOK(name, ptsz)                                                  \
+	STREAM_WORK(name, ptsz, st,                                                    \
+		    (void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h, \
+		     enum cudaMemcpyKind k, cudaStream_t st),                          \
+		    (d, dp, s, sp, w, h, k, st),                                       \
+		    shim_task_copy(count_copy(d, s, w *h, k), w *h, 0, &op_))
 COPY2D_ASYNC_HOOK(cudaMemcpy2DAsync, 0)
 COPY2D_ASYNC_HOOK(cudaMemcpy2DAsync_ptsz, 1)
 
@@ -546,41 +544,39 @@ static int count_symbol_copy(int to, const void *host, size_t n, enum cudaMemcpy
  * symbol, so the other side decides a cudaMemcpyDefault (count_symbol_copy).
  * width is in bytes for the 2D calls.
  */
-#define TO_ARRAY2D_HOOK(name, ptsz)                                       \
-	SYNC_WORK(name, ptsz,                                             \
-	          (cudaArray_t a, size_t wo, size_t ho, const void *s, size_t \
-	           sp, size_t w, size_t h, enum cudaMemcpyKind k),        \
-	          (a, wo, ho, s, sp, w, h, k),                            \
-	          shim_task_copy(count_symbol_copy(1, s, w * h, k), w * h, 1))
+#define TO_ARRAY2D_HOOK(name, ptsz)                                                         \
+	SYNC_WORK(name, ptsz,                                                               \
+		  (cudaArray_t a, size_t wo, size_t ho, const void *s, size_t sp, size_t w, \
+		   size_t h, enum cudaMemcpyKind k),                                        \
+		  (a, wo, ho, s, sp, w, h, k),                                              \
+		  shim_task_copy(count_symbol_copy(1, s, w *h, k), w *h, 1, &op_))
 TO_ARRAY2D_HOOK(cudaMemcpy2DToArray, 0)
 TO_ARRAY2D_HOOK(cudaMemcpy2DToArray_ptds, 1)
 
-#define TO_ARRAY2D_ASYNC_HOOK(name, ptsz)                                 \
-	STREAM_WORK(name, ptsz, st,                                       \
-	            (cudaArray_t a, size_t wo, size_t ho, const void *s, size_t \
-	             sp, size_t w, size_t h, enum cudaMemcpyKind k, cudaStream_t \
-	             st),                                                 \
-	            (a, wo, ho, s, sp, w, h, k, st),                      \
-	            shim_task_copy(count_symbol_copy(1, s, w * h, k), w * h, 0))
+#define TO_ARRAY2D_ASYNC_HOOK(name, ptsz)                                                     \
+	STREAM_WORK(name, ptsz, st,                                                           \
+		    (cudaArray_t a, size_t wo, size_t ho, const void *s, size_t sp, size_t w, \
+		     size_t h, enum cudaMemcpyKind k, cudaStream_t st),                       \
+		    (a, wo, ho, s, sp, w, h, k, st),                                          \
+		    shim_task_copy(count_symbol_copy(1, s, w *h, k), w *h, 0, &op_))
 TO_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DToArrayAsync, 0)
 TO_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DToArrayAsync_ptsz, 1)
 
-#define FROM_ARRAY2D_HOOK(name, ptsz)                                     \
-	SYNC_WORK(name, ptsz,                                             \
-	          (void *d, size_t dp, cudaArray_const_t a, size_t wo, size_t \
-	           ho, size_t w, size_t h, enum cudaMemcpyKind k),        \
-	          (d, dp, a, wo, ho, w, h, k),                            \
-	          shim_task_copy(count_symbol_copy(0, d, w * h, k), w * h, 1))
+#define FROM_ARRAY2D_HOOK(name, ptsz)                                                       \
+	SYNC_WORK(name, ptsz,                                                               \
+		  (void *d, size_t dp, cudaArray_const_t a, size_t wo, size_t ho, size_t w, \
+		   size_t h, enum cudaMemcpyKind k),                                        \
+		  (d, dp, a, wo, ho, w, h, k),                                              \
+		  shim_task_copy(count_symbol_copy(0, d, w *h, k), w *h, 1, &op_))
 FROM_ARRAY2D_HOOK(cudaMemcpy2DFromArray, 0)
 FROM_ARRAY2D_HOOK(cudaMemcpy2DFromArray_ptds, 1)
 
-#define FROM_ARRAY2D_ASYNC_HOOK(name, ptsz)                               \
-	STREAM_WORK(name, ptsz, st,                                       \
-	            (void *d, size_t dp, cudaArray_const_t a, size_t wo, size_t \
-	             ho, size_t w, size_t h, enum cudaMemcpyKind k, cudaStream_t \
-	             st),                                                 \
-	            (d, dp, a, wo, ho, w, h, k, st),                      \
-	            shim_task_copy(count_symbol_copy(0, d, w * h, k), w * h, 0))
+#define FROM_ARRAY2D_ASYNC_HOOK(name, ptsz)                                                   \
+	STREAM_WORK(name, ptsz, st,                                                           \
+		    (void *d, size_t dp, cudaArray_const_t a, size_t wo, size_t ho, size_t w, \
+		     size_t h, enum cudaMemcpyKind k, cudaStream_t st),                       \
+		    (d, dp, a, wo, ho, w, h, k, st),                                          \
+		    shim_task_copy(count_symbol_copy(0, d, w *h, k), w *h, 0, &op_))
 FROM_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DFromArrayAsync, 0)
 FROM_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DFromArrayAsync_ptsz, 1)
 
@@ -623,94 +619,82 @@ static int count_copy_3d(const struct cudaMemcpy3DParms *p, size_t *n)
 	return count_copy(NULL, NULL, *n, k);
 }
 
-static void task_copy_3d(const struct cudaMemcpy3DParms *p, int blocking)
+static void task_copy_3d(const struct cudaMemcpy3DParms *p, int blocking,
+			 const struct shim_op_site *at)
 {
 	size_t n;
 	int kind = count_copy_3d(p, &n);
 
-	shim_task_copy(kind, n, blocking);
+	shim_task_copy(kind, n, blocking, at);
 }
 
-#define COPY3D_HOOK(name, ptsz)                                           \
-	SYNC_WORK(name, ptsz,                                             \
-	          (const struct cudaMemcpy3DParms *p),                    \
-	          (p),                                                    \
-	          task_copy_3d(p, 1))
+#define COPY3D_HOOK(name, ptsz) \
+	SYNC_WORK(name, ptsz, (const struct cudaMemcpy3DParms *p), (p), task_copy_3d(p, 1, &op_))
 COPY3D_HOOK(cudaMemcpy3D, 0)
 COPY3D_HOOK(cudaMemcpy3D_ptds, 1)
 
-#define COPY3D_ASYNC_HOOK(name, ptsz)                                     \
-	STREAM_WORK(name, ptsz, st,                                       \
-	            (const struct cudaMemcpy3DParms *p, cudaStream_t st), \
-	            (p, st),                                              \
-	            task_copy_3d(p, 0))
+#define COPY3D_ASYNC_HOOK(name, ptsz)                                                              \
+	STREAM_WORK(name, ptsz, st, (const struct cudaMemcpy3DParms *p, cudaStream_t st), (p, st), \
+		    task_copy_3d(p, 0, &op_))
 COPY3D_ASYNC_HOOK(cudaMemcpy3DAsync, 0)
 COPY3D_ASYNC_HOOK(cudaMemcpy3DAsync_ptsz, 1)
 
-#define TO_SYMBOL_HOOK(name, ptsz)                                        \
-	SYNC_WORK(name, ptsz,                                             \
-	          (const void *sym, const void *s, size_t n, size_t off, enum \
-	           cudaMemcpyKind k),                                     \
-	          (sym, s, n, off, k),                                    \
-	          shim_task_copy(count_symbol_copy(1, s, n, k), n, 1))
+#define TO_SYMBOL_HOOK(name, ptsz)                                                               \
+	SYNC_WORK(name, ptsz,                                                                    \
+		  (const void *sym, const void *s, size_t n, size_t off, enum cudaMemcpyKind k), \
+		  (sym, s, n, off, k), shim_task_copy(count_symbol_copy(1, s, n, k), n, 1, &op_))
 TO_SYMBOL_HOOK(cudaMemcpyToSymbol, 0)
 TO_SYMBOL_HOOK(cudaMemcpyToSymbol_ptds, 1)
 
-#define TO_SYMBOL_ASYNC_HOOK(name, ptsz)                                  \
-	STREAM_WORK(name, ptsz, st,                                       \
-	            (const void *sym, const void *s, size_t n, size_t off, enum \
-	             cudaMemcpyKind k, cudaStream_t st),                  \
-	            (sym, s, n, off, k, st),                              \
-	            shim_task_copy(count_symbol_copy(1, s, n, k), n, 0))
+#define TO_SYMBOL_ASYNC_HOOK(name, ptsz)                                                          \
+	STREAM_WORK(name, ptsz, st,                                                               \
+		    (const void *sym, const void *s, size_t n, size_t off, enum cudaMemcpyKind k, \
+		     cudaStream_t st),                                                            \
+		    (sym, s, n, off, k, st),                                                      \
+		    shim_task_copy(count_symbol_copy(1, s, n, k), n, 0, &op_))
 TO_SYMBOL_ASYNC_HOOK(cudaMemcpyToSymbolAsync, 0)
 TO_SYMBOL_ASYNC_HOOK(cudaMemcpyToSymbolAsync_ptsz, 1)
 
-#define FROM_SYMBOL_HOOK(name, ptsz)                                      \
-	SYNC_WORK(name, ptsz,                                             \
-	          (void *d, const void *sym, size_t n, size_t off, enum   \
-	           cudaMemcpyKind k),                                     \
-	          (d, sym, n, off, k),                                    \
-	          shim_task_copy(count_symbol_copy(0, d, n, k), n, 1))
+#define FROM_SYMBOL_HOOK(name, ptsz)                                                       \
+	SYNC_WORK(name, ptsz,                                                              \
+		  (void *d, const void *sym, size_t n, size_t off, enum cudaMemcpyKind k), \
+		  (d, sym, n, off, k), shim_task_copy(count_symbol_copy(0, d, n, k), n, 1, &op_))
 FROM_SYMBOL_HOOK(cudaMemcpyFromSymbol, 0)
 FROM_SYMBOL_HOOK(cudaMemcpyFromSymbol_ptds, 1)
 
-#define FROM_SYMBOL_ASYNC_HOOK(name, ptsz)                                \
-	STREAM_WORK(name, ptsz, st,                                       \
-	            (void *d, const void *sym, size_t n, size_t off, enum \
-	             cudaMemcpyKind k, cudaStream_t st),                  \
-	            (d, sym, n, off, k, st),                              \
-	            shim_task_copy(count_symbol_copy(0, d, n, k), n, 0))
+#define FROM_SYMBOL_ASYNC_HOOK(name, ptsz)                                                  \
+	STREAM_WORK(name, ptsz, st,                                                         \
+		    (void *d, const void *sym, size_t n, size_t off, enum cudaMemcpyKind k, \
+		     cudaStream_t st),                                                      \
+		    (d, sym, n, off, k, st),                                                \
+		    shim_task_copy(count_symbol_copy(0, d, n, k), n, 0, &op_))
 FROM_SYMBOL_ASYNC_HOOK(cudaMemcpyFromSymbolAsync, 0)
 FROM_SYMBOL_ASYNC_HOOK(cudaMemcpyFromSymbolAsync_ptsz, 1)
 
 /* Memsets: stream work kept in order with forwarded launches; nothing is
  * counted for them. */
-#define MEMSET_HOOK(name, ptsz)                                           \
-	SYNC_WORK(name, ptsz,                                             \
-	          (void *p, int v, size_t n),                             \
-	          (p, v, n),                                              \
-	          (void)0)
+#define MEMSET_HOOK(name, ptsz) \
+	SYNC_WORK(name, ptsz, (void *p, int v, size_t n), (p, v, n), shim_task_memset(n, 1, &op_))
 MEMSET_HOOK(cudaMemset, 0)
 MEMSET_HOOK(cudaMemset_ptds, 1)
 
-#define MEMSET_ASYNC_HOOK(name, ptsz)                                     \
-	STREAM_WORK(name, ptsz, s,                                        \
-	            (void *p, int v, size_t n, cudaStream_t s),           \
-	            (p, v, n, s),                                         \
-	            (void)0)
+#define MEMSET_ASYNC_HOOK(name, ptsz)                                                        \
+	STREAM_WORK(name, ptsz, s, (void *p, int v, size_t n, cudaStream_t s), (p, v, n, s), \
+		    shim_task_memset(n, 0, &op_))
 MEMSET_ASYNC_HOOK(cudaMemsetAsync, 0)
 MEMSET_ASYNC_HOOK(cudaMemsetAsync_ptsz, 1)
 
 /* ---- synchronisation ------------------------------------------------- */
 SHIM_API cudaError_t cudaDeviceSynchronize(void)
 {
+	struct shim_op_site op_ = SHIM_OP_SITE("cudaDeviceSynchronize", NULL);
 	cudaError_t r;
 
 	REAL(cudaDeviceSynchronize, NOSYM);
 	FWD_FENCE(NULL, 0, SHIM_FENCE_ALL);
 	r = IN_RUNTIME(real_());
 	shim_sync_note();
-	shim_task_sync();
+	shim_task_sync(&op_);
 	return r;
 }
 
@@ -723,16 +707,17 @@ SHIM_API cudaError_t cudaDeviceReset(void)
 	return IN_RUNTIME(real_());
 }
 
-#define STREAM_SYNC_HOOK(name, ptsz)                                      \
-	SHIM_API cudaError_t name(cudaStream_t s)                         \
-	{                                                                 \
-		cudaError_t r;                                            \
-		REAL(name, NOSYM);                                        \
-		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);                    \
-		r = IN_RUNTIME(real_(s));                                 \
-		shim_sync_note();                                         \
-		shim_task_sync();                                         \
-		return r;                                                 \
+#define STREAM_SYNC_HOOK(name, ptsz)                              \
+	SHIM_API cudaError_t name(cudaStream_t s)                 \
+	{                                                         \
+		struct shim_op_site op_ = SHIM_OP_SITE(#name, s); \
+		cudaError_t r;                                    \
+		REAL(name, NOSYM);                                \
+		FWD_FENCE(s, ptsz, SHIM_FENCE_STREAM);            \
+		r = IN_RUNTIME(real_(s));                         \
+		shim_sync_note();                                 \
+		shim_task_sync(&op_);                             \
+		return r;                                         \
 	}
 STREAM_SYNC_HOOK(cudaStreamSynchronize, 0)
 STREAM_SYNC_HOOK(cudaStreamSynchronize_ptsz, 1)
@@ -742,12 +727,13 @@ STREAM_SYNC_HOOK(cudaStreamSynchronize_ptsz, 1)
  * waits and timings cover it. */
 SHIM_API cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
+	struct shim_op_site op_ = SHIM_OP_SITE("cudaEventSynchronize", NULL);
 	cudaError_t r;
 
 	REAL(cudaEventSynchronize, NOSYM);
 	r = IN_RUNTIME(real_(e));
 	shim_sync_note();
-	shim_task_sync();
+	shim_task_sync(&op_);
 	return r;
 }
 

@@ -338,20 +338,31 @@ void shim_task_drv_end(struct shim_task_drv *t, int rc)
 }
 
 /* ---- copies and syncs ------------------------------------------------- */
-void shim_task_sync(void)
+void shim_task_sync(const struct shim_op_site *at)
 {
 	if (shim_in_runtime)
 		return;
 	shim_query_sync();
+	if (at && at->t0_ns && shim_trace_ops())
+		shim_trace_op(SHIM_OP_SYNC, 0, 0, 1, at);
 	if (shim_tracing())
 		shim_trace_poll();
 }
 
-void shim_task_copy(int kind, size_t n, int blocking)
+void shim_task_copy(int kind, size_t n, int blocking, const struct shim_op_site *at)
 {
 	if (kind < 0 || shim_in_runtime)
 		return;
 	shim_query_copy(kind, n, blocking);
+	/* after the query's view: a copy that begins an inferred query is in it */
+	if (at && at->t0_ns && kind != cudaMemcpyHostToHost && shim_trace_ops())
+		shim_trace_op(SHIM_OP_COPY, kind, n, blocking, at);
 	if (blocking && shim_tracing())
 		shim_trace_poll();
+}
+
+void shim_task_memset(size_t n, int blocking, const struct shim_op_site *at)
+{
+	if (!shim_in_runtime && at && at->t0_ns && shim_trace_ops())
+		shim_trace_op(SHIM_OP_MEMSET, 0, n, blocking, at);
 }

@@ -226,6 +226,37 @@ void shim_trace_query(int begin, uint64_t id, uint64_t size, const char *rule, u
 	pthread_mutex_unlock(&trace_mu);
 }
 
+/* Like a query boundary: queued, written in issue order with the tasks. */
+void shim_trace_op(int op, int dir, uint64_t bytes, int blocking, const struct shim_op_site *at)
+{
+	struct shim_trace_rec r;
+	uint64_t now = shim_now_ns();
+
+	memset(&r, 0, offsetof(struct shim_trace_rec, params));
+	r.kind = op;
+	r.op_dir = dir;
+	r.op_bytes = bytes;
+	r.op_blocking = blocking;
+	r.stream = at->stream;
+	r.host_ns = at->t0_ns;
+	r.latency_ns = now > at->t0_ns ? (int64_t)(now - at->t0_ns) : 0;
+	r.has_query = shim_query_current(&r.query);
+	snprintf(r.api, sizeof(r.api), "%s", at->api);
+	pthread_mutex_lock(&trace_mu);
+	if (start_locked() == 0 && trace_file_on()) {
+		if (count == TRACE_PENDING_MAX)
+			trace_drain_locked();
+		if (count < TRACE_PENDING_MAX) {
+			ring[(head + count) % TRACE_PENDING_MAX] = r;
+			count++;
+			trace_json_flush_due_locked(0);
+		} else {
+			trace_json_drop_locked();
+		}
+	}
+	pthread_mutex_unlock(&trace_mu);
+}
+
 /* ---- settling: exit and device reset --------------------------------------- */
 /* trace_mu within about ns, else -1: exit() may run on a thread that
  * already holds it (a signal handler interrupted shim_trace_end), and then waiting

@@ -58,13 +58,35 @@ int shim_trace_on(void);
  * when routed, else locally, counted.  Returns its cudaError_t. */
 int shim_task_launch(const struct shim_launch *l);
 
+/* Copies, memsets and syncs as trace lines too (COLOCATE_TRACE_OPS=1 with
+ * COLOCATE_TRACE): a replayer needs them between the tasks.  Set once at
+ * start-up; shim_trace_json.c owns it. */
+extern int shim_trace_ops_on;
+
+static inline int shim_trace_ops(void)
+{
+	return __builtin_expect(shim_trace_ops_on, 0) && shim_trace_to_file();
+}
+
+/* Where and when a copy, memset or sync was called, for its trace line:
+ * taken before the real call (t0_ns 0 when op lines are off). */
+struct shim_op_site {
+	const char *api;
+	void *stream;
+	uint64_t t0_ns;
+};
+#define SHIM_OP_SITE(api, stream) { (api), (void *)(stream), shim_trace_ops() ? shim_now_ns() : 0 }
+
 /* The app synchronised (device, stream or event): queries inferred from
- * copies may end, trace times may be resolved.  Cheap when neither applies. */
-void shim_task_sync(void);
+ * copies may end, trace times may be resolved.  Cheap when neither applies.
+ * at: the call, for its op line (NULL: none). */
+void shim_task_sync(const struct shim_op_site *at);
 /* A successful copy of n bytes; kind is a cudaMemcpyKind with Default
  * already resolved, or -1 for "not counted" (ignored).  blocking: cudaMemcpy
  * rather than cudaMemcpyAsync. */
-void shim_task_copy(int kind, size_t n, int blocking);
+void shim_task_copy(int kind, size_t n, int blocking, const struct shim_op_site *at);
+/* A successful memset of n bytes (an op line only). */
+void shim_task_memset(size_t n, int blocking, const struct shim_op_site *at);
 
 /* Tasks of this process so far, by kind. */
 void shim_task_counts(uint64_t *kernels, uint64_t *libraries);
@@ -72,6 +94,8 @@ void shim_task_counts(uint64_t *kernels, uint64_t *libraries);
 /* --- trace (shim_trace.c) ----------------------------------------------- */
 
 enum { SHIM_TASK_KERNEL = 1, SHIM_TASK_LIBRARY = 2 };
+/* op lines' record kinds (after the query lines' 10 and 11) */
+enum { SHIM_OP_COPY = 12, SHIM_OP_MEMSET = 13, SHIM_OP_SYNC = 14 };
 
 /* A task's launches forwarded to a pool worker, timed there (shim_fwd_span.c
  * fills it while the task is open on its thread): the task's device times
@@ -104,7 +128,10 @@ struct shim_trace_rec {
 	void *ev[2];            /* start/end events, NULL when untimed      */
 	uint32_t nkernels;      /* library: kernels launched inside it      */
 	int rc;                 /* library: its status                      */
-	int64_t latency_ns;     /* query boundaries (shim_trace.c's own)    */
+	int64_t latency_ns;     /* query boundaries; op lines: host time in it */
+	int op_dir;             /* copy: its cudaMemcpyKind                  */
+	int op_blocking;        /* copy, memset: the synchronous call        */
+	uint64_t op_bytes;      /* copy, memset: bytes                       */
 	uint32_t gen;           /* event generation at begin (device resets) */
 	struct shim_fwd_span fwd;   /* routed: times from the worker        */
 	/* last: filling a record clears everything before params */
@@ -140,6 +167,9 @@ void shim_trace_poll(void);
 /* A query boundary ("query_begin" / "query_end") as a trace line. */
 void shim_trace_query(int begin, uint64_t id, uint64_t size, const char *rule, uint64_t t_ns,
 		      int64_t latency_ns);
+/* A copy, memset or sync (SHIM_OP_*) as a trace line, queued like a
+ * query boundary; the host time inside the call is measured from at. */
+void shim_trace_op(int op, int dir, uint64_t bytes, int blocking, const struct shim_op_site *at);
 /* The backend for a task on the runtime (cudart) or the driver API. */
 int shim_trace_backend(int driver);
 /* The app is about to reset the device (cudaDeviceReset): write what has

@@ -1,7 +1,8 @@
 /*
  * shim_trace_json.c - the trace's JSON writer: one line per task (and per
- * query boundary) into a buffer, written to the COLOCATE_TRACE file, and
- * the same task fields for the feed's messages.
+ * query boundary, and with COLOCATE_TRACE_OPS=1 per copy, memset and sync)
+ * into a buffer, written to the COLOCATE_TRACE file, and the same task
+ * fields for the feed's messages.
  *
  * Lines are buffered and written with one write(2) per batch to a file
  * opened O_APPEND, so several processes of one command can share it.
@@ -51,6 +52,7 @@ static uint64_t seq, records, untimed, dropped;
 static uint64_t last_flush_ns;
 static int file_failed, overflow;
 static locale_t c_locale;
+int shim_trace_ops_on;
 /* Where put() writes: the file's buffer, or the feed's. */
 static struct {
 	char *buf;
@@ -65,6 +67,8 @@ void shim_trace_init(void)
 	if (!p || !*p)
 		return;
 	snprintf(path, sizeof(path), "%s", p);
+	p = getenv("COLOCATE_TRACE_OPS");
+	shim_trace_ops_on = p && *p && strcmp(p, "0") != 0;
 	__atomic_or_fetch(&shim_trace_flag.on, TRACE_ON_FILE, __ATOMIC_RELEASE);
 }
 
@@ -240,6 +244,30 @@ static void put_task(const struct shim_trace_rec *r, int timed, int64_t start_ns
 	}
 }
 
+/* A copy, memset or sync's fields after "kind": (untimed: what the host did). */
+static void put_op(const struct shim_trace_rec *r)
+{
+	static const char *const dirs[] = { "h2h", "h2d", "d2h", "d2d" };
+	static const char *const kinds[] = { "copy", "memset", "sync" };
+
+	put("\"%s\",\"api\":", kinds[r->kind - SHIM_OP_COPY]);
+	put_str(r->api, sizeof(r->api));
+	if (r->kind == SHIM_OP_COPY)
+		put(",\"dir\":\"%s\"", r->op_dir >= 0 && r->op_dir <= 3 ? dirs[r->op_dir] : "?");
+	if (r->kind != SHIM_OP_SYNC)
+		put(",\"bytes\":%llu,\"blocking\":%s", (unsigned long long)r->op_bytes,
+		    r->op_blocking ? "true" : "false");
+	put(",\"stream\":\"0x%llx\",\"host_us\":", (unsigned long long)(uintptr_t)r->stream);
+	put_us((int64_t)r->host_ns);
+	put(",\"wait_us\":");
+	put_us(r->latency_ns);
+	put(",\"query\":");
+	if (r->has_query)
+		put("%llu", (unsigned long long)r->query);
+	else
+		put("null");
+}
+
 /* One line; start/dur in ns, or < 0 when unknown (start may really be
  * negative: a task on another stream ahead of time zero). */
 void trace_json_line_locked(const struct shim_trace_rec *r, int timed, int64_t start_ns,
@@ -273,6 +301,11 @@ void trace_json_line_locked(const struct shim_trace_rec *r, int timed, int64_t s
 			else
 				put("null");
 		}
+		put("}\n");
+		goto done;
+	}
+	if (r->kind >= SHIM_OP_COPY && r->kind <= SHIM_OP_SYNC) {
+		put_op(r);
 		put("}\n");
 		goto done;
 	}
