@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import math
 import sys
 import time
@@ -49,7 +50,7 @@ for p in (str(ROOT), str(HERE)):
 
 from simulator import HOLD_S, Arrivals, EnginePredictor, SimResult, SimTask, Simulator, Workload  # noqa: E402
 
-from controlplane.policies import make_policy  # noqa: E402
+from controlplane.policies import make_policy, parse_policy_spec  # noqa: E402
 from shim.devmodel import Device, default_params  # noqa: E402
 
 SERVICES = ("face", "dig", "imc", "ner", "pos", "chk")
@@ -70,6 +71,7 @@ class Config:
     seed: int = 1
     qos_ms: float | None = None
     granularity: int = 10
+    qos_factor: float = QOS_FACTOR
 
 
 # --- workloads from traces ------------------------------------------------------
@@ -125,10 +127,7 @@ def policy(name: str, pred: EnginePredictor, dev: Device, sim_now: Callable[[], 
         opts = dict(predictor=pred, qos_size=qos_size, granularity=cfg.granularity)
     elif base.startswith("mps"):
         opts = dict(granularity=cfg.granularity)
-    for kv in name.split(",")[1:]:
-        k, _, v = kv.partition("=")
-        opts[k] = v
-    return make_policy(base, **opts)
+    return make_policy(base, **{**opts, **parse_policy_spec(name)[1]})
 
 
 def simulate(apps: Sequence[Workload], pol_name: str, cfg: Config) -> SimResult:
@@ -157,7 +156,7 @@ def solo_ips(batch: Workload, cfg: Config) -> float:
 
 
 def with_target(svc: Workload, cfg: Config) -> Workload:
-    target = cfg.qos_ms or QOS_FACTOR * solo_latency_ms(svc, cfg)
+    target = cfg.qos_ms or cfg.qos_factor * solo_latency_ms(svc, cfg)
     return Workload(svc.name, "qos", queries=svc.queries, qos_ms=round(target, 3))
 
 
@@ -427,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slowdown", type=float, default=SLOWDOWN, help="device slowdown (default %(default)g)")
     ap.add_argument("--gpus", type=int, help="claius-datacenter: GPUs per service (default 100; --quick 2)")
     ap.add_argument("--address", help="claius-datacenter: a Ray cluster's address (default: a local Ray)")
+    ap.add_argument("--qos-factor", type=float, default=QOS_FACTOR,
+                    help="QoS target = this x the service's solo latency (default %(default)g)")
+    ap.add_argument("--verbose", action="store_true", help="show the policies' log lines")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
     title, default_pols = EXPERIMENTS[a.name]
@@ -439,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown app(s) {', '.join(bad)}: services {', '.join(SERVICES)}; batch {', '.join(BATCH)}")
     cfg = Config(slowdown=a.slowdown, rate=a.rate, arrivals=a.arrivals, seed=a.seed, qos_ms=a.qos_ms,
-                 horizon_s=a.horizon or (6.0 if a.quick else 30.0))
+                 horizon_s=a.horizon or (6.0 if a.quick else 30.0), qos_factor=a.qos_factor)
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.ERROR, format="%(name)s: %(message)s")
     out = a.out or ROOT / "bench" / "out" / a.name
 
     def log(m: str) -> None:
