@@ -85,7 +85,8 @@ def _task(t: Any) -> SimTask:
                    gap_s=max(0.0, float(t.gap_us or 0)) / 1e6, sync=bool(t.sync))
 
 
-def workloads(names: Sequence[str], cfg: Config, log: Callable[[str], None]) -> dict[str, Workload]:
+def workloads(names: Sequence[str], cfg: Config, log: Callable[[str], None],
+              service: tuple[list[int], str] | None = None) -> dict[str, Workload]:
     """Each named app as a Workload, from its trace in the trace library
     (recorded there first when missing: timing-only, seconds each).  A
     service runs its queries at the largest size of profile's ladder, with
@@ -96,6 +97,8 @@ def workloads(names: Sequence[str], cfg: Config, log: Callable[[str], None]) -> 
     for n in names:
         svc = n in SERVICES
         sizes, args = (profile.TONIC[n][0][-1:], profile.TONIC[n][1]) if svc else ([], "")
+        if svc and service is not None:
+            sizes, args = [str(x) for x in service[0]], service[1]
         target = f"tonic:{n}" if svc else n
         done = traces.record_all([target], lib, sizes=[int(x) for x in sizes], service_args=args, log=log)
         if done[0].error:
@@ -247,6 +250,45 @@ def multiqos(svcs: Sequence[str], batch: Sequence[str], policies: Sequence[str],
     return rows
 
 
+def validate(pairs_: Sequence[tuple[str, str]], policies: Sequence[str], cfg: Config,
+             log: Callable[[str], None], duration: float) -> list[dict[str, Any]]:
+    """The same co-locations live on simgpu (bench/colocation.py: the programs
+    under the shim, a controller, the Tonic load client) and in the
+    simulator, on the same device (slowdown), service options, query size,
+    fixed arrivals and warm-up: the gap in p99 and in batch throughput."""
+    import tempfile
+
+    import colocation as live
+    work = Path(tempfile.mkdtemp(prefix="colocate-validate-"))
+    rows = []
+    for svc, b in pairs_:
+        st = live.Setup(service=svc, batch=[b], duration=duration, rate=cfg.rate, arrivals="fixed",
+                        slowdown=cfg.slowdown, seed=cfg.seed)
+        solo_live, rates = live.solo(st, work, log)
+        wl = workloads([svc, b], cfg, log, service=([int(x) for x in st.sizes.split(",")], st.service_args))
+        scfg = Config(**{**cfg.__dict__, "arrivals": "fixed", "horizon_s": duration})
+        svc_wl = Workload(svc, "qos", queries=wl[svc].queries, qos_ms=st.qos_ms)
+        solo_sim = solo_ips(wl[b], scfg)
+        for p in policies:
+            got = live.run_policy(st, p, None, solo_live, rates, work, log)
+            r = simulate([svc_wl, wl[b]], p, scfg)
+            sim_p99, sim_thr = r.p99_ms(svc, st.warmup), r.iterations_per_s[b] / solo_sim
+            live_thr = got.batch_norm.get(b)
+            rows.append({"service": svc, "batch": b, "policy": p, "live_p99_ms": got.p99_ms,
+                         "sim_p99_ms": sim_p99, "p99_gap": _gap(sim_p99, got.p99_ms),
+                         "live_throughput_norm": live_thr, "sim_throughput_norm": sim_thr,
+                         "throughput_gap": _gap(sim_thr, live_thr),
+                         "live_queries": got.queries, "sim_queries": len(r.latencies_ms[svc])})
+            log(f"validate {svc}+{b} {p}: p99 live {got.p99_ms} ms, sim {sim_p99:.3f} ms; "
+                f"throughput live {live_thr}, sim {sim_thr:.3f}")
+    return rows
+
+
+def _gap(sim: float | None, live: float | None) -> float | None:
+    """(sim - live) / live."""
+    return (sim - live) / live if sim is not None and live else None
+
+
 _ST: Study | None = None
 _CFG: Config | None = None
 
@@ -389,6 +431,73 @@ def plot_fleet(path: Path, rows: list[dict[str, Any]], pols: list[str], title: s
     plt.close(fig)
 
 
+def quota_trace(out: Path, svc: str, batch: str, cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
+    """Fig. 17: the quota claius gives one service's queries over time next
+    to a batch app (imc + BFS in the paper), as decided in the simulation."""
+    st = study([svc], [batch], cfg, log)
+    r = simulate([st.targets[svc], st.wl[batch]], "claius", Config(**{**cfg.__dict__, "horizon_s": 3.0}))
+    tr = r.quota_trace[svc]
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 3))
+    ax.step([t * 1e3 for t, _ in tr], [q for _, q in tr], where="post")
+    ax.set_xlabel("simulated time, ms")
+    ax.set_ylabel(f"{svc} quota, %")
+    ax.set_title(f"claius: {svc}'s quota next to {batch} (Fig. 17, simulator)")
+    fig.tight_layout()
+    fig.savefig(out / "quota_trace.png", dpi=110)
+    plt.close(fig)
+    changes = len(tr)
+    return {"service": svc, "batch": batch, "quota_changes": changes,
+            "quotas_used": sorted({q for _, q in tr}), "trace": tr[:400]}
+
+
+def write_validation(out: Path, rows: list[dict[str, Any]], cfg: Config, wall: float) -> int:
+    """validate-sim's outputs: the gaps per run, and a plot of sim against live."""
+    out.mkdir(parents=True, exist_ok=True)
+    gaps = [abs(r[k]) for r in rows for k in ("p99_gap", "throughput_gap") if r[k] is not None]
+    meta = {"experiment": "validate-sim", "config": cfg.__dict__, "wall_s": wall,
+            "max_abs_gap": max(gaps) if gaps else None, "target": 0.10}
+    (out / "rows.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    with open(out / "rows.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    md = ["# validate-sim: live simgpu vs the simulator", "",
+          "| pair | policy | p99 live ms | p99 sim ms | gap | throughput live | sim | gap |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['service']}+{r['batch']} | {r['policy']} | {_f(r['live_p99_ms'])} | "
+                  f"{_f(r['sim_p99_ms'])} | {_pct(r['p99_gap'])} | {_f(r['live_throughput_norm'])} | "
+                  f"{_f(r['sim_throughput_norm'])} | {_pct(r['throughput_gap'])} |")
+    (out / "table.md").write_text("\n".join(md) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 4))
+    for ax, lk, sk, lab in ((a, "live_p99_ms", "sim_p99_ms", "p99 ms"),
+                            (b, "live_throughput_norm", "sim_throughput_norm", "batch throughput (norm.)")):
+        xs = [r[lk] for r in rows if r[lk] is not None and r[sk] is not None]
+        ys = [r[sk] for r in rows if r[lk] is not None and r[sk] is not None]
+        ax.scatter(xs, ys)
+        hi = max(xs + ys + [1e-9])
+        ax.plot([0, hi], [0, hi], "k--", lw=0.8)
+        ax.set_xlabel(f"live simgpu: {lab}")
+        ax.set_ylabel(f"simulator: {lab}")
+    fig.tight_layout()
+    fig.savefig(out / "plot.png", dpi=110)
+    plt.close(fig)
+    print((out / "table.md").read_text())
+    print(f"{len(rows)} runs in {wall:.1f} s wall; largest gap {_pct(meta['max_abs_gap'])} "
+          f"(target 10 %); outputs in {out}")
+    return 0
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:+.1f} %"
+
+
 EXPERIMENTS = {
     "claius-pairs": ("48 Tonic x Rodinia pairs: claius vs MPS shares, baymax, static-optimal (Fig. 2, 15, 16)",
                      PAIR_POLICIES),
@@ -398,6 +507,8 @@ EXPERIMENTS = {
                         ("claius", "static-optimal")),
     "claius-datacenter": ("600 GPUs, 100 per Tonic service, 3 random Rodinia co-runners each (Fig. 22)",
                           ("claius", "baymax")),
+    "validate-sim": ("a few pairs live on simgpu and in the simulator: the gap in p99 and throughput",
+                     ("static", "mps-priority")),
     "claius-granularity": ("claius at quota units of 3 (as 4), 5, 10 and 20 % (§9.1)",
                            ("claius,granularity=4", "claius,granularity=5", "claius,granularity=10",
                             "claius,granularity=20")),
@@ -456,15 +567,26 @@ def main(argv: list[str] | None = None) -> int:
         rows = datacenter(svcs if a.services or not a.quick else list(SERVICES), batch, pols, cfg, log,
                           progress=not a.no_progress, per_service=a.gpus or (2 if a.quick else 100),
                           address=a.address)
+    elif a.name == "validate-sim":
+        duos = list(zip(svcs, batch)) if a.services or a.batch else (
+            [("pos", "hotspot")] if a.quick else [("pos", "hotspot"), ("pos", "lud"), ("ner", "hotspot")])
+        rows = validate(duos, pols, cfg, log, duration=a.horizon or (4.0 if a.quick else 12.0))
     else:
         rows = pairs(svcs, batch, pols, cfg, log, progress=not a.no_progress)
     wall = time.monotonic() - t0
+    if a.name == "validate-sim":
+        return write_validation(out, rows, cfg, wall)
     summ = summary(rows)
     speeds = [r["sim_s_per_wall_s"] for r in rows if r["sim_s_per_wall_s"]]
     meta = {"experiment": a.name, "config": cfg.__dict__, "services": svcs, "batch": batch,
             "policies": pols, "wall_s": wall, "device": "simulator on simgpu's engine (shim/devmodel.py)",
             "sim_s_per_wall_s_median": sorted(speeds)[len(speeds) // 2] if speeds else None}
     write(out, rows, summ, meta, f"{a.name}: {title}")
+    if a.name == "claius-ablation":
+        meta["fig17"] = quota_trace(out, "imc" if "imc" in svcs else svcs[0], "bfs" if "bfs" in batch else batch[0],
+                                    cfg, log)
+        (out / "rows.json").write_text(json.dumps({"meta": meta, "summary": summ, "rows": rows}, indent=1))
+        log(f"Fig. 17: {meta['fig17']['quota_changes']} quota changes, quotas {meta['fig17']['quotas_used']}")
     if a.json:
         a.json.write_text(json.dumps({"meta": meta, "summary": summ, "rows": rows}, indent=1))
     print((out / "table.md").read_text())
