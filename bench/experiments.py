@@ -38,7 +38,7 @@ import logging
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -72,6 +72,7 @@ class Config:
     qos_ms: float | None = None
     granularity: int = 10
     qos_factor: float = QOS_FACTOR
+    replay: list[float] = field(default_factory=list)   # arrivals "replay": the times, s
 
 
 # --- workloads from traces ------------------------------------------------------
@@ -140,7 +141,8 @@ def simulate(apps: Sequence[Workload], pol_name: str, cfg: Config) -> SimResult:
     qsize = max(qos[0].queries) if qos else 1
     holder: list[Simulator] = []
     pol = policy(pol_name, pred, dev, lambda: holder[0].now if holder else 0.0, cfg, qsize)
-    arrivals = {w.name: Arrivals(cfg.arrivals, cfg.rate, cfg.seed + i) for i, w in enumerate(qos)}
+    arrivals = {w.name: Arrivals(cfg.arrivals, cfg.rate, cfg.seed + i, times=cfg.replay)
+                for i, w in enumerate(qos)}
     sim = Simulator(pol, dev, apps, arrivals, horizon_s=cfg.horizon_s, seed=cfg.seed)
     holder.append(sim)
     return sim.run()
@@ -529,7 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", help="comma-separated policy names (default: the experiment's; "
                                        "claius-granularity: ';'-separated specs)")
     ap.add_argument("--rate", type=float, default=10.0, help="queries per second (default 10)")
-    ap.add_argument("--arrivals", default="poisson", choices=("fixed", "poisson", "diurnal"))
+    ap.add_argument("--arrivals", default="poisson", metavar="KIND",
+                    help="fixed, poisson (default), diurnal (Poisson whose rate swings +-50 %% over 60 s), "
+                         "or replay:FILE (arrival times in s, one per line, for every service)")
     ap.add_argument("--qos-ms", type=float,
                     help=f"QoS target for every service (default {QOS_FACTOR} x its solo latency)")
     ap.add_argument("--horizon", type=float, help="simulated seconds per run (default 30; --quick 6)")
@@ -551,7 +555,16 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in svcs if s not in SERVICES] + [b for b in batch if b not in BATCH]
     if bad:
         ap.error(f"unknown app(s) {', '.join(bad)}: services {', '.join(SERVICES)}; batch {', '.join(BATCH)}")
-    cfg = Config(slowdown=a.slowdown, rate=a.rate, arrivals=a.arrivals, seed=a.seed, qos_ms=a.qos_ms,
+    replay: list[float] = []
+    if a.arrivals.startswith("replay:"):
+        try:
+            replay = [float(x) for x in Path(a.arrivals[7:]).read_text().split()]
+        except (OSError, ValueError) as e:
+            ap.error(f"--arrivals {a.arrivals}: {e}")
+        a.arrivals = "replay"
+    elif a.arrivals not in ("fixed", "poisson", "diurnal"):
+        ap.error(f"--arrivals {a.arrivals!r}: fixed, poisson, diurnal or replay:FILE")
+    cfg = Config(slowdown=a.slowdown, rate=a.rate, arrivals=a.arrivals, seed=a.seed, qos_ms=a.qos_ms, replay=replay,
                  horizon_s=a.horizon or (6.0 if a.quick else 30.0), qos_factor=a.qos_factor)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.ERROR, format="%(name)s: %(message)s")
     out = a.out or ROOT / "bench" / "out" / a.name
@@ -564,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = multiqos(svcs if a.services or not a.quick else ["pos", "ner", "chk"], batch, pols, cfg, log,
                         progress=not a.no_progress, n=3 if a.quick else 15)
     elif a.name == "claius-datacenter":
-        rows = datacenter(svcs if a.services or not a.quick else list(SERVICES), batch, pols, cfg, log,
+        rows = datacenter(svcs if a.services or not a.quick else list(SERVICES),
+                          batch if a.batch else list(BATCH), pols, cfg, log,
                           progress=not a.no_progress, per_service=a.gpus or (2 if a.quick else 100),
                           address=a.address)
     elif a.name == "validate-sim":
