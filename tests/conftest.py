@@ -76,6 +76,26 @@ def simdir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def mech(tmp_path_factory) -> Path:
+    """test_device_model's CUDA program (kernels of a given shape and cost,
+    MECH_CU and its twins), built once per module."""
+    from test_device_model import MECH_CU, MECH_TWINS, NVCC
+
+    from shim import paths
+    if not paths.SIMGPU_CUDART.exists():
+        pytest.skip("simgpu not built (make build)")
+    d = tmp_path_factory.mktemp("mech")
+    (d / "mech.cu").write_text(MECH_CU)
+    (d / "twins.c").write_text(MECH_TWINS)
+    for cmd in ([NVCC, "-cudart", "shared", "-o", "mech", "mech.cu"],
+                ["cc", "-O2", "-shared", "-fPIC", "-I", str(ROOT / "shim" / "simgpu"), "-o",
+                 "mech.twins.so", "twins.c"]):
+        r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+    return d / "mech"
+
+
 def ensure_simgpu() -> None:
     """Build the native libraries when simgpu's is missing or older than its
     sources (tests that compile their own CUDA programs link against it)."""

@@ -107,19 +107,6 @@ SM_FLOPS, BW, SMS = 500e9, 3350e9, 132
 SM_BW = 3 * BW / SMS
 
 
-@pytest.fixture(scope="module")
-def mech(tmp_path_factory) -> Path:
-    if not SIMGPU.exists():
-        pytest.skip("simgpu not built (make build)")
-    d = tmp_path_factory.mktemp("mech")
-    (d / "mech.cu").write_text(MECH_CU)
-    (d / "twins.c").write_text(MECH_TWINS)
-    for cmd in ([NVCC, "-cudart", "shared", "-o", "mech", "mech.cu"],
-                ["cc", "-O2", "-shared", "-fPIC", "-I", str(ROOT / "shim" / "simgpu"), "-o",
-                 "mech.twins.so", "twins.c"]):
-        r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=180)
-        assert r.returncode == 0, r.stdout + r.stderr
-    return d / "mech"
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import math
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from cffi import FFI
@@ -30,7 +29,6 @@ from shim._devmodel import ffi, lib
 
 sys.path.insert(0, str(ROOT / "bench"))
 import colocation  # noqa: E402
-from test_device_model import MECH_CU, MECH_TWINS, NVCC  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not paths.SIMGPU_CUDART.exists(), reason="simgpu not built (make build)")
 
@@ -145,23 +143,6 @@ LIVE_CASES = [   # flops, bytes, blocks, threads, dynamic smem, MPS percentage
     (1e6, 1e9, 100000, 32, 0, 1),         # one SM
     (3e8, 3e8, 333, 96, 16384, 45),
 ]
-
-
-@pytest.fixture(scope="module")
-def mech(tmp_path_factory) -> Path:
-    """test_device_model's program: kernels of a given shape and cost."""
-    d = tmp_path_factory.mktemp("mech")
-    (d / "mech.cu").write_text(MECH_CU)
-    (d / "twins.c").write_text(MECH_TWINS)
-    for cmd in ([NVCC, "-cudart", "shared", "-o", "mech", "mech.cu"],
-                ["cc", "-O2", "-shared", "-fPIC", "-I", str(ROOT / "shim" / "simgpu"), "-o",
-                 "mech.twins.so", "twins.c"]):
-        try:
-            r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=300)
-        except FileNotFoundError:
-            pytest.skip(f"{cmd[0]} not found")
-        assert r.returncode == 0, r.stdout + r.stderr
-    return d / "mech"
 
 
 def test_kernel_times_are_the_live_devices(mech, simdir, tmp_path):
