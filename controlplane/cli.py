@@ -542,10 +542,15 @@ def schema_cmd(as_json: bool = typer.Option(False, "--json", help="Print it as J
 
 @app.command()
 def demo(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
-         keep: bool = typer.Option(False, help="Keep the demo's runtime dir (logs, history, report).")) -> None:
-    """Run hotspot (batch) and vecadd (QoS, 50 ms) together under a controller and show what each got."""
+         keep: bool = typer.Option(False, help="Keep the demo's runtime dir (logs, history, report)."),
+         basic: bool = typer.Option(False, help="The two-app run (hotspot + vecadd at 100 %%) even on simgpu.")
+         ) -> None:
+    """Co-location under claius and two baselines, live: on simgpu a Tonic service (pos, 80 ms QoS
+    target) with hotspot and lud under claius, mps-priority and baymax, 8 s each, printing p99 against
+    the target, violations and batch throughput, and writing bench/out/demo.png (about a minute).
+    On a GPU (or with --basic): hotspot (batch) and vecadd (QoS, 50 ms) together, and what each got."""
     from controlplane import demo as demo_mod
-    raise typer.Exit(demo_mod.main(device.value, keep))
+    raise typer.Exit(demo_mod.main(device.value, keep, basic=basic))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,

@@ -1,5 +1,11 @@
-"""`colocate demo`: a batch job (hotspot) and a QoS service (vecadd, 50 ms
-target) share one GPU under a controller with the static policy.
+"""`colocate demo`: co-location, live.
+
+On simgpu (the default without a GPU) it is the main job: a Tonic service
+with two Rodinia batch apps under claius and two baselines in turn
+(bench/colocation.py: profiling timing-only, then 8 s per policy), its table
+and a figure.  On a GPU, or with --basic: a batch job (hotspot) and a QoS
+service (vecadd, 50 ms target) share the device under a controller with the
+static policy, and what each got.
 
 Everything runs in a private runtime dir, so the demo never touches a
 controller the user already has.  Programs come from bench/bin (override with
@@ -12,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -139,9 +146,35 @@ def table(outcomes: list[Outcome], device: str) -> Table:
     return t
 
 
-def main(device: str = "auto", keep: bool = False, console: Console | None = None) -> int:
+COMPARISON = ["--policies", "claius,mps-priority,baymax", "--batch", "hotspot,lud", "--duration", "8",
+              "--warmup", "10"]
+
+
+def comparison(console: Console) -> int | None:
+    """bench/colocation.py's co-location, short; None without a source checkout."""
+    script = ROOT / "bench" / "colocation.py"
+    if not script.exists():
+        return None
+    outdir = Path(os.environ.get("COLOCATE_DEMO_OUT") or ROOT / "bench" / "out")
+    outdir.mkdir(parents=True, exist_ok=True)
+    console.print("co-location on simgpu: Tonic pos (QoS 80 ms, 10 queries/s) with hotspot and lud, "
+                  "under claius, mps-priority and baymax, 8 s each (bench/colocation.py; about a minute)",
+                  markup=False, highlight=False)
+    r = subprocess.run([sys.executable, str(script), *COMPARISON, "--png", str(outdir / "demo.png"),
+                        "--json", str(outdir / "demo.json")], cwd=ROOT)
+    if r.returncode == 0:
+        console.print(f"figure: {outdir / 'demo.png'}; rows: {outdir / 'demo.json'}", markup=False,
+                      highlight=False)
+    return r.returncode
+
+
+def main(device: str = "auto", keep: bool = False, console: Console | None = None, basic: bool = False) -> int:
     console = console or out
     device = launcher.detect_device(device)
+    if device == "sim" and not basic:
+        code = comparison(console)
+        if code is not None:
+            return code
     lost = missing(device)
     if lost:
         raise ColocateError("demo needs " + ", ".join(map(str, lost)) + "; run `make build`")

@@ -304,3 +304,18 @@ def test_demo_reports_failure(fake_bench):
 def test_demo_needs_build(tmp_path):
     r = colocate("demo", "--device", "cuda", env=clean_env(COLOCATE_BENCH_BIN=str(tmp_path)))
     assert r.returncode == 1 and "make build" in one_line_error(r)
+
+
+def test_demo_on_simgpu_compares_claius_with_two_baselines_live(tmp_path):
+    """`make demo`'s main job: the live co-location under claius, mps-priority
+    and baymax, its table and figure (about a minute)."""
+    r = colocate("demo", "--device", "sim", env=clean_env(COLOCATE_DEMO_OUT=str(tmp_path)), timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] in (["claius"], ["mps-priority"],
+                                                                           ["baymax"])]
+    assert [x[0] for x in rows] == ["claius", "mps-priority", "baymax"], r.stdout
+    assert all(x[3].count("/") == 1 and int(x[3].split("/")[1]) > 20 for x in rows), r.stdout   # QoS viol. k/n
+    j = json.loads((tmp_path / "demo.json").read_text())
+    assert [x["policy"] for x in j["results"]] == ["claius", "mps-priority", "baymax"]
+    assert all(0 < x["mean_norm"] < 1.5 and x["p99_ms"] > 0 for x in j["results"])
+    assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
