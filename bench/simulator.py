@@ -13,7 +13,8 @@ What is modelled, and how it maps onto a live run under the shim:
               admitted with the SMs its app's quota allows at that moment
               (MPS: a process's percentage applies to the kernels it launches;
               a route change reaches the next launch).
-  batch app   one stream, its iteration's tasks looped: a task is issued
+  batch app   one stream (the traces' stream numbers are not kept apart:
+              tasks run in issue order), its iteration's tasks looped: a task is issued
               gap_us after the previous issue (after the previous task's end
               when the trace says the host synchronised), and reaches the
               device no earlier than its predecessor's end (stream order).
@@ -21,7 +22,10 @@ What is modelled, and how it maps onto a live run under the shim:
   service     queries arrive by a seeded process (fixed, Poisson, diurnal,
               replayed times) into a FIFO; one query at a time, its tasks as
               recorded for its size.  Latency: end of its last task minus its
-              arrival (the client's view, queueing included).
+              arrival (the client's view, queueing included; the host work
+              after its last task, the trace's tail_us, is not added).
+  other ops   device-to-device copies and memsets take bytes / bandwidth
+              beside the engine, as the live simgpu charges them.
   policy      on_register at t=0; on_query_begin when a query starts (with
               its task rows: the simulator knows the plan); on_task_done for
               every QoS task and, for batch apps, per kernel name at most
