@@ -532,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", help=f"comma-separated Rodinia apps (default all: {','.join(BATCH)})")
     ap.add_argument("--policies", help="comma-separated policy names (default: the experiment's; "
                                        "claius-granularity: ';'-separated specs)")
+    ap.add_argument("--policy", action="append", default=[], metavar="SPEC",
+                    help="one more policy with options, e.g. 'mps-even,total=100' (repeatable)")
     ap.add_argument("--rate", type=float, default=10.0, help="queries per second (default 10)")
     ap.add_argument("--arrivals", default="poisson", metavar="KIND",
                     help="fixed, poisson (default), diurnal (Poisson whose rate swings +-50 %% over 60 s), "
@@ -551,9 +553,12 @@ def main(argv: list[str] | None = None) -> int:
     title, default_pols = EXPERIMENTS[a.name]
     svcs = a.services.split(",") if a.services else (["pos", "ner"] if a.quick else list(SERVICES))
     batch = a.batch.split(",") if a.batch else (["hotspot", "bfs"] if a.quick else list(BATCH))
-    pols = a.policies.split(",") if a.policies else list(default_pols)
+    pols = [p for p in a.policies.split(",") if p] if a.policies is not None else list(default_pols)
     if a.policies and a.name == "claius-granularity":
         pols = a.policies.split(";")
+    pols += a.policy
+    if not pols:
+        ap.error("no policy: --policies NAMES or --policy SPEC")
     bad = [s for s in svcs if s not in SERVICES] + [b for b in batch if b not in BATCH]
     if bad:
         ap.error(f"unknown app(s) {', '.join(bad)}: services {', '.join(SERVICES)}; batch {', '.join(BATCH)}")

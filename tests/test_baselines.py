@@ -60,6 +60,14 @@ def test_mps_even_gives_each_of_n_apps_200_over_n():
     assert p.on_exit(app(3)) == [Decision(s, 60, None) for s in range(3)]
 
 
+def test_mps_even_total_100_is_claius_papers_even_split():
+    p = make_policy_spec("mps-even,total=100")
+    assert p.on_register(app(0)) == [Decision(0, 100, 0)]
+    assert p.on_register(app(1)) == [Decision(0, 50, None), Decision(1, 50, None)]
+    with pytest.raises(ValueError, match="total"):
+        make_policy_spec("mps-even,total=0")
+
+
 def test_mps_priority_gives_qos_100_and_batch_the_rest_evenly():
     p = make_policy_spec("mps-priority")
     assert p.on_register(app(0, "qos")) == [Decision(0, 100, 0)]

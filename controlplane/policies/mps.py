@@ -2,7 +2,8 @@
 
 mps-even      every app gets 200 % / n (NVIDIA's advice for MPS: the
               percentage is a cap, not a reservation, so the caps may add up
-              to more than 100 % and idle SMs are still used)
+              to more than 100 % and idle SMs are still used); total=100
+              divides 100 % instead, C-Laius's "even allocation" (Fig. 2)
 mps-priority  QoS apps get 100 %; the batch apps share the rest evenly,
               100 % / (number of batch apps) each
 
@@ -55,9 +56,15 @@ class _Shares(Policy):
 
 @register_policy("mps-even")
 class MpsEven(_Shares):
+    def __init__(self, total: float = 200.0, **opts):
+        super().__init__(**opts)
+        if not 0 < float(total) <= 1000:
+            raise ValueError(f"total must be in (0, 1000] percent, got {total}")
+        self.total = float(total)
+
     def shares(self) -> dict[int, int]:
         n = len(self.apps)
-        return {s: round_share(200.0 / n, self.g) for s in self.apps} if n else {}
+        return {s: round_share(self.total / n, self.g) for s in self.apps} if n else {}
 
 
 @register_policy("mps-priority")
