@@ -267,12 +267,16 @@ def validate(pairs_: Sequence[tuple[str, str]], policies: Sequence[str], cfg: Co
         st = live.Setup(service=svc, batch=[b], duration=duration, rate=cfg.rate, arrivals="fixed",
                         slowdown=cfg.slowdown, seed=cfg.seed)
         solo_live, rates = live.solo(st, work, log)
+        # predicting policies live get models from a timing-only profile of
+        # the same programs (seconds); in the simulator, the engine's own
+        predicting = any(p.split(",")[0] in live.PREDICTING for p in policies)
+        model_dir = live.models(st, work, log) if predicting else None
         wl = workloads([svc, b], cfg, log, service=([int(x) for x in st.sizes.split(",")], st.service_args))
         scfg = Config(**{**cfg.__dict__, "arrivals": "fixed", "horizon_s": duration})
         svc_wl = Workload(svc, "qos", queries=wl[svc].queries, qos_ms=st.qos_ms)
         solo_sim = solo_ips(wl[b], scfg)
         for p in policies:
-            got = live.run_policy(st, p, None, solo_live, rates, work, log)
+            got = live.run_policy(st, p, model_dir, solo_live, rates, work, log)
             r = simulate([svc_wl, wl[b]], p, scfg)
             sim_p99, sim_thr = r.p99_ms(svc, st.warmup), r.iterations_per_s[b] / solo_sim
             live_thr = got.batch_norm.get(b)
