@@ -78,12 +78,9 @@ class Config:
 # --- workloads from traces ------------------------------------------------------
 
 def _task(t: Any) -> SimTask:
-    g = tuple(int(x) for x in (getattr(t, "grid", None) or (1, 1, 1)))
-    b = tuple(int(x) for x in (getattr(t, "block", None) or (1, 1, 1)))
-    return SimTask(kind=t.kind, name=t.name, grid=g, block=b,  # type: ignore[arg-type]
-                   regs=float(getattr(t, "regs", 0) or 0), smem=float(getattr(t, "smem", 0) or 0),
-                   flops=float(t.flops or 0), bytes=float(t.bytes or 0),
-                   gap_s=max(0.0, float(t.gap_us or 0)) / 1e6, sync=bool(t.sync))
+    """A predictors.traces.Task as the simulator replays it."""
+    return SimTask(kind=t.kind, name=t.name, grid=tuple(t.grid), block=tuple(t.block), regs=t.regs,
+                   smem=t.smem, flops=t.flops, bytes=t.bytes, gap_s=max(0.0, t.gap_us) / 1e6, sync=t.sync)
 
 
 def workloads(names: Sequence[str], cfg: Config, log: Callable[[str], None],

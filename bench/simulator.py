@@ -49,11 +49,10 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, TaskDone
+from predictors.profile import CLOCK_HZ, WARP  # the profile's IPC: its cycles and flops per instruction
 from predictors.schema import task_row
 from shim.devmodel import D2H, H2D, KERNEL, Device, quota_sms, solo
 
-CLOCK_HZ = 1.755e9          # IPC's cycles, as predictors/profile.py (an H100's boost clock)
-WARP = 32                   # flops per warp instruction (the profile's assumption)
 FEED_S = 0.005              # a batch app's task feed: per kernel name at most this often
 COPY_KINDS = ("h2d", "d2h")
 ENGINE_KIND = {"kernel": KERNEL, "h2d": H2D, "d2h": D2H}

@@ -423,39 +423,32 @@ class Reply:
     device_us: float
 
 
-def run_service(t: Target, quota: int, work: Sequence[tuple[str, int]], tmp: Path,
-                timeout: float, done: Callable[[], None], gpu: Gpu | None = None
-                ) -> tuple[list[dict], list[dict], int]:
-    """One service process at `quota`; one closed-loop query per (size, rep)
-    of `work`.  Returns task samples, query samples and the dropped count.
-    On a GPU: trace durations only (no launch log, no ncu), PCIe time absent."""
+def serve_queries(net: str, exe: str, args: Sequence[str], env: dict[str, str], device: str,
+                  sock_path: str, queries: Sequence[tuple[int, int]], timeout: float,
+                  done: Callable[[], None] = lambda: None, want_info: bool = False
+                  ) -> tuple[Any, list[tuple], str]:
+    """Start a tonic-service, send each (query id, size) closed-loop, stop it.
+    Returns its INFO (want_info), every query's reply (client.read_reply's
+    tuple, in order) and the service's output; RunFailed, ending with that
+    output's tail, when it does not start or a query fails."""
     cl = _client()
-    env = gpu.env("tonic-service", quota, tmp) if gpu else run_env("tonic-service", quota, tmp)
-    src = gpu.src(counters=False) if gpu else SRC
-    sock_path = str(tmp / "s.sock")
-    sizes = [int(s) for s, _ in work]
-    cmd = [*t.cmd, "--max-size", str(max(sizes))]
     try:
-        proc = cl.start_service(t.net, sock_path, cmd[3:], [], "cuda" if gpu else "sim",
-                                t.cmd[0], env, timeout)
+        proc = cl.start_service(net, sock_path, list(args), [], device, exe, env, timeout)
     except (RuntimeError, OSError) as e:
         raise RunFailed(f"service did not start\n{tail_of(str(e))}") from None
-    replies: list[Reply] = []
-    err = ""
+    inf, replies, err = None, [], ""
     try:
         s = cl.connect(sock_path)
         s.settimeout(timeout)
         try:
-            inf = cl.info(s)
-            for n, (size, _rep) in enumerate(work):
-                qid = QUERY_ID0 + n
+            inf = cl.info(s) if want_info else None
+            for qid, size in queries:
                 s.sendall(cl.REQ.pack(cl.REQ_MAGIC, cl.INFER, qid, int(size), 0))
-                status, rid, _ck, _sns, dns, out_floats, *_ = cl.read_reply(s)
-                if status != 0 or rid != qid:
-                    err = f"query {qid} (size {size}): status {cl.STATUS.get(status, status)}"
+                r = cl.read_reply(s)
+                if r[0] != 0 or r[1] != qid:
+                    err = f"query {qid} (size {size}): status {cl.STATUS.get(r[0], r[0])}"
                     break
-                replies.append(Reply(qid, int(size), int(size) * inf.unit_bytes,
-                                     out_floats * 4, dns / 1e3))
+                replies.append(r)
                 done()
         finally:
             s.close()
@@ -465,6 +458,24 @@ def run_service(t: Target, quota: int, work: Sequence[tuple[str, int]], tmp: Pat
         out = cl.stop_service(proc)
     if err:
         raise RunFailed(f"{err}\n{tail_of(out)}")
+    return inf, replies, out
+
+
+def run_service(t: Target, quota: int, work: Sequence[tuple[str, int]], tmp: Path,
+                timeout: float, done: Callable[[], None], gpu: Gpu | None = None
+                ) -> tuple[list[dict], list[dict], int]:
+    """One service process at `quota`; one closed-loop query per (size, rep)
+    of `work`.  Returns task samples, query samples and the dropped count.
+    On a GPU: trace durations only (no launch log, no ncu), PCIe time absent."""
+    env = gpu.env("tonic-service", quota, tmp) if gpu else run_env("tonic-service", quota, tmp)
+    src = gpu.src(counters=False) if gpu else SRC
+    sizes = [int(s) for s, _ in work]
+    cmd = [*t.cmd, "--max-size", str(max(sizes))]
+    queries = [(QUERY_ID0 + n, int(size)) for n, (size, _rep) in enumerate(work)]
+    inf, got, out = serve_queries(t.net, t.cmd[0], cmd[3:], env, "cuda" if gpu else "sim",
+                                  str(tmp / "s.sock"), queries, timeout, done, want_info=True)
+    replies = [Reply(qid, size, size * inf.unit_bytes, r[5] * 4, r[4] / 1e3)
+               for (qid, size), r in zip(queries, got)]
     trace = read_jsonl(tmp / "trace.jsonl")
     tasks = trace_tasks(trace) if gpu else join(trace, read_jsonl(tmp / "launch.jsonl"))
     per_q: dict[int, list[Task]] = {}

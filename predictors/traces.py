@@ -63,7 +63,6 @@ import hashlib
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -337,44 +336,19 @@ def record_service(net: str, args: str, sizes: Sequence[int], out: Path, name: s
                    raw: Path | None = None) -> Trace:
     """A Tonic service's trace: one query per size (after a warm-up query
     of that size), written to out; raw keeps the run's files."""
-    cl = P._client()
     exe = P.BIN / "tonic-service"
     cmd = [str(exe), "--net", net, *shlex.split(args), "--max-size", str(max(sizes))]
+    warms = (True, False) if warmup else (False,)
+    plan = [(int(size), warm) for size in sizes for warm in warms]
+    queries = [(QUERY_ID0 + n, size) for n, (size, _) in enumerate(plan)]
+    kept = [q for q, (_, warm) in zip(queries, plan) if not warm]      # (query id, size)
     with _workdir(raw) as d:
         tmp = Path(d)
         env = _env("tonic-service", tmp, twins)
-        sock_path = str(tmp / "s.sock")
         try:
-            proc = cl.start_service(net, sock_path, cmd[3:], [], "sim", str(exe), env, timeout)
-        except (RuntimeError, OSError) as e:
-            raise TraceError(f"tonic:{net}: service did not start\n{P.tail_of(str(e))}") from None
-        kept: list[tuple[int, int]] = []            # (query id, size)
-        err = ""
-        try:
-            s = cl.connect(sock_path)
-            s.settimeout(timeout)
-            try:
-                qid = QUERY_ID0
-                for size in sizes:
-                    for warm in ((True, False) if warmup else (False,)):
-                        s.sendall(cl.REQ.pack(cl.REQ_MAGIC, cl.INFER, qid, int(size), 0))
-                        status, rid, *_ = cl.read_reply(s)
-                        if status != 0 or rid != qid:
-                            err = f"query {qid} (size {size}): status {cl.STATUS.get(status, status)}"
-                            break
-                        if not warm:
-                            kept.append((qid, int(size)))
-                        qid += 1
-                    if err:
-                        break
-            finally:
-                s.close()
-        except (ConnectionError, OSError, socket.timeout) as e:
-            err = f"{type(e).__name__}: {e}"
-        finally:
-            text = cl.stop_service(proc)
-        if err:
-            raise TraceError(f"tonic:{net}: {err}\n{P.tail_of(text)}")
+            P.serve_queries(net, str(exe), cmd[3:], env, "sim", str(tmp / "s.sock"), queries, timeout)
+        except P.RunFailed as e:
+            raise TraceError(f"tonic:{net}: {e}") from None
         tasks, hosts, marks = tasks_of(P.read_jsonl(tmp / "trace.jsonl"),
                                        P.read_jsonl(tmp / "launch.jsonl"))
     tr = Trace(name or f"tonic:{net}", "qos", cmd, {}, "", [])
