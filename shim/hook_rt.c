@@ -511,7 +511,7 @@ COPY_ASYNC_HOOK(cudaMemcpyAsync_ptsz, 1)
 		  (void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h, \
 		   enum cudaMemcpyKind k),                                           \
 		  (d, dp, s, sp, w, h, k),                                           \
-		  shim_task_copy(count_copy(d, s, w *h, k), w *h, 1, &op_))
+		  shim_task_copy(count_copy(d, s, w * h, k), w * h, 1, &op_))
 COPY2D_HOOK(cudaMemcpy2D, 0)
 COPY2D_HOOK(cudaMemcpy2D_ptds, 1)
 
@@ -520,7 +520,7 @@ COPY2D_HOOK(cudaMemcpy2D_ptds, 1)
 		    (void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h, \
 		     enum cudaMemcpyKind k, cudaStream_t st),                          \
 		    (d, dp, s, sp, w, h, k, st),                                       \
-		    shim_task_copy(count_copy(d, s, w *h, k), w *h, 0, &op_))
+		    shim_task_copy(count_copy(d, s, w * h, k), w * h, 0, &op_))
 COPY2D_ASYNC_HOOK(cudaMemcpy2DAsync, 0)
 COPY2D_ASYNC_HOOK(cudaMemcpy2DAsync_ptsz, 1)
 
@@ -549,7 +549,7 @@ static int count_symbol_copy(int to, const void *host, size_t n, enum cudaMemcpy
 		  (cudaArray_t a, size_t wo, size_t ho, const void *s, size_t sp, size_t w, \
 		   size_t h, enum cudaMemcpyKind k),                                        \
 		  (a, wo, ho, s, sp, w, h, k),                                              \
-		  shim_task_copy(count_symbol_copy(1, s, w *h, k), w *h, 1, &op_))
+		  shim_task_copy(count_symbol_copy(1, s, w * h, k), w * h, 1, &op_))
 TO_ARRAY2D_HOOK(cudaMemcpy2DToArray, 0)
 TO_ARRAY2D_HOOK(cudaMemcpy2DToArray_ptds, 1)
 
@@ -558,7 +558,7 @@ TO_ARRAY2D_HOOK(cudaMemcpy2DToArray_ptds, 1)
 		    (cudaArray_t a, size_t wo, size_t ho, const void *s, size_t sp, size_t w, \
 		     size_t h, enum cudaMemcpyKind k, cudaStream_t st),                       \
 		    (a, wo, ho, s, sp, w, h, k, st),                                          \
-		    shim_task_copy(count_symbol_copy(1, s, w *h, k), w *h, 0, &op_))
+		    shim_task_copy(count_symbol_copy(1, s, w * h, k), w * h, 0, &op_))
 TO_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DToArrayAsync, 0)
 TO_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DToArrayAsync_ptsz, 1)
 
@@ -567,7 +567,7 @@ TO_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DToArrayAsync_ptsz, 1)
 		  (void *d, size_t dp, cudaArray_const_t a, size_t wo, size_t ho, size_t w, \
 		   size_t h, enum cudaMemcpyKind k),                                        \
 		  (d, dp, a, wo, ho, w, h, k),                                              \
-		  shim_task_copy(count_symbol_copy(0, d, w *h, k), w *h, 1, &op_))
+		  shim_task_copy(count_symbol_copy(0, d, w * h, k), w * h, 1, &op_))
 FROM_ARRAY2D_HOOK(cudaMemcpy2DFromArray, 0)
 FROM_ARRAY2D_HOOK(cudaMemcpy2DFromArray_ptds, 1)
 
@@ -576,7 +576,7 @@ FROM_ARRAY2D_HOOK(cudaMemcpy2DFromArray_ptds, 1)
 		    (void *d, size_t dp, cudaArray_const_t a, size_t wo, size_t ho, size_t w, \
 		     size_t h, enum cudaMemcpyKind k, cudaStream_t st),                       \
 		    (d, dp, a, wo, ho, w, h, k, st),                                          \
-		    shim_task_copy(count_symbol_copy(0, d, w *h, k), w *h, 0, &op_))
+		    shim_task_copy(count_symbol_copy(0, d, w * h, k), w * h, 0, &op_))
 FROM_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DFromArrayAsync, 0)
 FROM_ARRAY2D_ASYNC_HOOK(cudaMemcpy2DFromArrayAsync_ptsz, 1)
 
