@@ -162,6 +162,11 @@ class EnginePredictor:
         self.wl = {w.name: w for w in workloads}
         self._cache: dict[tuple[str, Any, int], tuple[float, float, float]] = {}
 
+    def whole_app(self, app: str) -> bool:
+        """A row named after a batch app is its whole iteration (Predictor's
+        optional whole_app)."""
+        return app in self.wl and self.wl[app].cls == "batch"
+
     def _solo(self, t: SimTask, q: float) -> float:
         if t.kind not in ENGINE_KIND:
             return local_s(t, self.params)
@@ -227,6 +232,9 @@ class AppState:
     tasks: list[SimTask] = field(default_factory=list)    # what runs now (iteration, query)
     pos: int = 0                         # next task to issue
     issue_t: float = 0.0                 # host time of the last issue
+    next_issue: float = 0.0              # host time of the next task's issue (planned)
+    held_at: float = -1.0                # when the last hold began
+    released_at: float = -1.0            # ... and ended
     prev_end: float = 0.0                # device end of the last task
     running: int | None = None           # engine entry of the task on the device (-1: local)
     local_end: float = 0.0               # when a task beside the engine ends
@@ -306,7 +314,10 @@ class Simulator:
             a.quota_trace.append((self.now, a.quota))
             was = a.held
             a.held = bool(d.hold)
+            if a.held and not was:
+                a.held_at = self.now
             if was and not a.held:
+                a.released_at = self.now
                 self._schedule(a)
 
     def _row(self, a: AppState, size: int | None, i: int, t: SimTask, occurrence: int = 0) -> dict[str, Any]:
@@ -315,23 +326,36 @@ class Simulator:
         return row
 
     # --- issuing tasks ---
+    def _issue(self, a: AppState) -> float:
+        """Host time of a's next launch.  A hold stops the host in its launch
+        call (the shim's hold), not the launches it made before: a task
+        issued before the hold began still reaches the device, one issued
+        during it leaves the host when the hold ends."""
+        t = a.tasks[a.pos]
+        issue = (a.prev_end if t.sync else a.issue_t) + t.gap_s
+        if a.wl.cls == "batch" and not a.held and a.held_at < issue < a.released_at:
+            issue = a.released_at
+        return issue
+
+    def _blocked(self, a: AppState, issue: float) -> bool:
+        return a.held and a.wl.cls == "batch" and issue > a.held_at
+
     def _schedule(self, a: AppState) -> None:
         """Plan the admission of a's next task (none while held, running or idle)."""
         if a.running is not None or a.admit_at is not None or a.pos >= len(a.tasks):
             return
-        if a.held and a.wl.cls == "batch":
+        issue = self._issue(a)
+        if self._blocked(a, issue):
             return
-        t = a.tasks[a.pos]
-        issue = (a.prev_end if t.sync else a.issue_t) + t.gap_s
-        at = max(issue, a.prev_end, self.now)
-        a.issue_t = issue
-        a.admit_at = at
-        self._push(at, "admit", a.info.slot)
+        a.next_issue = issue
+        a.admit_at = max(issue, a.prev_end, self.now)
+        self._push(a.admit_at, "admit", a.info.slot)
 
     def _admit(self, a: AppState) -> None:
         a.admit_at = None
-        if a.held and a.wl.cls == "batch":
+        if self._blocked(a, a.next_issue):    # the hold came before the host issued it
             return
+        a.issue_t = a.next_issue
         t = a.tasks[a.pos]
         a.run_quota = a.quota
         if t.kind not in ENGINE_KIND:             # runs beside the engine: a fixed delay
@@ -392,7 +416,7 @@ class Simulator:
         a.issue_t = a.prev_end = self.now
         rows = tuple(self._row(a, size, i, t) for i, t in enumerate(a.tasks))
         self._apply(self.policy.on_query_begin(a.info, QueryEvent(
-            qid, size, t_us=self.now * 1e6, rule="api", tasks=rows)))
+            qid, size, t_us=self.now * 1e6, rule="api", tasks=rows, queued_us=(self.now - arrival) * 1e6)))
         self._schedule(a)
 
     def _end_query(self, a: AppState) -> None:

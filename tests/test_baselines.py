@@ -153,23 +153,35 @@ def test_baymax_holds_a_batch_task_that_does_not_fit_and_releases_when_it_does()
     p = make_policy_spec("baymax")
     p.pred = baymax_predictor()
     assert p.wants_tasks(BB1) and p.wants_tasks(BSVC)
-    assert p.on_register(BB1) == [Decision(1, 100, None)]
+    assert p.on_register(BB1) == [Decision(1, 100, 0)]
     assert p.on_task_done(BB1, TaskDone(features={"task": "long"}, duration_us=100)) == []
     assert p.batch[1].next_ms == 6.0                     # predicted, not the measured 0.1
-    assert p.on_register(BSVC) == [Decision(0, 100, None)]
+    assert p.on_register(BSVC) == [Decision(0, 100, 0)]
     # 0 spent + 4 remaining + 6 > 9: hold
     d = p.on_query_begin(BSVC, QueryEvent(id=1, size=1, tasks=tuple(PLAN)))
-    assert d == [Decision(1, 100, None, hold=True)]
+    assert d == [Decision(1, 100, 0, hold=True)]
     # 1 spent + 3 remaining + 6 = 10 > 9: still held
     assert p.on_task_done(BSVC, TaskDone(features=PLAN[0], duration_us=1000, query=1)) == []
     assert p.on_task_done(BSVC, TaskDone(features=PLAN[1], duration_us=500, query=1)) == []
     # faster than predicted: 1.7 spent + 1 remaining + 6 = 8.7 <= 9: released
     d = p.on_task_done(BSVC, TaskDone(features=PLAN[2], duration_us=200, query=1))
-    assert d == [Decision(1, 100, None)]
+    assert d == [Decision(1, 100, 0)]
     # the released batch task's time is charged to the query: 1.7 + 6 + 1 + 6 > 9
     assert p.on_task_done(BB1, TaskDone(features={"task": "long"}, duration_us=6000)) == \
-        [Decision(1, 100, None, hold=True)]
-    assert p.on_query_end(BSVC, QueryEvent(id=1)) == [Decision(1, 100, None)]      # released at the end
+        [Decision(1, 100, 0, hold=True)]
+    assert p.on_query_end(BSVC, QueryEvent(id=1)) == [Decision(1, 100, 0)]      # released at the end
+
+
+def test_baymax_takes_a_querys_wait_off_its_headroom():
+    # 4 remaining + 2 (short) <= 9 fits; after a 4 ms wait, 4 + 2 > 10 - 4 - 1: held
+    for queue, held in ((True, True), (False, False)):
+        p = make_policy("baymax", time_slice_ms=0, queue=queue)
+        p.pred = baymax_predictor()
+        p.on_register(BSVC)
+        p.on_register(BB1)
+        p.on_task_done(BB1, TaskDone(features={"task": "short"}, duration_us=1))
+        d = p.on_query_begin(BSVC, QueryEvent(id=1, size=1, tasks=tuple(PLAN), queued_us=4000))
+        assert d == ([Decision(1, 100, 0, hold=True)] if held else [])
 
 
 def test_baymax_releases_at_query_end_and_packs_the_headroom_in_slot_order():
@@ -181,22 +193,22 @@ def test_baymax_releases_at_query_end_and_packs_the_headroom_in_slot_order():
     p.on_task_done(BB2, TaskDone(features={"task": "long"}, duration_us=1))
     # 4 + 2 (b1) fits; 4 + 2 + 6 (b2) does not
     assert p.on_query_begin(BSVC, QueryEvent(id=1, size=1, tasks=tuple(PLAN))) == \
-        [Decision(2, 100, None, hold=True)]
-    assert p.on_query_end(BSVC, QueryEvent(id=1)) == [Decision(2, 100, None)]
+        [Decision(2, 100, 0, hold=True)]
+    assert p.on_query_end(BSVC, QueryEvent(id=1)) == [Decision(2, 100, 0)]
     # the next query's plan is the tasks seen (none here: the query's own 4 ms)
     p.on_task_done(BB2, TaskDone(features={"task": "short"}, duration_us=1))
     assert p.on_query_begin(BSVC, QueryEvent(id=2, size=1)) == []     # 4 + 2 + 2 <= 9
     assert p.on_query_end(BSVC, QueryEvent(id=2)) == []
     # a bigger query: 6 + 2 (b1) <= 9, 6 + 2 + 2 (b2) > 9
-    assert p.on_query_begin(BSVC, QueryEvent(id=3, size=1.5)) == [Decision(2, 100, None, hold=True)]
+    assert p.on_query_begin(BSVC, QueryEvent(id=3, size=1.5)) == [Decision(2, 100, 0, hold=True)]
 
 
 def test_baymax_unknown_batch_task_waits_during_a_query():
     p = make_policy_spec("baymax")
     p.pred = baymax_predictor()
     p.on_register(BSVC)
-    assert p.on_register(BB1) == [Decision(1, 100, None)]
-    assert p.on_query_begin(BSVC, QueryEvent(id=1, size=1)) == [Decision(1, 100, None, hold=True)]
+    assert p.on_register(BB1) == [Decision(1, 100, 0)]
+    assert p.on_query_begin(BSVC, QueryEvent(id=1, size=1)) == [Decision(1, 100, 0, hold=True)]
 
 
 def test_baymax_holds_nothing_without_qos_apps():
@@ -206,7 +218,7 @@ def test_baymax_holds_nothing_without_qos_apps():
     for f in ("long", "short", "long"):
         got += p.on_task_done(BB1, TaskDone(features={"task": f}, duration_us=9e6))
     got += p.on_exit(BB2)
-    assert got == [Decision(1, 100, None), Decision(2, 100, None)]
+    assert got == [Decision(1, 100, 0), Decision(2, 100, 0)]
     assert not any(p.held.values())
 
 
@@ -214,16 +226,16 @@ def test_baymax_batch_apps_take_turns_in_time_slices():
     now = [0.0]
     p = make_policy("baymax", time_slice_ms=20, clock=lambda: now[0])
     p.pred = baymax_predictor()
-    assert p.on_register(BB1) == [Decision(1, 100, None)]             # alone: its turn
-    assert p.on_register(BB2) == [Decision(2, 100, None, hold=True)]  # waits for its slice
+    assert p.on_register(BB1) == [Decision(1, 100, 0)]             # alone: its turn
+    assert p.on_register(BB2) == [Decision(2, 100, 0, hold=True)]  # waits for its slice
     now[0] = 0.019
     assert p.on_tick(now[0]) == []
     now[0] = 0.021                                                     # b1's slice is over
-    assert p.on_tick(now[0]) == [Decision(1, 100, None, hold=True), Decision(2, 100, None)]
+    assert p.on_tick(now[0]) == [Decision(1, 100, 0, hold=True), Decision(2, 100, 0)]
     now[0] = 0.042
     assert p.on_task_done(BB2, TaskDone(features={"task": "short"}, duration_us=1)) == \
-        [Decision(1, 100, None), Decision(2, 100, None, hold=True)]      # round robin
-    assert p.on_exit(BB1) == [Decision(2, 100, None)]                  # the one left runs
+        [Decision(1, 100, 0), Decision(2, 100, 0, hold=True)]      # round robin
+    assert p.on_exit(BB1) == [Decision(2, 100, 0)]                  # the one left runs
     with pytest.raises(ValueError):
         make_policy("baymax", time_slice_ms=-1)
 
@@ -234,9 +246,9 @@ def test_baymax_without_predictor_uses_measured_times():
         p.on_register(a)
     p.on_task_done(BB1, TaskDone(features={"task": "x"}, duration_us=2000))     # measured 2 ms
     # the first query is unknown: the batch app waits until it ends
-    assert p.on_query_begin(BSVC, QueryEvent(id=1, size=1)) == [Decision(1, 100, None, hold=True)]
+    assert p.on_query_begin(BSVC, QueryEvent(id=1, size=1)) == [Decision(1, 100, 0, hold=True)]
     p.on_task_done(BSVC, TaskDone(features=None, duration_us=3000, query=1))
-    assert p.on_query_end(BSVC, QueryEvent(id=1)) == [Decision(1, 100, None)]
+    assert p.on_query_end(BSVC, QueryEvent(id=1)) == [Decision(1, 100, 0)]
     # now it took 3 ms: 3 + 2 <= 10 (no PCIe figure without a predictor)
     assert p.on_query_begin(BSVC, QueryEvent(id=2, size=1)) == []
     # 8 ms charged to the query + 3 remaining + the next 8 ms > 10

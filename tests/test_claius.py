@@ -256,6 +256,31 @@ def test_policy_scripted_run_with_lag_and_rollback(caplog):
     assert d == [Decision(1, 40, None)] and pol.qos[0].query.plan == TASKS
 
 
+def test_a_querys_wait_comes_off_its_target():
+    # waited 2 ms: Eq. 3 with 10 - 2 - 1 = 7 ms: 400/q <= 7 -> 60 %, not 50 %
+    pol = start()
+    d = pol.on_query_begin(SVC, QueryEvent(id=1, size=1, t_us=0, tasks=tuple(TASKS), queued_us=2000))
+    assert d[0] == Decision(0, 60, None) and pol.qos[0].query.target_ms == 8.0
+    # queue=false: the paper's Eq. 3 with the whole target
+    pol = start(queue=False)
+    d = pol.on_query_begin(SVC, QueryEvent(id=1, size=1, t_us=0, tasks=tuple(TASKS), queued_us=2000))
+    assert d[0] == Decision(0, 50, None)
+
+
+def test_a_batch_app_the_predictor_knows_whole_is_planned_before_its_first_task():
+    class Whole(C.TablePredictor):
+        def whole_app(self, app: str) -> bool:
+            return app == "b1"
+    base = scripted_predictor()
+    task = {**base.task, "b1": lambda f, q: 100.0 / q}            # scales with its SMs
+    pred = Whole(query=base.query, pcie=base.pcie, task=task, bw=base.bw, ipc=base.ipc)
+    pol = make_policy("claius", predictor=pred)
+    assert pol.on_register(B1) == [Decision(1, 100, None)]      # planned: the whole device
+    assert pol.on_register(B2) == [Decision(1, 90, None), Decision(2, 10, None)]   # unseen: one unit
+    # without whole_app: one unit until a task ends
+    assert make_policy("claius", predictor=scripted_predictor()).on_register(B1) == [Decision(1, 10, None)]
+
+
 def test_policy_no_compensation_ablation():
     pol = start(compensation=False)
     pol.on_query_begin(SVC, QueryEvent(id=1, size=1, t_us=0, tasks=tuple(TASKS)))

@@ -35,7 +35,7 @@ def experiment(data_dir: Path, out: Path, *args: str, timeout: float = 600) -> d
 
 def test_claius_pairs_quick_writes_rows_table_and_plot(data_dir, tmp_path):
     j = experiment(data_dir, tmp_path / "pairs", "claius-pairs", "--quick")
-    rows, pols = j["rows"], ["claius", "mps-even", "mps-priority", "baymax", "static-optimal"]
+    rows, pols = j["rows"], ["claius", "mps-even,total=100", "mps-priority", "baymax", "static-optimal"]
     assert len(rows) == 2 * 2 * len(pols)
     assert {r["policy"] for r in rows} == set(pols)
     assert {(r["service"], r["batch"]) for r in rows} == {(s, b) for s in ("pos", "ner")
@@ -49,7 +49,7 @@ def test_claius_pairs_quick_writes_rows_table_and_plot(data_dir, tmp_path):
     by = {(r["service"], r["batch"], r["policy"]): r for r in rows}
     for s in ("pos", "ner"):
         for b in ("hotspot", "bfs"):
-            assert by[s, b, "mps-priority"]["p99_ms"] <= by[s, b, "mps-even"]["p99_ms"] * 1.05
+            assert by[s, b, "mps-priority"]["p99_ms"] <= by[s, b, "mps-even,total=100"]["p99_ms"] * 1.05
     summ = {s["policy"]: s for s in j["summary"]}
     assert set(summ) == set(pols) and all(s["pairs"] == 4 for s in summ.values())
     table = (tmp_path / "pairs" / "table.md").read_text()

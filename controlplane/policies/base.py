@@ -54,6 +54,9 @@ class QueryEvent:
                                           # caller knows them (a simulator's plan); None: the policy
                                           # guesses from what it saw
     qos_ms: float | None = None           # a latency target for this query alone; None: the app's
+    queued_us: float | None = None        # how long it waited between its arrival and t_us (on_query_begin),
+                                          # when the caller knows (the simulator does; live apps do not
+                                          # report it yet); None: unknown, taken as 0
 
 
 @dataclass(frozen=True)

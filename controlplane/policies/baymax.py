@@ -5,7 +5,10 @@ every application runs on the whole GPU, kernels are time-shared; Baymax
 predicts the duration of each task, reserves time for the QoS queries, and
 issues a batch task only if it fits the QoS query's headroom, else blocks it.
 
-Our rule, with every app at quota 100 (route None: a 100 % worker or local).
+Our rule, with every app at quota 100 and local (route 0): each app is a
+context of its own, as on the paper's GPU without MPS, so the device
+time-slices them.  (Routing them to a 100 % pool worker would make them one
+context whose kernels run side by side: MPS at 100 %, not Baymax.)
 The batch apps time-share the device among themselves too: one at a time,
 for time_slice_ms each in slot order (default 20; 0 lets them all run at
 once, which is MPS at 100 %, not time sharing); the others are held.  The
@@ -39,9 +42,13 @@ batch app while it runs.  The check runs at every event (query begin/end,
 each completed task), so a released app may issue a few tasks before the
 next event holds it: admission per event, not per launch.
 
+A query that waited before it began (QueryEvent.queued_us, when the caller
+knows it) has that much less of its target left: T_tgt(Q) above is the
+target less its wait (queue=false: the whole target, as the paper states it).
+
 Options: predictor (a Predictor, as claius) or models (a directory of saved
 models), time_slice_ms, clock (seconds; tests and the simulator pass
-theirs); device time units are ms.
+theirs), queue; device time units are ms.
 """
 from __future__ import annotations
 
@@ -99,8 +106,9 @@ class Batch:
 class Baymax(Policy):
     def __init__(self, predictor: Predictor | None = None, models: str | Path | None = None,
                  time_slice_ms: float = 20.0, clock: Callable[[], float] = time.monotonic,
-                 **opts: Any):
+                 queue: bool = True, **opts: Any):
         super().__init__(**opts)           # granularity etc.: irrelevant, all run at 100 %
+        self.queue = bool(queue)
         if predictor is None and models is not None:
             predictor = ModelPredictor.from_dir(models)
         self.pred = predictor
@@ -138,6 +146,8 @@ class Baymax(Policy):
         qid = int(info.id)
         if target is None:
             target = math.inf
+        elif self.queue and info.queued_us:
+            target -= info.queued_us / 1000.0  # the wait before it began is spent already
         pcie, total, plan_ms = 0.0, math.inf, None
         if self.pred is not None:
             try:
@@ -196,7 +206,7 @@ class Baymax(Policy):
         for slot, hold in sorted(want.items()):
             if self.held.get(slot) != hold:
                 self.held[slot] = hold
-                out.append(Decision(slot, 100, None, hold))
+                out.append(Decision(slot, 100, 0, hold))
         if out and log.isEnabledFor(logging.INFO):
             for s in self.qos.values():
                 q = s.query

@@ -37,6 +37,17 @@ class Predictor(Protocol):
         """Device-level IPC at the quota: what the knapsack adds up."""
         ...
 
+    # optional: whole_app(app) -> bool: a task row named after the app
+    # (schema.task_row(app, 0)) stands for the app's whole run, so a policy
+    # may plan for a batch app before any task of its has ended.  Absent
+    # (trained models know kernels, not apps): False.
+
+
+def knows_whole_app(pred: Any, app: str) -> bool:
+    """Whether pred answers for app's whole run (the optional whole_app)."""
+    f = getattr(pred, "whole_app", None)
+    return bool(f(app)) if callable(f) else False
+
 
 Fn = Callable[[Any, float], float]
 
