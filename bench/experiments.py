@@ -137,16 +137,18 @@ def policy(name: str, pred: EnginePredictor, dev: Device, sim_now: Callable[[], 
     return make_policy(base, **{**opts, **parse_policy_spec(name)[1]})
 
 
-def simulate(apps: Sequence[Workload], pol_name: str, cfg: Config) -> SimResult:
+def simulate(apps: Sequence[Workload], pol_name: str, cfg: Config, like_live: bool = False) -> SimResult:
+    """One run.  like_live: the policies know what they know live (no whole-app
+    predictions; validate-sim)."""
     dev = device(cfg, mps=pol_name.split(",")[0] not in NO_MPS)
-    pred = EnginePredictor(dev.params, apps)
+    pred = EnginePredictor(dev.params, apps, whole_apps=not like_live)
     qos = [w for w in apps if w.cls == "qos"]
     qsize = max(qos[0].queries) if qos else 1
     holder: list[Simulator] = []
     pol = policy(pol_name, pred, dev, lambda: holder[0].now if holder else 0.0, cfg, qsize)
     arrivals = {w.name: Arrivals(cfg.arrivals, cfg.rate, cfg.seed + i, times=cfg.replay)
                 for i, w in enumerate(qos)}
-    sim = Simulator(pol, dev, apps, arrivals, horizon_s=cfg.horizon_s, seed=cfg.seed)
+    sim = Simulator(pol, dev, apps, arrivals, horizon_s=cfg.horizon_s, seed=cfg.seed, report_queue=not like_live)
     holder.append(sim)
     return sim.run()
 
@@ -289,7 +291,7 @@ def validate(pairs_: Sequence[tuple[str, str]], policies: Sequence[str], cfg: Co
         solo_sim = solo_ips(wl[b], scfg)
         for p in policies:
             got = live.run_policy(st, p, model_dir, solo_live, rates, work, log)
-            r = simulate([svc_wl, wl[b]], p, scfg)
+            r = simulate([svc_wl, wl[b]], p, scfg, like_live=True)
             sim_p99, sim_thr = r.p99_ms(svc, st.warmup), r.iterations_per_s[b] / solo_sim
             live_thr = got.batch_norm.get(b)
             rows.append({"service": svc, "batch": b, "policy": p, "live_p99_ms": got.p99_ms,

@@ -157,15 +157,16 @@ class EnginePredictor:
     (app, index) into the workloads' tasks; a row named after a batch app
     stands for its whole iteration (static-optimal asks so)."""
 
-    def __init__(self, params: Any, workloads: Sequence[Workload]):
+    def __init__(self, params: Any, workloads: Sequence[Workload], whole_apps: bool = True):
         self.params = params
         self.wl = {w.name: w for w in workloads}
+        self.whole_apps = bool(whole_apps)     # False: as trained kernel models (live)
         self._cache: dict[tuple[str, Any, int], tuple[float, float, float]] = {}
 
     def whole_app(self, app: str) -> bool:
         """A row named after a batch app is its whole iteration (Predictor's
         optional whole_app)."""
-        return app in self.wl and self.wl[app].cls == "batch"
+        return self.whole_apps and app in self.wl and self.wl[app].cls == "batch"
 
     def _solo(self, t: SimTask, q: float) -> float:
         if t.kind not in ENGINE_KIND:
@@ -276,11 +277,13 @@ class Simulator:
 
     def __init__(self, policy: Policy, device: Device, workloads: Sequence[Workload],
                  arrivals: Arrivals | Mapping[str, Arrivals] | None = None, horizon_s: float = 30.0,
-                 tick_s: float = 0.01, sizes: Mapping[str, Sequence[int]] | None = None, seed: int = 1):
+                 tick_s: float = 0.01, sizes: Mapping[str, Sequence[int]] | None = None, seed: int = 1,
+                 report_queue: bool = True):
         if not workloads:
             raise ValueError("nothing to simulate: no workloads")
         self.policy, self.dev, self.horizon = policy, device, float(horizon_s)
         self.tick_s, self.now, self.seed = float(tick_s), 0.0, int(seed)
+        self.report_queue = bool(report_queue)     # False: as live apps (queued_us None)
         self.apps: list[AppState] = []
         for i, w in enumerate(workloads):
             info = AppInfo(slot=i, pid=10_000 + i, name=w.name, cls=w.cls, qos_ms=w.qos_ms, device="sim")
@@ -416,7 +419,8 @@ class Simulator:
         a.issue_t = a.prev_end = self.now
         rows = tuple(self._row(a, size, i, t) for i, t in enumerate(a.tasks))
         self._apply(self.policy.on_query_begin(a.info, QueryEvent(
-            qid, size, t_us=self.now * 1e6, rule="api", tasks=rows, queued_us=(self.now - arrival) * 1e6)))
+            qid, size, t_us=self.now * 1e6, rule="api", tasks=rows,
+            queued_us=(self.now - arrival) * 1e6 if self.report_queue else None)))
         self._schedule(a)
 
     def _end_query(self, a: AppState) -> None:
