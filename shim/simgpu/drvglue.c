@@ -647,6 +647,34 @@ GLUE int simgpu_drv_host_func(void *s, void (*fn)(void *), void *data, int ptsz)
 	QUIET(rt.host_func[!!ptsz]((cudaStream_t)s, fn, data));
 }
 
+/* Only a stream this process created (never the legacy or per-thread one). */
+GLUE int simgpu_drv_stream_set_green(void *s, void *green, unsigned sms)
+{
+	struct sg_stream *st;
+
+	sg_init();
+	if (!s || s == (void *)cudaStreamLegacy || s == (void *)cudaStreamPerThread)
+		return cudaErrorInvalidResourceHandle;
+	st = sg_stream_resolve((cudaStream_t)s, 0);
+	if (!st || sg_stream_set_green(st, green, sms) < 0)
+		return cudaErrorInvalidResourceHandle;
+	return cudaSuccess;
+}
+
+GLUE int simgpu_drv_stream_green_of(void *s, int ptsz, void **green)
+{
+	struct sg_stream *st;
+
+	sg_init();
+	if (!green)
+		return cudaErrorInvalidValue;
+	st = sg_stream_resolve((cudaStream_t)s, !!ptsz);
+	if (!st)
+		return cudaErrorInvalidResourceHandle;
+	*green = sg_stream_green(st);
+	return cudaSuccess;
+}
+
 GLUE int simgpu_drv_stream_capturing(void *s, int *status, int ptsz)
 {
 	ptsz = !!ptsz;

@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SIMGPU_DRV_ABI 1
+#define SIMGPU_DRV_ABI 2               /* 2: green-context streams */
 
 /* Directions of simgpu_drv_copy: cudaMemcpyKind's values. */
 enum { SG_DRV_H2H = 0, SG_DRV_H2D = 1, SG_DRV_D2H = 2, SG_DRV_D2D = 3, SG_DRV_ANY = 4 };
@@ -81,6 +81,10 @@ int simgpu_drv_stream_query(void *s, int ptsz);
 int simgpu_drv_stream_wait_event(void *s, void *e, unsigned flags, int ptsz);
 int simgpu_drv_stream_flags(void *s, unsigned *flags, int ptsz);
 int simgpu_drv_host_func(void *s, void (*fn)(void *), void *data, int ptsz);
+/* a green context's stream: its kernels run on at most sms SMs; green is
+ * the driver's tag, handed back by simgpu_drv_stream_green_of (NULL none) */
+int simgpu_drv_stream_set_green(void *s, void *green, unsigned sms);
+int simgpu_drv_stream_green_of(void *s, int ptsz, void **green);
 int simgpu_drv_stream_capturing(void *s, int *status, int ptsz);  /* cudaStreamCaptureStatus */
 int simgpu_drv_mem_alloc_async(void **p, size_t n, void *s, int ptsz);
 int simgpu_drv_mem_free_async(void *p, void *s, int ptsz);

@@ -182,6 +182,8 @@ static cudaError_t launch(struct sg_kernel *k, dim3 g, dim3 b, void **args, size
 		e = sg_kernel_op_new(k, g, b, args, shmem, &op, &size);
 		if (e != cudaSuccess)
 			return sg_err(e);
+		/* before capture: a graph's kernel node keeps its green context */
+		op->u.kern.sms = sg_stream_sms(s);
 		if (SG_UNLIKELY(capturing)) {
 			/* recorded, not run: a graph launch runs (and counts) it */
 			e = sg_capture_add(s, op, size, cudaGraphNodeTypeKernel);
@@ -196,6 +198,7 @@ static cudaError_t launch(struct sg_kernel *k, dim3 g, dim3 b, void **args, size
 			return sg_err(cudaErrorMemoryAllocation);
 		op->u.kern.l.args = args;
 		op->consumed = &consumed;
+		op->u.kern.sms = sg_stream_sms(s);
 		set_shape(op, k, g, b, shmem);
 	}
 	op->u.kern.seq = sg_launch_seq();

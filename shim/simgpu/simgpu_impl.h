@@ -211,6 +211,7 @@ struct sg_op {
 			struct sg_kernel *k;
 			simgpu_launch     l;
 			uint64_t          seq;   /* this process's launch number */
+			unsigned          sms;   /* green context's SMs, 0 none  */
 		} kern;
 		struct {
 			void       *dst;
@@ -257,6 +258,10 @@ double   sg_stream_time_of(struct sg_stream *s, uint64_t seq);
 cudaStream_t sg_stream_handle(struct sg_stream *s);
 void     sg_sync_all(void);
 int      sg_stream_kernel_follows(struct sg_stream *s, struct sg_op *op);
+/* green contexts (the driver's): a user stream's SM limit and owner */
+int      sg_stream_set_green(struct sg_stream *s, void *green, unsigned sms);
+unsigned sg_stream_sms(const struct sg_stream *s);
+void    *sg_stream_green(const struct sg_stream *s);
 
 /* ------------------------------------------------------------------ exec.c */
 

@@ -62,6 +62,8 @@ struct sg_stream {
 	atomic_int    sleeping;
 	atomic_int    nwaiters;
 	atomic_int    started;
+	unsigned      sms;             /* green context's SMs, 0 no limit  */
+	void         *green;           /* the driver's green context, tag  */
 	int           inline_mode;     /* no executor thread could be made */
 	pthread_mutex_t inline_mu;     /* serialises inline execution      */
 	pthread_mutex_t mu;
@@ -271,6 +273,9 @@ static struct sg_stream *stream_get(int kind, unsigned flags, int prio)
 	s->kind = kind;
 	s->flags = flags;
 	s->prio = prio;
+	/* a reused object is no longer the green context's it was */
+	s->sms = 0;
+	s->green = NULL;
 	atomic_store(&s->blocking, !(flags & cudaStreamNonBlocking));
 	return s;
 }
@@ -316,6 +321,31 @@ cudaStream_t sg_stream_handle(struct sg_stream *s)
 	if (s->kind == K_PTDS)
 		return cudaStreamPerThread;
 	return (cudaStream_t)s;
+}
+
+/*
+ * A green context's stream (the driver's cuGreenCtxStreamCreate): its
+ * kernels run on at most sms SMs.  Set once, before the driver hands the
+ * handle out, so launches read it without a lock.  Only user streams: the
+ * legacy and per-thread streams belong to no green context.
+ */
+int sg_stream_set_green(struct sg_stream *s, void *green, unsigned sms)
+{
+	if (!s || s->kind != K_USER)
+		return -1;
+	s->green = green;
+	s->sms = sms;
+	return 0;
+}
+
+unsigned sg_stream_sms(const struct sg_stream *s)
+{
+	return s->sms;
+}
+
+void *sg_stream_green(const struct sg_stream *s)
+{
+	return s->green;
 }
 
 /* ---------------------------------------------------------------- waiting */

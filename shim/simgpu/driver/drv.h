@@ -12,6 +12,7 @@
  *   launch.c    cuLaunchKernel[Ex], cooperative launches, host functions
  *   memory.c    allocation, copies, memsets, memory info
  *   stream.c    streams and events
+ *   green.c     green contexts: SM resources, splits, descriptors, streams
  *   procaddr.c  cuGetProcAddress[_v2], cuGetExportTable, the VMM calls
  *
  * Every entry point is DRV_API (the library is built -fvisibility=hidden)
@@ -48,17 +49,32 @@ struct drv_ctx {
 	int             refs;                  /* primary: retains           */
 	int             live;
 	struct drv_ctx *next;                  /* created contexts           */
+	struct drv_green *green;               /* cuCtxFromGreenCtx's, else NULL */
 };
+
+struct drv_green;
 
 extern atomic_int drv_initialized;
 
 /* CUDA_SUCCESS when initialised and the thread has a current context
  * (*ctx: it), else CUDA_ERROR_NOT_INITIALIZED / CUDA_ERROR_INVALID_CONTEXT. */
 CUresult drv_ctx_check(struct drv_ctx **ctx);
+/* A context made elsewhere (a green context's): listed, so handles to it
+ * are valid, until retired (then dead everywhere, off this thread's stack). */
+int  drv_ctx_valid(const struct drv_ctx *c);    /* live (or primary) */
+void drv_ctx_add(struct drv_ctx *c);
+void drv_ctx_retire(struct drv_ctx *c);
 static inline CUresult drv_ready(void)
 {
 	return drv_ctx_check(NULL);
 }
+
+/* -------------------------------------------------------------- green.c */
+
+/* A launch's stream: NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD in a
+ * green context are its default stream (*ptsz cleared then); others as
+ * given. */
+CUstream drv_green_stream(struct drv_ctx *c, CUstream s, int *ptsz);
 
 /* -------------------------------------------------------------- image.c */
 

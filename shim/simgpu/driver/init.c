@@ -25,7 +25,7 @@ atomic_int drv_initialized;
 static int runtime_primary;                 /* runtime was there first */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static struct drv_ctx primary = { CTX_MAGIC, 1, 0, 0, 1, NULL };
+static struct drv_ctx primary = { CTX_MAGIC, 1, 0, 0, 1, NULL, NULL };
 static struct drv_ctx *created;             /* never freed */
 
 static __thread struct drv_ctx *stack[STACK_MAX];
@@ -344,27 +344,53 @@ DRV_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice de
 	return create(pctx, flags, dev);
 }
 
-DRV_API CUresult cuCtxDestroy_v2(CUcontext ctx)
+static void unstack(struct drv_ctx *c)
 {
-	struct drv_ctx *c = (struct drv_ctx *)ctx;
 	int i, j;
 
-	if (!atomic_load(&drv_initialized))
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (!ctx_valid(c))
-		return CUDA_ERROR_INVALID_CONTEXT;
-	if (c == &primary)
-		return CUDA_ERROR_INVALID_CONTEXT;    /* cuDevicePrimaryCtxRelease */
-	(void)simgpu_drv_sync_all();
-	drv_mods_of_ctx_unload(c);
-	pthread_mutex_lock(&mu);
-	c->live = 0;
-	pthread_mutex_unlock(&mu);
 	/* off this thread's stack; other threads find it dead */
 	for (i = j = 0; i < depth; i++)
 		if (stack[i] != c)
 			stack[j++] = stack[i];
 	depth = j;
+}
+
+int drv_ctx_valid(const struct drv_ctx *c)
+{
+	return ctx_valid(c);
+}
+
+void drv_ctx_add(struct drv_ctx *c)
+{
+	pthread_mutex_lock(&mu);
+	c->live = 1;
+	c->next = created;
+	created = c;
+	pthread_mutex_unlock(&mu);
+}
+
+void drv_ctx_retire(struct drv_ctx *c)
+{
+	pthread_mutex_lock(&mu);
+	c->live = 0;
+	pthread_mutex_unlock(&mu);
+	unstack(c);
+}
+
+DRV_API CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+	struct drv_ctx *c = (struct drv_ctx *)ctx;
+
+	if (!atomic_load(&drv_initialized))
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!ctx_valid(c))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	/* cuDevicePrimaryCtxRelease; a green context's: cuGreenCtxDestroy */
+	if (c == &primary || c->green)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	(void)simgpu_drv_sync_all();
+	drv_mods_of_ctx_unload(c);
+	drv_ctx_retire(c);
 	return CUDA_SUCCESS;
 }
 

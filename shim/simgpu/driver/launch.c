@@ -9,6 +9,9 @@
  * (CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE), which is cut at the cubin's
  * parameter offsets.  Passing both is CUDA_ERROR_INVALID_VALUE.
  *
+ * In a green context (cuCtxFromGreenCtx's, current) the default stream
+ * is the green context's (green.c), so its kernels keep to its SMs.
+ *
  * cuGraphLaunch is CUDA_ERROR_NOT_SUPPORTED: graphs are not modelled by
  * the driver library.
  */
@@ -49,13 +52,16 @@ static CUresult launch(CUfunction f, const unsigned dims[6], unsigned shmem, CUs
 		       void **params, void **extra, int ptsz, int coop)
 {
 	const void *buf = NULL;
+	struct drv_ctx *c;
 	size_t n = 0;
-	CUresult r = drv_ready();
+	CUresult r = drv_ctx_check(&c);
 
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!f)
 		return CUDA_ERROR_INVALID_HANDLE;
+	/* the default stream of a current green context is its own */
+	s = drv_green_stream(c, s, &ptsz);
 	if (params && extra)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (extra) {

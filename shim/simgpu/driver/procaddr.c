@@ -241,6 +241,20 @@ static const struct proc {
 	{ "cuEventQuery", 2000, FN(cuEventQuery), NULL },
 	{ "cuEventElapsedTime", 2000, FN(cuEventElapsedTime), NULL },
 	{ "cuEventElapsedTime", 12080, FN(cuEventElapsedTime_v2), NULL },
+	/* green contexts (green.c) */
+	{ "cuDeviceGetDevResource", 12040, FN(cuDeviceGetDevResource), NULL },
+	{ "cuCtxGetDevResource", 12040, FN(cuCtxGetDevResource), NULL },
+	{ "cuGreenCtxGetDevResource", 12040, FN(cuGreenCtxGetDevResource), NULL },
+	{ "cuDevSmResourceSplitByCount", 12040, FN(cuDevSmResourceSplitByCount), NULL },
+	{ "cuDevResourceGenerateDesc", 12040, FN(cuDevResourceGenerateDesc), NULL },
+	{ "cuGreenCtxCreate", 12040, FN(cuGreenCtxCreate), NULL },
+	{ "cuGreenCtxDestroy", 12040, FN(cuGreenCtxDestroy), NULL },
+	{ "cuCtxFromGreenCtx", 12040, FN(cuCtxFromGreenCtx), NULL },
+	{ "cuGreenCtxRecordEvent", 12040, FN(cuGreenCtxRecordEvent), NULL },
+	{ "cuGreenCtxWaitEvent", 12040, FN(cuGreenCtxWaitEvent), NULL },
+	{ "cuStreamGetGreenCtx", 12040, FN(cuStreamGetGreenCtx), NULL },
+	{ "cuGreenCtxStreamCreate", 12050, FN(cuGreenCtxStreamCreate), NULL },
+	{ "cuGreenCtxGetId", 12090, FN(cuGreenCtxGetId), NULL },
 };
 
 static CUresult lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
