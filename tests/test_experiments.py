@@ -45,11 +45,12 @@ def test_claius_pairs_quick_writes_rows_table_and_plot(data_dir, tmp_path):
         assert r["p99_norm"] == pytest.approx(r["p99_ms"] / r["qos_ms"])
         assert r["violated"] == (r["p99_norm"] > 1)
         assert 0 < r["throughput_norm"] < 1.5
-    # a QoS-blind even split slows the service more than priority to it does
+    # the paper's even split keeps the batch app to half the SMs; priority's
+    # 100 % each lets the batch kernels crowd the service's (no partition)
     by = {(r["service"], r["batch"], r["policy"]): r for r in rows}
     for s in ("pos", "ner"):
         for b in ("hotspot", "bfs"):
-            assert by[s, b, "mps-priority"]["p99_ms"] <= by[s, b, "mps-even,total=100"]["p99_ms"] * 1.05
+            assert by[s, b, "mps-even,total=100"]["p99_ms"] <= by[s, b, "mps-priority"]["p99_ms"] * 1.05
     summ = {s["policy"]: s for s in j["summary"]}
     assert set(summ) == set(pols) and all(s["pairs"] == 4 for s in summ.values())
     table = (tmp_path / "pairs" / "table.md").read_text()
