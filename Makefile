@@ -79,7 +79,7 @@ gpu-wheels: $(VENV)/.installed
 	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	    setuptools wheel pyzmq cffi pycparser pytest hypothesis
 
-bench/bin/drvcheck: tests/drv/drvcheck.c $(wildcard $(DRVLIB))
+bench/bin/drvcheck: tests/drv/drvcheck.c tests/progs/readfile.h $(wildcard $(DRVLIB))
 	@mkdir -p bench/bin
 	$(CC) -O2 -Wall -I $(CUDA_HOME)/include -o $@ $< $(DRVLIB) -Wl,-rpath-link,shim/lib/simgpu
 
@@ -100,7 +100,7 @@ bench/bin/test-drvapi.twins.so: tests/drv/drvapi_twins.c shim/simgpu/simgpu_twin
 	@mkdir -p bench/bin
 	$(CC) $(TWINFLAGS) -o $@ $<
 
-bench/bin/test-%: tests/progs/%.c
+bench/bin/test-%: tests/progs/%.c tests/progs/readfile.h
 	@mkdir -p bench/bin
 	$(CC) -O2 -Wall -I $(CUDA_HOME)/include -o $@ $< -ldl -lpthread
 

@@ -26,6 +26,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../progs/readfile.h"
+
 #define N     1000
 #define BLOCK 128
 
@@ -76,25 +78,6 @@ static void *proc(const char *name, cuuint64_t flags)
 	    st != CU_GET_PROC_ADDRESS_SUCCESS)
 		return NULL;
 	return fn;
-}
-
-static void *read_file(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf = NULL;
-	long n;
-
-	if (!f)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
-	    (buf = malloc((size_t)n)) && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-		free(buf);
-		buf = NULL;
-	}
-	fclose(f);
-	if (buf)
-		*len = (size_t)n;
-	return buf;
 }
 
 int main(int argc, char **argv)
@@ -154,7 +137,7 @@ int main(int argc, char **argv)
 		return fail("cuGetProcAddress", CUDA_ERROR_NOT_FOUND);
 
 	/* the module: from memory (freed at once: the driver keeps a copy) ... */
-	image = read_file(path, &len);
+	image = test_read_file(path, &len);
 	if (!image)
 		return fail(path, CUDA_ERROR_FILE_NOT_FOUND);
 	CHECK(cuModuleLoadData(&mod, image));

@@ -26,6 +26,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "readfile.h"
+
 #define N 256
 
 typedef CUresult (*getproc_v2_t)(const char *, void **, int, cuuint64_t,
@@ -57,9 +59,6 @@ static void *read_image(void)
 {
 	const char *env = getenv("DRVAPI_FATBIN");
 	char path[4096];
-	char *buf = NULL;
-	long n = 0;
-	FILE *f;
 
 	if (env && *env) {
 		snprintf(path, sizeof(path), "%s", env);
@@ -70,16 +69,7 @@ static void *read_image(void)
 			return NULL;
 		strcpy(path + m, ".fatbin");
 	}
-	f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
-	    (buf = malloc((size_t)n)) && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-		free(buf);
-		buf = NULL;
-	}
-	fclose(f);
-	return buf;
+	return test_read_file(path, NULL);
 }
 
 static int fail(const char *why, int rc)

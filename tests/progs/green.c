@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "readfile.h"
+
 typedef CUresult (*getproc_t)(const char *, void **, int, cuuint64_t,
 			      CUdriverProcAddressQueryResult *);
 
@@ -177,23 +179,6 @@ static int split(void)
 
 /* ---------------------------------------------------------------- run */
 
-static void *read_file(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf = NULL;
-	long n;
-
-	if (!f)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
-	    (buf = malloc((size_t)n)) && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-		free(buf);
-		buf = NULL;
-	}
-	fclose(f);
-	return buf;
-}
-
 #define BLOCKS 1056
 #define THREADS 256
 #define N (BLOCKS * THREADS)
@@ -229,7 +214,7 @@ static int run(const char *fatbin, unsigned sms)
 	CUkernel add_one, scale2;
 	CUdeviceptr a, b, c;
 	float *host = malloc(N * sizeof(float));
-	void *image = read_file(fatbin);
+	void *image = test_read_file(fatbin, NULL);
 	long bad_a, bad_b, bad_c;
 	int i;
 

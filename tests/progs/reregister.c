@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "readfile.h"
+
 #define N      1024
 #define ROUNDS 2
 #define KNAME  "_Z6vecaddPKfS0_Pfi"
@@ -74,38 +76,20 @@ static int resolve(void)
 			       c_sync ? 0 : -1;
 }
 
-static unsigned char *read_file(const char *path, long *size)
-{
-	FILE *f = fopen(path, "rb");
-	unsigned char *buf = NULL;
-
-	if (!f)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) == 0 && (*size = ftell(f)) > 16 && fseek(f, 0, SEEK_SET) == 0) {
-		buf = malloc((size_t)*size);
-		if (buf && fread(buf, 1, (size_t)*size, f) != (size_t)*size) {
-			free(buf);
-			buf = NULL;
-		}
-	}
-	fclose(f);
-	return buf;
-}
-
 int main(int argc, char **argv)
 {
 	static float a[N], b[N], c[N];
 	unsigned char *image;
 	float *da, *db, *dc;
-	long size = 0;
+	size_t size = 0;
 	int launches = argc > 2 ? atoi(argv[2]) : 10, r, i, n = N;
 	int wait = argc > 3 && !strcmp(argv[3], "wait");
 	cudaError_t e;
 
 	if (argc < 2 || launches < 1)
 		return fail("usage: test-reregister <vecadd fatbin file> [launches]", 2);
-	image = read_file(argv[1], &size);
-	if (!image)
+	image = test_read_file(argv[1], &size);
+	if (!image || size <= 16) /* not even a fat binary's header */
 		return fail("cannot read the fat binary", 0);
 	if (resolve() < 0)
 		return fail("no CUDA runtime symbols", 0);

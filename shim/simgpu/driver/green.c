@@ -169,6 +169,16 @@ static struct drv_green *green_of(CUgreenCtx h)
 	return g;
 }
 
+/* An entry point's green context: CUDA's error when the driver is not
+ * initialised or h names no live green context. */
+static CUresult green_get(CUgreenCtx h, struct drv_green **g)
+{
+	if (!atomic_load(&drv_initialized))
+		return CUDA_ERROR_NOT_INITIALIZED;
+	*g = green_of(h);
+	return *g ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
 static int desc_known(CUdevResourceDesc h)
 {
 	struct drv_desc *d;
@@ -203,12 +213,10 @@ DRV_API CUresult cuGreenCtxGetDevResource(CUgreenCtx hCtx, CUdevResource *resour
 					  CUdevResourceType type)
 {
 	struct drv_green *g;
+	CUresult r = green_get(hCtx, &g);
 
-	if (!atomic_load(&drv_initialized))
-		return CUDA_ERROR_NOT_INITIALIZED;
-	g = green_of(hCtx);
-	if (!g)
-		return CUDA_ERROR_INVALID_CONTEXT;
+	if (r != CUDA_SUCCESS)
+		return r;
 	return whole(resource, type, g->sms, RES_GREEN);
 }
 
@@ -390,12 +398,10 @@ DRV_API CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUd
 DRV_API CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
 {
 	struct drv_green *g;
+	CUresult r = green_get(hCtx, &g);
 
-	if (!atomic_load(&drv_initialized))
-		return CUDA_ERROR_NOT_INITIALIZED;
-	g = green_of(hCtx);
-	if (!g)
-		return CUDA_ERROR_INVALID_CONTEXT;
+	if (r != CUDA_SUCCESS)
+		return r;
 	pthread_mutex_lock(&mu);
 	g->live = 0;
 	pthread_mutex_unlock(&mu);
@@ -459,7 +465,7 @@ DRV_API CUresult cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx,
 	return green_stream(g, phStream, flags, priority);
 }
 
-static CUresult stream_green(CUstream s, CUgreenCtx *phCtx, int ptsz)
+DRV_API CUresult cuStreamGetGreenCtx(CUstream hStream, CUgreenCtx *phCtx)
 {
 	struct drv_ctx *c;
 	void *g = NULL;
@@ -469,20 +475,15 @@ static CUresult stream_green(CUstream s, CUgreenCtx *phCtx, int ptsz)
 		return r;
 	if (!phCtx)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+	if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD) {
 		/* a special stream: the current context's green context */
 		*phCtx = (CUgreenCtx)(void *)c->green;
 		return CUDA_SUCCESS;
 	}
-	r = drv_err(simgpu_drv_stream_green_of(s, ptsz, &g));
+	r = drv_err(simgpu_drv_stream_green_of(hStream, 0, &g));
 	if (r == CUDA_SUCCESS)
 		*phCtx = (CUgreenCtx)g;
 	return r;
-}
-
-DRV_API CUresult cuStreamGetGreenCtx(CUstream hStream, CUgreenCtx *phCtx)
-{
-	return stream_green(hStream, phCtx, 0);
 }
 
 /*
@@ -494,12 +495,10 @@ DRV_API CUresult cuStreamGetGreenCtx(CUstream hStream, CUgreenCtx *phCtx)
 DRV_API CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
 {
 	struct drv_green *g;
+	CUresult r = green_get(hCtx, &g);
 
-	if (!atomic_load(&drv_initialized))
-		return CUDA_ERROR_NOT_INITIALIZED;
-	g = green_of(hCtx);
-	if (!g)
-		return CUDA_ERROR_INVALID_CONTEXT;
+	if (r != CUDA_SUCCESS)
+		return r;
 	if (!hEvent)
 		return CUDA_ERROR_INVALID_HANDLE;
 	return drv_err(simgpu_drv_event_record(hEvent, g->stream, 0));
@@ -508,12 +507,10 @@ DRV_API CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
 DRV_API CUresult cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent)
 {
 	struct drv_green *g;
+	CUresult r = green_get(hCtx, &g);
 
-	if (!atomic_load(&drv_initialized))
-		return CUDA_ERROR_NOT_INITIALIZED;
-	g = green_of(hCtx);
-	if (!g)
-		return CUDA_ERROR_INVALID_CONTEXT;
+	if (r != CUDA_SUCCESS)
+		return r;
 	if (!hEvent)
 		return CUDA_ERROR_INVALID_HANDLE;
 	return drv_err(simgpu_drv_stream_wait_event(g->stream, hEvent, 0, 0));
