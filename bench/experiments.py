@@ -174,8 +174,8 @@ def alone_p99_ms(svc: Workload, cfg: Config) -> float:
 
 
 def with_target(svc: Workload, cfg: Config) -> Workload:
-    base = alone_p99_ms(svc, cfg) if cfg.qos_base == "alone-p99" else solo_latency_ms(svc, cfg)
-    target = cfg.qos_ms or cfg.qos_factor * base
+    target = cfg.qos_ms or cfg.qos_factor * (
+        alone_p99_ms(svc, cfg) if cfg.qos_base == "alone-p99" else solo_latency_ms(svc, cfg))
     return Workload(svc.name, "qos", queries=svc.queries, qos_ms=round(target, 3))
 
 

@@ -28,7 +28,6 @@ class HoldBetween(Policy):
     def __init__(self) -> None:
         super().__init__()
         self.held = False
-        self.begins: list[QueryEvent] = []
 
     def on_tick(self, now_s: float) -> list[Decision]:
         want = HOLD_AT <= now_s < RELEASE_AT
@@ -36,10 +35,6 @@ class HoldBetween(Policy):
             return []
         self.held = want
         return [Decision(0, 100, 0, hold=want)]
-
-    def on_query_begin(self, app: AppInfo, info: QueryEvent) -> list[Decision]:
-        self.begins.append(info)
-        return []
 
 
 def kernel_starts(sim: Simulator) -> list[float]:

@@ -58,6 +58,11 @@ class QueryEvent:
                                           # when the caller knows (the simulator does; live apps do not
                                           # report it yet); None: unknown, taken as 0
 
+    def target_left_ms(self, target_ms: float) -> float:
+        """What is left of a latency target once the query begins: less the
+        wait it already spent in the queue (queued_us), when known."""
+        return target_ms - (self.queued_us or 0.0) / 1000.0
+
 
 @dataclass(frozen=True)
 class TaskDone:

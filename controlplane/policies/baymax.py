@@ -146,8 +146,8 @@ class Baymax(Policy):
         qid = int(info.id)
         if target is None:
             target = math.inf
-        elif self.queue and info.queued_us:
-            target -= info.queued_us / 1000.0  # the wait before it began is spent already
+        elif self.queue:
+            target = info.target_left_ms(target)
         pcie, total, plan_ms = 0.0, math.inf, None
         if self.pred is not None:
             try:

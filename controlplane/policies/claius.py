@@ -647,8 +647,8 @@ class CLaius(Policy):
         if a is None:
             return []
         target = info.qos_ms or app.qos_ms
-        if target is not None and self.queue and info.queued_us:
-            target -= info.queued_us / 1000.0      # the wait before it began is spent already
+        if target is not None and self.queue:
+            target = info.target_left_ms(target)
         size = float(info.size or 0)
         plan = list(info.tasks or a.last_plan)
         cache = None
