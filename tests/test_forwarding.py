@@ -480,7 +480,8 @@ def test_ring_runs_launches_and_refuses_garbage(fuzz_worker):
         assert r.stats(5)["forwarded"] == before + 3
         app.write(launch(4, 7, b""))                    # kernel 7 was never defined
         app.settle()
-        assert app.refused() == 4                       # FWD_E_UNKNOWN_KERNEL
+        # settle sees the tail move before the frame runs: wait for the verdict
+        assert wait_until(app.refused, 3, "the launch of kernel 7 refused", 0.002) == 4   # FWD_E_UNKNOWN_KERNEL
         assert "refusing its launch ring" in r.worker_log(5)
     finally:
         app.close()
@@ -497,7 +498,7 @@ def test_kernel_without_a_twin_is_refused_not_run_as_a_no_op(fuzz_worker):
         app.write(define(0, b"_Z11ring_no_opPii", [(0, 8), (8, 4)], 16))
         app.write(launch(1, 0, struct.pack("<Qi4x", 0, 1)))
         app.settle()
-        assert app.refused() != 0 and app.page("executed") == 0
+        assert wait_until(app.refused, 3, "the launch refused", 0.002) != 0 and app.page("executed") == 0
         assert "no host twin for _Z11ring_no_opPii" in r.worker_log(5)
     finally:
         app.close()
