@@ -26,6 +26,7 @@ from predictors.cli import traces as predictors_traces
 from predictors.cli import train as predictors_train
 from processpool import SPEC_HELP, parse_spec
 from shim import launcher, rundir
+from shim.ctlblock import is_partition
 from shim.rundir import ColocateError
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False,
@@ -37,6 +38,18 @@ class Device(str, Enum):
     auto = "auto"
     sim = "sim"
     cuda = "cuda"
+
+
+class RouteKind(str, Enum):
+    auto = "auto"
+    pool = "pool"
+    part = "partition"       # (a member named partition would hide str.partition)
+
+
+ROUTE_HELP = ("Where a quota below 100 % runs: pool (launches forwarded to an MPS worker of that "
+              "quota), partition (an SM partition -- a green context -- inside the app: no worker, "
+              "no shared memory; the quota is rounded to the device's partition size, see `colocate "
+              "quotas`), auto (partition where the driver has green contexts, else pool).")
 
 
 class Level(str, Enum):
@@ -65,6 +78,7 @@ def serve(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
           runtime_dir: Optional[Path] = RunDirOpt,
           log_level: Level = typer.Option(Level.info, help="Log level of serve.log."),
           pool: Optional[str] = typer.Option(None, metavar="SPEC", help=SPEC_HELP),
+          route: RouteKind = typer.Option(RouteKind.pool, help=ROUTE_HELP),
           metrics_port: Optional[int] = typer.Option(None, min=1, max=65535, metavar="PORT",
                                                      help="Serve Prometheus metrics on "
                                                           "http://127.0.0.1:PORT/metrics."),
@@ -87,14 +101,15 @@ def serve(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
     rd = rundir.ensure(runtime_dir)
     dev = launcher.detect_device(device.value)
     if not detach:
-        daemon.serve(rd, policy, dev, log_level.value, log_stderr, pool, metrics_port, solo)
+        daemon.serve(rd, policy, dev, log_level.value, log_stderr, pool, metrics_port, solo,
+                     route.value)
         return
     daemon.policy(policy)                               # unknown name: say so here, not in the log
     pong = client.ping(rd, timeout=0.5)
     if pong:
         raise ColocateError(f"a controller (pid {pong['controller_pid']}) already answers on {rd.sock}")
     proc, pong = client.start_background(rd, policy, dev, log_level.value, pool=pool,
-                                         metrics_port=metrics_port, solo=solo)
+                                         metrics_port=metrics_port, solo=solo, route=route.value)
     print(proc.pid)
     print(f"colocate: controller {proc.pid} serving {rd.sock} (policy {pong['policy']}, "
           f"device {pong['device']})", file=sys.stderr)
@@ -301,12 +316,19 @@ def human_bytes(n: float) -> str:
 
 
 def route_name(route: int, worker: dict | None = None, quota_pct: int | None = None,
-               held: bool = False) -> str:
-    """"local", "held", or "worker N (q%)" with the worker's quota when known."""
+               held: bool = False, partition: dict | None = None) -> str:
+    """"local", "held", "worker N (q%)" with the worker's quota when known, or
+    "partition 64/132 SMs" (the SMs the app's shim got for its quota)."""
     if held:
         return "held"
     if route == 0:
         return "local"
+    if is_partition(route):
+        if not partition or not partition.get("total"):
+            return f"partition ({route & 0xFFFF}%)"
+        if not partition["sms"]:
+            return "partition failed: all SMs"
+        return f"partition {partition['sms']}/{partition['total']} SMs"
     q = (worker or {}).get("quota_pct", quota_pct)
     return f"worker {route}" + ("" if q is None else f" ({q}%)")
 
@@ -343,7 +365,8 @@ def quota_table(apps: list[dict], show_state: bool = False) -> Table:
                      no_wrap=c != "name", overflow="fold")
     for a in apps:
         row = [a["name"], str(a["pid"]), a["class"], str(a["quota_pct"]),
-               route_name(a["route"], a.get("worker"), a["quota_pct"], bool(a.get("held"))),
+               route_name(a["route"], a.get("worker"), a["quota_pct"], bool(a.get("held")),
+                          a.get("partition")),
                str(a["launches"]), str(a["forwarded"]), human_bytes(a["h2d_bytes"]),
                human_bytes(a["d2h_bytes"]), "-" if a["qos_ms"] is None else f"{a['qos_ms']:g} ms",
                *query_cells(a.get("queries")), throughput_cell(a),
@@ -490,7 +513,8 @@ def set_quota(name: str = typer.Argument(..., help="App name (as `colocate quota
                                                    "every live app of that name."),
               pct: int = typer.Argument(..., metavar="PCT", help="SM share in percent, 1..100."),
               runtime_dir: Optional[Path] = RunDirOpt) -> None:
-    """Route an app to a ready pool worker whose quota is exactly PCT.
+    """Give an app PCT % of the SMs: a ready pool worker whose quota is exactly PCT,
+    or, under `serve --route partition`, an SM partition of about PCT % in the app.
 
     PCT 100 without a 100 % worker runs the app locally.  Fails when the pool
     has no ready worker at that quota (see `colocate pool`)."""

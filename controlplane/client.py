@@ -125,7 +125,8 @@ def start_background(rd: RunDir, policy: str, device: str, log_level: str = "inf
                      pool: str | None = None,
                      metrics_port: int | None = None,
                      solo: Path | str | None = None,
-                     env: dict[str, str] | None = None) -> tuple[subprocess.Popen, dict]:
+                     env: dict[str, str] | None = None,
+                     route: str = "pool") -> tuple[subprocess.Popen, dict]:
     """Start `colocate serve` as a background process and wait until it answers
     ping.  Returns (process, pong); ColocateError with the log tail otherwise.
     env: its environment (default this process's; its pool workers inherit it)."""
@@ -133,7 +134,8 @@ def start_background(rd: RunDir, policy: str, device: str, log_level: str = "inf
            "--policy", policy, "--device", device, "--log-level", log_level, "--no-log-stderr",
            *(["--pool", pool] if pool is not None else []),
            *(["--metrics-port", str(metrics_port)] if metrics_port is not None else []),
-           *(["--solo", str(solo)] if solo is not None else [])]
+           *(["--solo", str(solo)] if solo is not None else []),
+           "--route", route]
     with open(rd.log, "ab") as out:                     # early errors land in the log too
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=new_session, close_fds=True, env=env)

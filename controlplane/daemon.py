@@ -36,7 +36,7 @@ from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, Ta
 from predictors import schema
 from predictors.profile import RunFailed, lib_params
 from processpool import Pool, parse_spec
-from shim.ctlblock import ROUTE_HOLD, ControlBlock, ControlBlockFull
+from shim.ctlblock import ROUTE_HOLD, ROUTE_PART, ControlBlock, ControlBlockFull, is_partition, is_worker
 from shim.ledger import Ledger
 from shim.rundir import ColocateError, RunDir, version
 
@@ -197,13 +197,21 @@ def task_features(t: dict, input_bytes: float, occurrence: int) -> dict:
 
 # --- the controller ---------------------------------------------------------
 
+ROUTE_KINDS = ("pool", "partition")
+
+
 class Controller:
     def __init__(self, rd: RunDir, policy: Policy, device: str, pool: Pool | None = None,
-                 pool_note: str = "", solo: dict[str, float] | None = None):
+                 pool_note: str = "", solo: dict[str, float] | None = None, route_kind: str = "pool"):
         """pool: started by the caller (after the socket is bound, see serve());
         None: no pool, and explicit routes in decisions are taken as they are.
         solo: launches per second of each batch app (by name) alone at 100 %,
-        which its throughput is normalised to (serve --solo FILE)."""
+        which its throughput is normalised to (serve --solo FILE).
+        route_kind: where a quota below 100 % goes -- "pool" (a worker of that
+        quota) or "partition" (an SM partition inside the app, ROUTE_PART)."""
+        if route_kind not in ROUTE_KINDS:
+            raise ValueError(f"route kind must be one of {', '.join(ROUTE_KINDS)}, not {route_kind!r}")
+        self.route_kind = route_kind
         self.solo = dict(solo or {})
         self.metrics: metrics.Snapshot | None = None    # --metrics-port
         self.rd, self.policy, self.device = rd, policy, device
@@ -225,8 +233,8 @@ class Controller:
         os.chmod(rd.sock, 0o600)
 
     def run(self) -> None:
-        log.info("controller %d serving %s (policy %s, device %s)", os.getpid(), self.rd.endpoint,
-                 self.policy.name, self.device)
+        log.info("controller %d serving %s (policy %s, device %s, route kind %s)", os.getpid(),
+                 self.rd.endpoint, self.policy.name, self.device, self.route_kind)
         next_tick = time.monotonic()
         try:
             while not self.stopping:
@@ -439,7 +447,10 @@ class Controller:
         None -> a ready pool worker of exactly that quota (the app's current one if
         it qualifies, else the least loaded); with none at 100 %, local.  0 -> local.
         N -> worker N, which must be ready when this controller runs a pool.
-        NoWorker when nothing fits."""
+        NoWorker when nothing fits.  With route kind "partition", None -> an SM
+        partition of quota_pct % in the app itself (100 %: local)."""
+        if route is None and self.route_kind == "partition":
+            return 0 if quota_pct >= 100 else ROUTE_PART | quota_pct
         if route is None:
             if (self.pool is not None and self.pool.is_ready(app.route)
                     and self.pool.quota_of(app.route) == quota_pct):
@@ -459,7 +470,7 @@ class Controller:
 
     def load(self) -> dict[int, int]:
         """worker id -> live apps routed to it."""
-        return dict(collections.Counter(a.route for a in self.apps.values() if a.route))
+        return dict(collections.Counter(a.route for a in self.apps.values() if is_worker(a.route)))
 
     def set_route(self, app: App, quota_pct: int, route: int) -> None:
         """Write (quota, route); a held app is released by any route."""
@@ -483,14 +494,24 @@ class Controller:
         app.quota_pct, app.route, app.held = quota_pct, 0, True
 
     def worker_of(self, app: App) -> dict | None:
-        if app.route == 0:
+        if not is_worker(app.route):
             return None
         q = self.pool.quota_of(app.route) if self.pool is not None else None
         return {"id": app.route, "quota_pct": app.quota_pct if q is None else q}
 
+    @staticmethod
+    def partition_of(app: App, k: dict) -> dict | None:
+        """An app on an SM partition: the SMs its shim made it (quota_pct
+        rounded to the device's partition size; 0 when it could not make
+        one and runs on all SMs), of how many, and launches that ran on all
+        SMs meanwhile (graphs, cooperative kernels)."""
+        if not is_partition(app.route):
+            return None
+        return {"sms": k["part_sms"], "total": k["part_total"], "local": k["part_local"]}
+
     # --- records
     def record(self, app: App, state: str = "live", exited_at: float | None = None) -> dict:
-        c = self.cb.counters(app.info.slot)
+        c, k = self.cb.counters(app.info.slot), self.cb.control(app.info.slot)
         i = app.info
         return {"name": i.name, "pid": i.pid, "class": i.cls, "quota_pct": app.quota_pct,
                 "route": app.route, "launches": c["launches"], "forwarded": c["forwarded"],
@@ -498,7 +519,7 @@ class Controller:
                 "state": state, "slot": i.slot, "kernels": app.kernels,
                 "registered_at": app.registered_at, "exited_at": exited_at, "worker": self.worker_of(app),
                 "queries": self.queries(app), "held": app.held,
-                "held_ms": self.cb.control(app.info.slot)["held_ns"] / 1e6,
+                "held_ms": k["held_ns"] / 1e6, "partition": self.partition_of(app, k),
                 "feed": self.feed(app),
                 "throughput": self.throughput(app, c["launches"], exited_at), "end": None}
 
@@ -860,13 +881,46 @@ def load_solo(path: Path | str | None) -> dict[str, float]:
     return {k: float(v) for k, v in d.items()}
 
 
+def green_contexts(device: str) -> str | None:
+    """Why SM partitions (green contexts) cannot be used on `device`, or None
+    when they can: simgpu's driver has them; a GPU's needs CUDA 12.5+
+    (cuGreenCtxStreamCreate).  Each app's shim still checks its own device
+    and runs on all SMs, saying why, when it cannot make a partition."""
+    if device == "sim":
+        return None
+    import ctypes
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return f"no CUDA driver ({e})"
+    if not hasattr(cuda, "cuGreenCtxStreamCreate"):
+        return "the CUDA driver has no green contexts (CUDA 12.5+ is needed)"
+    return None
+
+
+def route_kind(kind: str, device: str) -> str:
+    """serve --route: "pool" or "partition" as asked; "auto": partition where
+    the device has green contexts, else pool."""
+    if kind not in ("auto", *ROUTE_KINDS):
+        raise ColocateError(f"--route must be auto, pool or partition (got {kind!r})", 2)
+    if kind != "auto":
+        return kind
+    why = green_contexts(device)
+    if why:
+        log.info("route kind pool: %s", why)
+    return "pool" if why else "partition"
+
+
 def serve(rd: RunDir, policy_name: str = "static", device: str = "sim", log_level: str = "info",
           log_stderr: bool = True, pool_spec: str | None = None,
-          metrics_port: int | None = None, solo: Path | str | None = None) -> None:
+          metrics_port: int | None = None, solo: Path | str | None = None,
+          route: str = "pool") -> None:
     """Run a controller in the foreground until `stop`, SIGTERM or SIGINT.
     pool_spec: processpool spec ("10:2,50:2", "none"); None: the default pool,
-    skipped with a warning when it cannot start.  metrics_port: serve
-    Prometheus metrics over HTTP on 127.0.0.1:PORT."""
+    skipped with a warning when it cannot start -- and not started at all
+    under route kind partition, which needs no worker.  metrics_port: serve
+    Prometheus metrics over HTTP on 127.0.0.1:PORT.  route: "pool",
+    "partition" or "auto" (serve --route)."""
     pol = policy(policy_name)
     parse_spec(pool_spec)                               # a bad spec: say so before anything
     solo_rates = load_solo(solo)
@@ -878,8 +932,9 @@ def serve(rd: RunDir, policy_name: str = "static", device: str = "sim", log_leve
                                 f"{rd.sock}; stop it with `colocate stop`")
         rd.sock.unlink(missing_ok=True)                 # stale socket of a dead controller
         setup_logging(rd, log_level, log_stderr)
+        kind = route_kind(route, device)
         try:
-            ctl = Controller(rd, pol, device, solo=solo_rates)
+            ctl = Controller(rd, pol, device, solo=solo_rates, route_kind=kind)
         except (OSError, zmq.ZMQError) as e:
             raise ColocateError(f"cannot start the controller in {rd.path}: {e}") from None
         if metrics_port is not None:
@@ -890,8 +945,12 @@ def serve(rd: RunDir, policy_name: str = "static", device: str = "sim", log_leve
                 ctl.close()
                 raise ColocateError(f"cannot serve metrics on port {metrics_port}: {e}") from None
             log.info("Prometheus metrics on http://127.0.0.1:%d/metrics", metrics_port)
+        if kind == "partition" and pool_spec is None:
+            pool_spec = "none"                          # SM partitions need no worker
         try:
             ctl.pool, ctl.pool_note = start_pool(rd, device, pool_spec)
+            if kind == "partition" and ctl.pool is None:
+                ctl.pool_note = "not started: route kind partition needs no worker"
         except ColocateError as e:
             log.error("cannot start the process pool: %s", e)
             ctl.close()

@@ -19,8 +19,9 @@ PROTOCOL = 1
 # that older shims keep working, and bump REVISION: 2 = "tasks" (task
 # feedback), "feed" in "registered", held apps (route CB_ROUTE_HOLD);
 # 3 = "revision" and "fwd_window" in "registered", "throughput" in records;
-# 4 = "modules", "module_loads", "refused_kernels", "translated" in pool workers.
-REVISION = 4
+# 4 = "modules", "module_loads", "refused_kernels", "translated" in pool workers;
+# 5 = "partition" in records (route kind partition: CB_ROUTE_PART | pct).
+REVISION = 5
 MAX_BYTES = 64 * 1024
 
 
@@ -121,7 +122,8 @@ THROUGHPUT = {
 
 RECORD = {
     "name": Field("str"), "pid": Field("int"), "class": Field("str", choices=("qos", "batch")),
-    "quota_pct": Field("int"), "route": Field("int", doc="0 = local, N = worker N"),
+    "quota_pct": Field("int"), "route": Field("int", doc="0 = local, N = worker N, "
+                                                          "0x80000000|pct = an SM partition"),
     "launches": Field("int"), "forwarded": Field("int"), "h2d_bytes": Field("int"), "d2h_bytes": Field("int"),
     "qos_ms": Field("number", null=True), "state": Field("str", choices=("live", "exited")),
     "slot": Field("int"), "kernels": Field("list", items=KERNEL, of="kernel"),
@@ -131,6 +133,9 @@ RECORD = {
     "held": Field("bool", required=False, default=False,
               doc="the policy holds its kernel launches (route CB_ROUTE_HOLD)"),
     "held_ms": Field("number", required=False, default=0.0, doc="time its launches waited on holds"),
+    "partition": Field("object", required=False, null=True,
+                   doc="route kind partition: {sms, total, local}: the SMs its partition has (0: "
+                       "none could be made), the device's, launches run on all SMs meanwhile"),
     "feed": Field("object", required=False, null=True,
               doc="task feedback (object feed); null when the policy does not want it"),
     "throughput": Field("object", required=False, null=True,

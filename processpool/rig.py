@@ -59,6 +59,7 @@ class Rig:
         # the route the next app to register gets before its registration is
         # answered, so that even its first launch follows it (run(routes=N))
         self.route_at_register: int | None = None
+        self.last_slot = -1                      # the slot of the last run() app
         self.route_every: int | None = None        # the same for every app, until reset
         self.workers: dict[int, subprocess.Popen] = {}
         self.ctx = zmq.Context()
@@ -143,7 +144,7 @@ class Rig:
         if isinstance(routes, int):
             self.route_at_register = routes
         p = self.app(prog, *args, **env)
-        slot = self.slot_of(p)
+        slot = self.last_slot = self.slot_of(p)
         if routes and not isinstance(routes, int):
             def flip():
                 k = 0

@@ -26,7 +26,23 @@ ROUTE_HOLD: int = lib.CB_ROUTE_HOLD
 COUNTERS = ("launches", "forwarded", "h2d_bytes", "d2h_bytes", "allocs_live",
             "alloc_bytes_live", "syncs", "last_sync_ns")
 SIGNED = {"allocs_live", "alloc_bytes_live"}
-CONTROL32 = ("state", "pid", "route", "quota_pct")
+CONTROL32 = ("state", "pid", "route", "quota_pct",
+             "part_sms", "part_total", "part_local")     # part_*: in the control line, written by the app
+# CB_ROUTE_PART | pct: the app runs its launches on an SM partition of about
+# pct % of the device (green contexts, shim_part.c).
+ROUTE_PART: int = lib.CB_ROUTE_PART
+
+
+def is_partition(route: int) -> bool:
+    """CB_ROUTE_PART | pct: an SM partition inside the app."""
+    return route & 0xFFFF0000 == ROUTE_PART
+
+
+def is_worker(route: int) -> bool:
+    """A process-pool worker's id (not local, held or a partition)."""
+    return route not in (ROUTE_LOCAL, ROUTE_HOLD) and not is_partition(route)
+
+
 CONTROL64 = ("route_epoch", "d2d_bytes", "registered_ns",
              "held_ns")                # held_ns: in the control line, written by the app
 

@@ -53,6 +53,7 @@
  */
 #define _GNU_SOURCE
 #include "shim_fwd.h"
+#include "shim_part.h"
 #include "shim_vmm.h"
 #include "shim_trace.h"
 
@@ -98,14 +99,6 @@ struct fkernel {
 	uint32_t refused_by;            /* the last worker whose refusal of it
 	                                   was logged (once per worker)         */
 	uint32_t gen;                   /* shim_kernel.gen it was built from    */
-};
-
-struct fstream {
-	uint64_t key;                   /* handle value, or per-thread key      */
-	void *handle;                   /* what the real runtime is given       */
-	uint8_t kind;                   /* FWD_SK_*                             */
-	uint8_t local_pending;          /* local work queued since last synced  */
-	uint64_t last_seq;              /* last launch forwarded on it          */
 };
 
 struct wentry {                     /* a forwarded launch, until completed  */
@@ -240,7 +233,7 @@ static dim3 mkdim(const uint32_t v[3])
  * here (to wait) but leaves copies and syncs alone (nothing to fence). */
 void fwd_publish(void)
 {
-	int routed = fwd.conn != NULL || fwd.err != 0;
+	int routed = fwd.conn != NULL || fwd.err != 0 || part_on();
 
 	__atomic_store_n(&shim_fwd_busy, routed, __ATOMIC_RELAXED);
 	__atomic_store_n(&shim_fwd_epoch, routed || fwd_held() ? ~0ull : fwd.epoch, __ATOMIC_RELEASE);
@@ -270,7 +263,7 @@ static void note_failed(struct fconn *c)
 
 /* ---------------------------------------------------------------- streams */
 
-static struct fstream *stream_get(void *s, int ptsz)
+struct fstream *fwd_stream(void *s, int ptsz)
 {
 	uintptr_t v = (uintptr_t)s;
 	uint64_t key;
@@ -313,6 +306,12 @@ static struct fstream *stream_get(void *s, int ptsz)
 	return &fwd.streams[fwd.last_stream = i];
 }
 
+struct fstream *fwd_streams(uint32_t *n)
+{
+	*n = fwd.nstreams;
+	return fwd.streams;
+}
+
 static struct fstream *legacy_stream(void)
 {
 	uint32_t i;
@@ -323,7 +322,7 @@ static struct fstream *legacy_stream(void)
 	return NULL;
 }
 
-static int blocking(uint8_t kind)
+int fwd_stream_blocking(uint8_t kind)
 {
 	return kind == FWD_SK_BLOCKING || kind == FWD_SK_PERTHREAD;
 }
@@ -343,8 +342,8 @@ static int fence_set(struct fstream *st, struct fwait *w)
 
 		if (!o->last_seq || fconn_done(fwd.conn, i, o->last_seq))
 			continue;
-		if (!st || o == st || (st->kind == FWD_SK_LEGACY && blocking(o->kind)) ||
-		    (blocking(st->kind) && o->kind == FWD_SK_LEGACY))
+		if (!st || o == st || (st->kind == FWD_SK_LEGACY && fwd_stream_blocking(o->kind)) ||
+		    (fwd_stream_blocking(st->kind) && o->kind == FWD_SK_LEGACY))
 			w[n++] = (struct fwait){ i, o->last_seq };
 	}
 	return n;
@@ -367,7 +366,7 @@ static void settle_local(struct fstream *st)
 		real_stream_sync(st->handle);
 		st->local_pending = 0;
 	}
-	if (blocking(st->kind) && (lg = legacy_stream()) && lg->local_pending) {
+	if (fwd_stream_blocking(st->kind) && (lg = legacy_stream()) && lg->local_pending) {
 		real_stream_sync(lg->handle);
 		lg->local_pending = 0;
 	}
@@ -375,7 +374,7 @@ static void settle_local(struct fstream *st)
 
 static void mark_local(void *s, int ptsz)
 {
-	struct fstream *st = stream_get(s, ptsz);
+	struct fstream *st = fwd_stream(s, ptsz);
 
 	if (st)
 		st->local_pending = 1;
@@ -826,10 +825,16 @@ static void follow_route(void)
 			}
 			if (fwd.conn)
 				leave_worker();    /* drained first, as for any change */
-			if (route == CB_ROUTE_HOLD) {
-				fwd_hold_begin(e);
-			} else if (route != CB_ROUTE_LOCAL) {
-				join_worker(route);
+			if (CB_ROUTE_IS_PART(route)) {
+				/* an SM partition in the app (shim_part.c) */
+				if (fwd.conn || part_enter(CB_ROUTE_PCT(route)) < 0)
+					part_leave();
+			} else {
+				part_leave();      /* streams wait on the device */
+				if (route == CB_ROUTE_HOLD)
+					fwd_hold_begin(e);
+				else if (route != CB_ROUTE_LOCAL)
+					join_worker(route);
 			}
 			fwd_publish();
 		}
@@ -845,7 +850,7 @@ int shim_fwd_follow(void)
 	if (fwd_lock() < 0)
 		return shim_fwd_check();
 	follow_route();
-	routed = fwd.conn != NULL || fwd.err != 0;
+	routed = fwd.conn != NULL || fwd.err != 0 || part_on();
 	fwd_unlock();
 	return routed;
 }
@@ -857,7 +862,7 @@ int shim_fwd_follow(void)
 static int ordered_local(const struct shim_launch *l)
 {
 	struct fwait w[FWD_MAX_STREAMS];
-	struct fstream *st = stream_get(l->stream, l->ptsz);
+	struct fstream *st = fwd_stream(l->stream, l->ptsz);
 	char lost[256];
 	int n, r;
 
@@ -964,7 +969,7 @@ static int forward(const struct shim_launch *l)
 	k = kernel_info(l->key);
 	if (!k || !k->ok || (k->nparams && !l->args) || shmem > UINT32_MAX)
 		return ordered_local(l);
-	st = stream_get(stream, l->ptsz);
+	st = fwd_stream(stream, l->ptsz);
 	if (!st)
 		return ordered_local(l);
 	for (i = 0; i < k->nparams; i++)
@@ -1043,6 +1048,8 @@ static int fwd_launch(const struct shim_launch *l)
 	follow_route();
 	if (fwd.err) {
 		r = take_error();
+	} else if (!fwd.conn && part_on()) {
+		r = part_launch(l);
 	} else if (!fwd.conn) {
 		fwd_unlock();
 		return shim_launch_local(l);
@@ -1076,11 +1083,13 @@ int shim_fwd_fence(void *stream, int ptsz, int scope)
 	if (fwd_lock() < 0)
 		return 0;
 	if (fwd.err || !fwd.conn) {
+		if (part_on())
+			part_fence(stream, ptsz, scope);   /* on the device */
 		r = take_error();
 		fwd_unlock();
 		return r;
 	}
-	n = fence_set(scope == SHIM_FENCE_ALL ? NULL : stream_get(stream, ptsz), w);
+	n = fence_set(scope == SHIM_FENCE_ALL ? NULL : fwd_stream(stream, ptsz), w);
 	c = fwd.conn;
 	fconn_get(c);
 	fwd_unlock();
@@ -1109,6 +1118,8 @@ void shim_fwd_local_done(void *stream, int ptsz)
 		return;
 	if (fwd.conn)
 		mark_local(stream, ptsz);
+	else if (part_on())
+		part_local_done(stream, ptsz);
 	fwd_unlock();
 }
 
@@ -1120,7 +1131,9 @@ int shim_fwd_pending(void *stream, int ptsz)
 	if (fwd_lock() < 0)
 		return 0;
 	if (fwd.conn)
-		n = fence_set(stream_get(stream, ptsz), w);
+		n = fence_set(fwd_stream(stream, ptsz), w);
+	else if (part_on())
+		part_fence(stream, ptsz, SHIM_FENCE_STREAM);   /* the query sees it */
 	fwd_unlock();
 	return n > 0;
 }
@@ -1178,6 +1191,7 @@ void shim_fwd_forget(void)
 	thread_key = 0;
 	holding = 0;
 	fwd_span_forget();
+	part_forget();
 	pthread_mutex_init(&fwd.mu, NULL);
 	fconn_forget();
 	__atomic_store_n(&shim_fwd_busy, 0, __ATOMIC_RELAXED);

@@ -124,6 +124,25 @@ void fwd_unlock(void);
  * it; fwd.mu held. */
 void fwd_publish(void);
 
+/* --- the app's streams (shim_fwd.c), fwd.mu held --------------------------- */
+
+struct fstream {
+	uint64_t key;                   /* handle value, or per-thread key      */
+	void *handle;                   /* what the real runtime is given       */
+	uint8_t kind;                   /* FWD_SK_*                             */
+	uint8_t local_pending;          /* local work queued since last synced  */
+	uint64_t last_seq;              /* last launch forwarded on it          */
+};
+
+/* Stream s's entry (made at first sight; its index never changes), or NULL
+ * when the table is full or the runtime does not know the handle. */
+struct fstream *fwd_stream(void *s, int ptsz);
+/* The table and its length. */
+struct fstream *fwd_streams(uint32_t *n);
+/* Work on a stream of this kind waits for the legacy stream and the other
+ * way round (per-thread default streams and streams made blocking). */
+int fwd_stream_blocking(uint8_t kind);
+
 /* --- holds (shim_fwd_hold.c), fwd.mu held ------------------------------------ */
 
 /* The route at epoch says hold: launches wait from now on. */

@@ -104,8 +104,11 @@ static void fill_common(struct shim_trace_rec *r, int kind, void *stream)
 	r->stream = stream;
 	r->quota = shim_task_quota();
 	r->route = __atomic_load_n(&c->route, __ATOMIC_RELAXED);
-	if (r->route == CB_ROUTE_HOLD)
-		r->route = 0;   /* a hold given up runs locally */
+	/* a hold given up runs locally; on an SM partition the kernel runs in
+	 * this process, timed by events on its stream (shim_part.c orders
+	 * them around it) */
+	if (r->route == CB_ROUTE_HOLD || CB_ROUTE_IS_PART(r->route))
+		r->route = 0;
 	r->has_query = shim_query_current(&r->query);
 	r->host_ns = shim_now_ns();
 }

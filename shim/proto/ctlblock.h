@@ -48,6 +48,13 @@
  * Worker ids are small: CB_ROUTE_HOLD is never one. */
 #define CB_ROUTE_LOCAL 0u
 #define CB_ROUTE_HOLD  0xFFFFFFFFu
+/* CB_ROUTE_PART | pct (1..99): the app's launches run in the app itself on
+ * an SM partition of about pct % of the device's SMs (a green context,
+ * CUDA 12.4+; shim_part.c rounds pct to the device's partition size and
+ * writes the SM count it got into part_sms).  No worker is involved. */
+#define CB_ROUTE_PART  0x80000000u
+#define CB_ROUTE_PCT(route) ((route) & 0xFFFFu)
+#define CB_ROUTE_IS_PART(route) (((route) & 0xFFFF0000u) == CB_ROUTE_PART)
 
 struct cb_header {
 	uint64_t magic;
@@ -83,7 +90,14 @@ struct cb_control {              /* exactly one cache line */
 	uint64_t held_ns;            /* time kernel launches waited on             */
 	                             /* CB_ROUTE_HOLD (app-written, like d2d_bytes;*/
 	                             /* added in the padding: layout unchanged)    */
-	uint8_t  pad[CB_LINE - 48];
+	uint32_t part_sms;           /* app-written: SMs of the partition its      */
+	                             /* launches run on now (0: none, all SMs)     */
+	uint32_t part_total;         /* app-written: the device's SMs (with        */
+	                             /* part_sms, the rounding of quota_pct)       */
+	uint32_t part_local;         /* app-written: launches that ran on all SMs  */
+	                             /* while partitioned (graphs, cooperative     */
+	                             /* kernels, a partition that failed)          */
+	uint8_t  pad[CB_LINE - 60];
 };
 
 struct cb_slot {

@@ -1,0 +1,450 @@
+/*
+ * shim_part.c - SM partitions inside the app: the route kind "partition".
+ *
+ * The controller writes route CB_ROUTE_PART | pct (ctlblock.h).  From the
+ * next launch on, the app's kernels run on a green context (CUDA 12.4+) of
+ * about pct % of the device's SMs, in the app itself: no worker, no copy of
+ * its arguments, no memory to share.  A green context is made once per size
+ * (cuDevSmResourceSplitByCount, cuGreenCtxCreate) and kept; each app stream
+ * gets a shadow stream in it (cuGreenCtxStreamCreate, non-blocking) at its
+ * first launch there.
+ *
+ * Order is kept on the device, never by waiting on the host, lazily:
+ *
+ *   launch on S   when S may have work its shadow P has not seen (a local
+ *                 operation since, the first launch, a new partition), an
+ *                 event recorded on S is waited for by P; the kernel goes
+ *                 to P, and S now "owes" P's work
+ *   local op on S (copy, memset, event record, callback, sync, query, a
+ *                 graph launch: the hooks' FWD_FENCE) S first waits for an
+ *                 event recorded on P, so the operation follows the kernel
+ *                 as it would have on S
+ *
+ * The CUDA default-stream rules come along: before an operation on the
+ * legacy stream every blocking stream pays what it owes, and before one on
+ * a blocking stream the legacy stream does (the recorded event then carries
+ * the implicit order).  Consecutive kernels on S cost nothing but the
+ * launch on P.  A per-thread default stream, which another thread cannot
+ * name, pays at once after each launch, as does every stream while the task
+ * layer brackets launches with its own events (tracing).
+ *
+ * A switch takes effect at the next launch boundary: leaving a partition
+ * makes every owing stream wait for its shadow (device side: microseconds,
+ * no drain), and a stream moving to another partition pays its old shadow
+ * before its new one waits for it.
+ *
+ * What stays on all SMs, in order, counted in part_local: graph launches (a
+ * graph's kernels keep the context they were captured in), cooperative
+ * kernels (a partition may be too small for their grid), and a launch the
+ * partition stream refused (it runs again on the app's stream).  When the
+ * driver has no green contexts, or a partition cannot be made, the app runs
+ * on all SMs until the route changes, and the log says why, once.
+ *
+ * Everything here runs with fwd.mu held (shim_fwd.c owns the route and the
+ * stream table).
+ */
+#define _GNU_SOURCE
+#include "shim_part.h"
+#include "shim_fwd.h"
+#include "shim_trace.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <string.h>
+
+#define PART_MAX 64u              /* partition sizes; an H100 has 16 (8..128) */
+
+struct part {
+	unsigned want;                /* SMs asked for (the rounding below)     */
+	unsigned sms;                 /* SMs the driver gave                    */
+	CUgreenCtx g;
+	CUstream shadow[FWD_MAX_STREAMS];   /* by app stream index, lazily       */
+};
+
+struct pstream {
+	struct part *owed;            /* its shadow there has work the app
+	                                 stream has not waited for             */
+	uint8_t fresh;                /* the app stream may have work its
+	                                 shadow has not waited for             */
+	cudaEvent_t ev_app;           /* recorded on the app stream           */
+	cudaEvent_t ev_shadow;        /* recorded on its shadow               */
+};
+
+static struct {
+	CUresult (*init)(unsigned);
+	CUresult (*dev_get)(CUdevice *, int);
+	CUresult (*dev_res)(CUdevice, CUdevResource *, CUdevResourceType);
+	CUresult (*split)(CUdevResource *, unsigned *, const CUdevResource *, CUdevResource *,
+			  unsigned, unsigned);
+	CUresult (*gen_desc)(CUdevResourceDesc *, CUdevResource *, unsigned);
+	CUresult (*green_create)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
+	CUresult (*green_stream)(CUstream *, CUgreenCtx, unsigned, int);
+	cudaError_t (*get_device)(int *);
+	cudaError_t (*ev_create)(cudaEvent_t *, unsigned);
+	cudaError_t (*ev_record)(cudaEvent_t, cudaStream_t);
+	cudaError_t (*wait)(cudaStream_t, cudaEvent_t, unsigned);
+	cudaError_t (*stream_sync)(cudaStream_t);
+	cudaError_t (*priority)(cudaStream_t, int *);
+	cudaError_t (*last_error)(void);
+} fn;
+
+static struct {
+	int state;                    /* 0 not probed, 1 usable, -1 not         */
+	CUdevice dev;
+	CUdevResource res;            /* the device's SMs                       */
+	unsigned total, gran;
+	struct part parts[PART_MAX];
+	unsigned nparts;
+	struct part *cur;             /* launches go there; NULL: all SMs       */
+	struct pstream ps[FWD_MAX_STREAMS];
+	unsigned refused_want;        /* the last size that could not be made   */
+	int said_event, said_launch;  /* logged once                            */
+} pt;
+
+/* ---------------------------------------------------------------- set-up */
+
+/* A driver entry point as cudart finds it (cuGetProcAddress, CUDA 13.0
+ * semantics), else by name; libcuda loaded if the app has not yet. */
+static void *drv_sym(const char *name)
+{
+	static void *lib;
+	static CUresult (*gpa)(const char *, void **, int, cuuint64_t,
+			       CUdriverProcAddressQueryResult *);
+	CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+	void *p = NULL;
+
+	if (!lib && !(lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD)) &&
+	    !(lib = dlopen("libcuda.so.1", RTLD_NOW)))
+		return NULL;
+	if (!gpa)
+		*(void **)&gpa = shim_glibc_dlsym()(lib, "cuGetProcAddress_v2");
+	if (gpa && gpa(name, &p, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &st) == CUDA_SUCCESS &&
+	    st == CU_GET_PROC_ADDRESS_SUCCESS && p)
+		return p;
+	return shim_glibc_dlsym()(lib, name);
+}
+
+#define DRV(field, name) (*(void **)&fn.field = drv_sym(name))
+#define RT(field, name)  (*(void **)&fn.field = shim_real_rt(name))
+
+/* Once: the entry points and the device's SM resource.  1 usable, -1 not. */
+static int probe(void)
+{
+	const char *why = NULL;
+	CUresult r = CUDA_SUCCESS;
+	int ord = 0;
+
+	if (pt.state)
+		return pt.state;
+	pt.state = -1;
+	if (!(RT(get_device, "cudaGetDevice") && RT(ev_create, "cudaEventCreateWithFlags") &&
+	      RT(ev_record, "cudaEventRecord") && RT(wait, "cudaStreamWaitEvent") &&
+	      RT(stream_sync, "cudaStreamSynchronize") && RT(priority, "cudaStreamGetPriority") &&
+	      RT(last_error, "cudaGetLastError")))
+		why = "the CUDA runtime lacks an entry point it needs";
+	else if (!(DRV(init, "cuInit") && DRV(dev_get, "cuDeviceGet") && DRV(dev_res, "cuDeviceGetDevResource") &&
+		   DRV(split, "cuDevSmResourceSplitByCount") &&
+		   DRV(gen_desc, "cuDevResourceGenerateDesc") &&
+		   DRV(green_create, "cuGreenCtxCreate") &&
+		   DRV(green_stream, "cuGreenCtxStreamCreate")))
+		why = "the driver has no green contexts (CUDA 12.5+ is needed)";
+	/* cudart initialised the driver already (simgpu's does not need to) */
+	else if (IN_RUNTIME(fn.get_device(&ord)) != cudaSuccess || (r = fn.init(0)) != CUDA_SUCCESS ||
+		 (r = fn.dev_get(&pt.dev, ord)) != CUDA_SUCCESS)
+		why = "no current device";
+	else if ((r = fn.dev_res(pt.dev, &pt.res, CU_DEV_RESOURCE_TYPE_SM)) != CUDA_SUCCESS ||
+		 pt.res.sm.smCount == 0)
+		why = "cuDeviceGetDevResource failed";
+	if (why) {
+		shim_log("SM partitions unavailable: %s (CUresult %d); the app runs on all SMs", why,
+			 (int)r);
+		return -1;
+	}
+	pt.total = pt.res.sm.smCount;
+	/* the partition size the driver makes by default: sm_90 rounds every
+	 * group up to a multiple of 8 (minSmPartitionSize) */
+	pt.gran = pt.res.sm.minSmPartitionSize ? pt.res.sm.minSmPartitionSize : 1;
+	return pt.state = 1;
+}
+
+/*
+ * SMs for pct % of the device: the nearest multiple of the partition size,
+ * at least one partition, at most the largest multiple that fits.  On an
+ * H100 (132 SMs, 8 per partition): 10 % -> 16, 25 % -> 32, 50 % -> 64,
+ * 75 % -> 96, 90 % -> 120, 97..99 % -> 128.  `colocate quotas` shows it.
+ */
+static unsigned sms_for(uint32_t pct)
+{
+	unsigned g = pt.gran, top = pt.total / g * g;
+	unsigned n = (unsigned)(((uint64_t)pct * pt.total * 2 / 100 + g) / (2 * g)) * g;
+
+	return n < g ? g : n > top ? top : n;
+}
+
+/* The partition of `want` SMs, made at first use; NULL (said once per size)
+ * when the driver refuses. */
+static struct part *part_of(unsigned want)
+{
+	CUdevResource group, rest, in = pt.res;
+	CUdevResourceDesc desc;
+	struct part *q;
+	unsigned i, nb = 1;
+	CUresult r;
+
+	for (i = 0; i < pt.nparts; i++)
+		if (pt.parts[i].want == want)
+			return &pt.parts[i];
+	if (pt.nparts >= PART_MAX)
+		return NULL;
+	q = &pt.parts[pt.nparts];
+	memset(q, 0, sizeof(*q));
+	memset(&group, 0, sizeof(group));
+	if ((r = fn.split(&group, &nb, &in, &rest, 0, want)) != CUDA_SUCCESS || nb != 1 ||
+	    (r = fn.gen_desc(&desc, &group, 1)) != CUDA_SUCCESS ||
+	    (r = fn.green_create(&q->g, desc, pt.dev, CU_GREEN_CTX_DEFAULT_STREAM)) != CUDA_SUCCESS) {
+		if (pt.refused_want != want)
+			shim_log("cannot make an SM partition of %u of %u SMs (CUresult %d); running "
+				 "on all SMs until the route changes", want, pt.total, (int)r);
+		pt.refused_want = want;
+		return NULL;
+	}
+	q->want = want;
+	q->sms = group.sm.smCount;
+	pt.nparts++;
+	return q;
+}
+
+static void publish(void)
+{
+	__atomic_store_n(&shim_ctl->part_sms, pt.cur ? pt.cur->sms : 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&shim_ctl->part_total, pt.total, __ATOMIC_RELAXED);
+}
+
+int part_enter(uint32_t pct)
+{
+	struct part *q;
+
+	if (probe() < 0)
+		return -1;
+	q = part_of(sms_for(pct));
+	if (!q)
+		return -1;
+	if (pt.cur != q)
+		pt.cur = q;            /* streams move over at their next launch */
+	publish();
+	return 0;
+}
+
+int part_on(void)
+{
+	return pt.cur != NULL;
+}
+
+/* ---------------------------------------------------------------- order on the device */
+
+static uint32_t index_of(const struct fstream *st)
+{
+	uint32_t n;
+
+	return (uint32_t)(st - fwd_streams(&n));
+}
+
+/* `waiter` waits on the device for what `signaller` has queued so far;
+ * should the event calls fail, the host waits for signaller (correct,
+ * slower; said once). */
+static void order(cudaStream_t waiter, cudaStream_t signaller, cudaEvent_t ev)
+{
+	if (ev && IN_RUNTIME(fn.ev_record(ev, signaller)) == cudaSuccess &&
+	    IN_RUNTIME(fn.wait(waiter, ev, 0)) == cudaSuccess)
+		return;
+	if (!pt.said_event++)
+		shim_log("SM partitions: ordering streams by events failed; waiting on the host "
+			 "instead");
+	(void)IN_RUNTIME(fn.last_error());
+	(void)IN_RUNTIME(fn.stream_sync(signaller));
+}
+
+/* App stream i waits for what its shadow has (it "pays what it owes"). */
+static void pay(uint32_t i)
+{
+	struct pstream *p = &pt.ps[i];
+	uint32_t n;
+
+	if (!p->owed)
+		return;
+	order(fwd_streams(&n)[i].handle, p->owed->shadow[i], p->ev_shadow);
+	p->owed = NULL;
+}
+
+/* The default-stream rules: the other streams whose partition work an
+ * operation on st must follow pay first; 1 when one did. */
+static int pay_deps(const struct fstream *st)
+{
+	uint32_t i, n;
+	struct fstream *tab = fwd_streams(&n);
+	int paid = 0;
+
+	for (i = 0; i < n; i++) {
+		if (&tab[i] == st || !pt.ps[i].owed)
+			continue;
+		if ((st->kind == FWD_SK_LEGACY && fwd_stream_blocking(tab[i].kind)) ||
+		    (fwd_stream_blocking(st->kind) && tab[i].kind == FWD_SK_LEGACY)) {
+			pay(i);
+			paid = 1;
+		}
+	}
+	return paid;
+}
+
+static void pay_all(void)
+{
+	uint32_t i, n;
+
+	fwd_streams(&n);
+	for (i = 0; i < n; i++)
+		pay(i);
+}
+
+void part_fence(void *stream, int ptsz, int scope)
+{
+	struct fstream *st;
+
+	if (scope == SHIM_FENCE_ALL || !(st = fwd_stream(stream, ptsz))) {
+		pay_all();
+		return;
+	}
+	pay(index_of(st));
+	pay_deps(st);
+}
+
+void part_local_done(void *stream, int ptsz)
+{
+	struct fstream *st = fwd_stream(stream, ptsz), *tab;
+	uint32_t i, n;
+
+	tab = fwd_streams(&n);
+	for (i = 0; i < n; i++)
+		if (!st || &tab[i] == st ||
+		    (st->kind == FWD_SK_LEGACY && fwd_stream_blocking(tab[i].kind)) ||
+		    (fwd_stream_blocking(st->kind) && tab[i].kind == FWD_SK_LEGACY))
+			pt.ps[i].fresh = 1;
+}
+
+void part_leave(void)
+{
+	if (!pt.cur)
+		return;
+	pay_all();
+	pt.cur = NULL;
+	publish();
+}
+
+/* ---------------------------------------------------------------- launches */
+
+/* A launch that stays on all SMs while partitioned, in order. */
+static int on_all_sms(const struct shim_launch *l, void *stream)
+{
+	int r;
+
+	part_fence(stream, l->ptsz, SHIM_FENCE_STREAM);
+	r = shim_launch_local(l);
+	part_local_done(stream, l->ptsz);
+	__atomic_fetch_add(&shim_ctl->part_local, 1, __ATOMIC_RELAXED);
+	return r;
+}
+
+/* Stream i's shadow in q and its two events, made at its first launch there. */
+static int shadow_ready(struct part *q, uint32_t i, const struct fstream *st)
+{
+	struct pstream *p = &pt.ps[i];
+	int prio = 0;
+
+	if (!p->ev_app &&
+	    (IN_RUNTIME(fn.ev_create(&p->ev_app, cudaEventDisableTiming)) != cudaSuccess ||
+	     IN_RUNTIME(fn.ev_create(&p->ev_shadow, cudaEventDisableTiming)) != cudaSuccess)) {
+		p->ev_app = p->ev_shadow = NULL;
+		return -1;
+	}
+	if (q->shadow[i])
+		return 0;
+	/* a service's high-priority stream keeps its priority */
+	if (st->kind == 0xff || st->kind == FWD_SK_BLOCKING || st->kind == FWD_SK_NONBLOCKING)
+		(void)IN_RUNTIME(fn.priority(st->handle, &prio));
+	if (fn.green_stream(&q->shadow[i], q->g, CU_STREAM_NON_BLOCKING, prio) != CUDA_SUCCESS) {
+		q->shadow[i] = NULL;
+		return -1;
+	}
+	p->fresh = 1;
+	return 0;
+}
+
+int part_launch(const struct shim_launch *l)
+{
+	const cudaLaunchConfig_t *cfg = l->config;
+	struct shim_launch m = *l;
+	cudaLaunchConfig_t c;
+	struct part *q = pt.cur;
+	struct fstream *st;
+	struct pstream *p;
+	void *stream = l->stream;
+	uint32_t i;
+	int eager, r;
+
+	if (l->entry == SHIM_E_EXC) {
+		if (!cfg)
+			return shim_launch_local(l);       /* the runtime says why */
+		stream = cfg->stream;
+		for (i = 0; i < cfg->numAttrs && cfg->attrs; i++)
+			if (cfg->attrs[i].id == cudaLaunchAttributeCooperative &&
+			    cfg->attrs[i].val.cooperative)
+				return on_all_sms(l, stream);
+	}
+	if (l->entry == SHIM_E_GRAPH || l->entry == SHIM_E_COOP)
+		return on_all_sms(l, stream);
+	st = fwd_stream(stream, l->ptsz);
+	if (!st)
+		return on_all_sms(l, stream);
+	i = index_of(st);
+	p = &pt.ps[i];
+	if (shadow_ready(q, i, st) < 0)
+		return on_all_sms(l, stream);
+	/* the task layer's events bracket the launch on the app stream, and
+	 * no other thread can name a per-thread default stream: pay at once */
+	eager = st->kind == FWD_SK_PERTHREAD || shim_task_hot();
+	if (pay_deps(st))
+		p->fresh = 1;
+	if (p->owed && p->owed != q) {
+		pay(i);                                /* moving to another size */
+		p->fresh = 1;
+	}
+	if (p->fresh || eager) {
+		order(q->shadow[i], st->handle, p->ev_app);
+		p->fresh = 0;
+	}
+	m.stream = q->shadow[i];
+	if (l->entry == SHIM_E_EXC) {
+		c = *cfg;
+		c.stream = q->shadow[i];
+		m.config = &c;
+	}
+	r = shim_launch_local(&m);
+	if (r != cudaSuccess) {
+		/* refused there (not queued): run it where the app asked */
+		(void)IN_RUNTIME(fn.last_error());
+		if (!pt.said_launch++)
+			shim_log("a launch on the %u-SM partition failed (cudaError_t %d); running it "
+				 "on all SMs", q->sms, r);
+		return on_all_sms(l, stream);
+	}
+	p->owed = q;
+	if (eager)
+		pay(i);
+	return r;
+}
+
+void part_forget(void)
+{
+	memset(&pt, 0, sizeof(pt));
+	memset(&fn, 0, sizeof(fn));
+}

@@ -1,0 +1,168 @@
+"""The route kind "partition" (shim/shim_part.c): an app's kernels run on an SM
+partition -- a green context of about its quota's share of the SMs -- inside
+the app itself, on simgpu's green contexts (shim/simgpu/driver/green.c).
+
+The shim's side runs under processpool.rig's stand-in controller, which lets a
+test write routes (CB_ROUTE_PART | pct) into the app's slot while it runs;
+simgpu's launch log (SIMGPU_LAUNCH_LOG) says how many SMs each kernel was
+allowed (quota_sms).  The controller's side (`serve --route partition`,
+set-quota, the records, `colocate quotas`) runs under a real `colocate serve`.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import Controller, clean_env, new_rundir, wait_until
+from test_forwarding import HOT, result_of
+
+from processpool.rig import Rig
+from shim import paths
+from shim.ctlblock import ROUTE_PART
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / "bench" / "bin"
+
+pytestmark = pytest.mark.skipif(
+    not all((BIN / p).exists() for p in ("hotspot", "streams2", "graphs"))
+    or not (paths.SIMGPU_DIR / "libcuda.so.1").exists(),
+    reason="bench programs or simgpu's libcuda not built (make build)")
+
+# streams2: kernels long enough (x2000 model time) that a missing order shows
+S2 = ["--repeat", "8", "--rounds", "256"]
+SWITCHING = [ROUTE_PART | 10, ROUTE_PART | 50, 0, ROUTE_PART | 90]
+
+
+def part(pct: int) -> int:
+    return ROUTE_PART | pct
+
+
+@pytest.fixture
+def rig():
+    r = Rig(timescale="2000")
+    yield r
+    r.close()
+
+
+def run_logged(rig: Rig, tmp_path: Path, prog: str, *args: str, routes=None) -> tuple[str, dict, list[int]]:
+    """Run prog; its stdout, final counters and each kernel's SM cap in order."""
+    log = tmp_path / f"launches-{len(list(tmp_path.iterdir()))}.jsonl"
+    out, err, c = rig.run(prog, *args, routes=routes, SIMGPU_LAUNCH_LOG=str(log))
+    assert "ran locally" not in err and "unavailable" not in err, err
+    rows = sorted((json.loads(ln) for ln in log.read_text().splitlines()), key=lambda r: r["seq"])
+    return out, c, [r["quota_sms"] for r in rows]
+
+
+def result_lines(out: str, *keys: str) -> dict[str, str]:
+    got = {}
+    for key in keys:
+        m = re.search(rf"^{key} (.*)$", out, re.M)
+        assert m, f"no {key} line in:\n{out}"
+        got[key] = m.group(1)
+    return got
+
+
+def test_hotspot_identical_local_on_a_partition_and_switched(rig, tmp_path):
+    out, local, sms = run_logged(rig, tmp_path, "hotspot", *HOT)     # HOT: a copy every 6 launches
+    want = result_of(out)
+    assert set(sms) == {132} and local["launches"] == 300
+
+    # 25 % of 132 SMs = 33, rounded to sm_90's 8-SM partitions: 32
+    out, c, sms = run_logged(rig, tmp_path, "hotspot", *HOT, routes=part(25))
+    assert result_of(out) == want
+    assert set(sms) == {32} and c["launches"] == 300 and c["forwarded"] == 0
+
+    # switched among 16, 64, all and 120 SMs every 30 ms while it runs
+    out, c, sms = run_logged(rig, tmp_path, "hotspot", *HOT, routes=SWITCHING)
+    assert result_of(out) == want
+    assert c["launches"] == 300 and len(sms) == 300
+    assert {16, 64, 120, 132} <= set(sms) <= {16, 64, 120, 132}, sorted(set(sms))
+
+
+def test_two_streams_and_the_legacy_stream_keep_their_order(rig, tmp_path):
+    """streams2: a copy after a kernel on its stream, an event one stream
+    waits for, the legacy stream's implicit order with a blocking stream --
+    each checked by the program (it fails at the first wrong element when an
+    order is missing: removing the shim's fence before a local operation, or
+    its wait before a launch, makes it fail)."""
+    out, _, sms = run_logged(rig, tmp_path, "streams2", *S2)
+    want = result_lines(out, "CHECK", "STATS")
+    assert set(sms) == {132}
+    out, c, sms = run_logged(rig, tmp_path, "streams2", *S2, routes=part(25))
+    assert result_lines(out, "CHECK", "STATS") == want and c["launches"] == 32
+    assert set(sms) == {32}
+    out, c, sms = run_logged(rig, tmp_path, "streams2", *S2, routes=SWITCHING)
+    assert result_lines(out, "CHECK", "STATS") == want and c["launches"] == 32
+    assert len(set(sms)) >= 2 and set(sms) <= {16, 64, 120, 132}, sorted(set(sms))
+
+
+@pytest.mark.parametrize("pct,sms", [(3, 8), (10, 16), (50, 64), (75, 96), (99, 128)])
+def test_quota_rounds_to_the_partition_size_and_is_published(rig, tmp_path, pct, sms):
+    out, c, caps = run_logged(rig, tmp_path, "streams2", "--repeat", "1", "--rounds", "1", routes=part(pct))
+    assert "PASS streams2" in out and set(caps) == {sms}
+    k = rig.cb.control(rig.last_slot)
+    assert (k["part_sms"], k["part_total"], k["part_local"]) == (sms, 132, 0)
+
+
+def test_graph_launches_stay_on_all_sms_and_are_counted(rig, tmp_path):
+    out, c, sms = run_logged(rig, tmp_path, "graphs", "--launches", "4", routes=part(50))
+    assert "PASS graphs" in out, out
+    k = rig.cb.control(rig.last_slot)
+    assert k["part_local"] == 4 + 3               # the captured graph 4 times, the built one 3
+    assert set(sms) == {64, 132} and sms.count(64) == 1   # iota on the partition; graph nodes on all
+
+
+# ---------------------------------------------------------------- the controller
+
+
+@pytest.fixture(scope="module")
+def pctl():
+    d = new_rundir()
+    ctl = Controller(d, "--route", "partition")
+    yield ctl
+    ctl.stop()
+
+
+def colocate(*args: str, rundir: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "controlplane.cli", *args, "--runtime-dir", str(rundir)],
+                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def record(ctl: Controller, name: str) -> dict | None:
+    return next((a for a in ctl.call("list")["apps"] if a["name"] == name), None)
+
+
+def test_set_quota_gives_a_partition_and_quotas_shows_its_sms(pctl):
+    """A real app under `colocate run`: set-quota moves it onto a 64-SM
+    partition while it runs (its shim says so in the slot), then back."""
+    app = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "run", "--runtime-dir",
+                            str(pctl.rundir), "--device", "sim", "--name", "s2", "--class", "batch", "--",
+                            str(BIN / "streams2"), "--repeat", "400", "--rounds", "64"],
+                           cwd=ROOT, env=clean_env(SIMGPU_TIMESCALE="200"), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: record(pctl, "s2"), timeout=30, what="s2 to register")
+        r = colocate("set-quota", "s2", "50", rundir=pctl.rundir)
+        assert r.returncode == 0 and "partition" in r.stderr, r.stderr
+        rec = wait_until(lambda: (a := record(pctl, "s2")) and (a.get("partition") or {}).get("sms") and a,
+                         timeout=30, what="the shim to make its partition")
+        assert rec["route"] == part(50) and rec["quota_pct"] == 50 and rec["worker"] is None
+        assert rec["partition"] == {"sms": 64, "total": 132, "local": 0}
+        q = colocate("quotas", rundir=pctl.rundir)
+        assert "partition 64/132 SMs" in q.stdout, q.stdout
+        assert pctl.call("set_quota", name="s2", quota_pct=100)["route"] == 0
+        out, err = app.communicate(timeout=120)
+        assert app.returncode == 0 and "PASS streams2" in out, out + err
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.communicate()
+
+
+def test_partition_route_needs_no_pool(pctl):
+    r = pctl.call("pool")
+    assert r["workers"] == [] and "partition" in (r.get("note") or ""), r
