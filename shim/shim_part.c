@@ -85,6 +85,7 @@ static struct {
 	cudaError_t (*ev_record)(cudaEvent_t, cudaStream_t);
 	cudaError_t (*wait)(cudaStream_t, cudaEvent_t, unsigned);
 	cudaError_t (*stream_sync)(cudaStream_t);
+	cudaError_t (*query)(cudaStream_t);
 	cudaError_t (*priority)(cudaStream_t, int *);
 	cudaError_t (*last_error)(void);
 } fn;
@@ -140,7 +141,7 @@ static int probe(void)
 	pt.state = -1;
 	if (!(RT(get_device, "cudaGetDevice") && RT(ev_create, "cudaEventCreateWithFlags") &&
 	      RT(ev_record, "cudaEventRecord") && RT(wait, "cudaStreamWaitEvent") &&
-	      RT(stream_sync, "cudaStreamSynchronize") && RT(priority, "cudaStreamGetPriority") &&
+	      RT(stream_sync, "cudaStreamSynchronize") && RT(query, "cudaStreamQuery") && RT(priority, "cudaStreamGetPriority") &&
 	      RT(last_error, "cudaGetLastError")))
 		why = "the CUDA runtime lacks an entry point it needs";
 	else if (!(DRV(init, "cuInit") && DRV(dev_get, "cuDeviceGet") && DRV(dev_res, "cuDeviceGetDevResource") &&
@@ -255,6 +256,10 @@ static uint32_t index_of(const struct fstream *st)
  * slower; said once). */
 static void order(cudaStream_t waiter, cudaStream_t signaller, cudaEvent_t ev)
 {
+	/* nothing queued there any more (an app that synchronised): nothing to
+	 * wait for, and a switch after a sync costs no event at all */
+	if (IN_RUNTIME(fn.query(signaller)) == cudaSuccess)
+		return;
 	if (ev && IN_RUNTIME(fn.ev_record(ev, signaller)) == cudaSuccess &&
 	    IN_RUNTIME(fn.wait(waiter, ev, 0)) == cudaSuccess)
 		return;
@@ -310,7 +315,11 @@ void part_fence(void *stream, int ptsz, int scope)
 {
 	struct fstream *st;
 
-	if (scope == SHIM_FENCE_ALL || !(st = fwd_stream(stream, ptsz))) {
+	/* every SHIM_FENCE_ALL caller (cudaDeviceSynchronize, cudaFree, a VMM
+	 * free) waits for the whole device, shadows included: nothing to add */
+	if (scope == SHIM_FENCE_ALL)
+		return;
+	if (!(st = fwd_stream(stream, ptsz))) {
 		pay_all();
 		return;
 	}
@@ -415,8 +424,18 @@ int part_launch(const struct shim_launch *l)
 	if (pay_deps(st))
 		p->fresh = 1;
 	if (p->owed && p->owed != q) {
-		pay(i);                                /* moving to another size */
-		p->fresh = 1;
+		/* moving to another size: when the app stream has nothing queued
+		 * the new shadow need only follow the old one (no op on the app
+		 * stream, none at all when the old one is idle too); else the app
+		 * stream pays and the new shadow follows it */
+		if (IN_RUNTIME(fn.query(st->handle)) == cudaSuccess) {
+			order(q->shadow[i], p->owed->shadow[i], p->ev_shadow);
+			p->owed = NULL;
+			p->fresh = 0;
+		} else {
+			pay(i);
+			p->fresh = 1;
+		}
 	}
 	if (p->fresh || eager) {
 		order(q->shadow[i], st->handle, p->ev_app);

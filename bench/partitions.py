@@ -1,0 +1,181 @@
+"""SM partitions in the app (route kind partition, shim/shim_part.c) beside the
+process pool (route kind pool, launch forwarding), measured in one run.
+
+    python bench/partitions.py [--n N] [--flips F] [--json]
+
+One stand-in controller (processpool/rig.py: routes are written straight into
+the app's control-block slot), a 10 % and a 100 % pool worker, simgpu at
+SIMGPU_TIMESCALE=0 (kernels take no modelled time: the figures are the
+software path alone), on this machine's cores.
+
+  issue    launchloop, 3000 launches back to back then one sync (median of
+           5 runs): what a launch costs the app's thread -- local, on a
+           64-SM partition, forwarded to the 100 % worker
+  latency  fwdprobe: N x (launch; cudaDeviceSynchronize), median and p99 per
+           iteration, the same three ways
+  switch   fwdprobe --interval-us 50 while the route flips every 50 ms:
+           partition  between 10 % (16 SMs) and 90 % (120 SMs); for each
+                      flip, time from the control-block write to the first
+                      probe kernel that ran at the new SM count (simgpu's
+                      launch log says each kernel's SM cap; the probe's twin
+                      says when it ran)
+           pool       between the 10 % and the 100 % worker (bench/
+                      forwarding.py's figure: the first kernel that ran in
+                      the new worker)
+           and from that iteration's launch call to the kernel.
+
+Targets (issue 16): a launch on a partition costs at most 1 us more than a
+local one; a route change reaches the first kernel at the new quota in at most
+20 us (median).  On a GPU the same path adds green-context streams and events
+whose costs simgpu does not model: see bench/gpu/green_contexts.cu.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.forwarding import _kv, switching  # noqa: E402
+from processpool.rig import BIN, WORKER, Rig  # noqa: E402
+from shim import paths  # noqa: E402
+from shim.ctlblock import ROUTE_PART  # noqa: E402
+
+SIDES = {"local": None, "partition": ROUTE_PART | 50, "pool": 2}
+TARGETS = {"added_issue_ns": 1000.0, "switch_us": 20.0}
+
+
+def q(v: list[float], p: float) -> float:
+    v = sorted(v)
+    return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")
+
+
+def issue(rig: Rig, reps: int = 5) -> dict:
+    res = {}
+    for side, routes in SIDES.items():
+        ns = [_kv(r"^LAUNCHLOOP (.*)$", rig.run("launchloop", "--launches", "3000", routes=routes)[0])
+              ["issue_ns_per_launch"] for _ in range(reps)]
+        res[side] = statistics.median(ns)
+    return res
+
+
+def latency(rig: Rig, n: int) -> dict:
+    res = {}
+    for side, routes in SIDES.items():
+        kv = _kv(r"^FWDPROBE (.*)$", rig.run("fwdprobe", "--n", str(n), routes=routes)[0])
+        res[side] = {"p50_us": kv["lat_us_p50"], "p99_us": kv["lat_us_p99"]}
+    return res
+
+
+def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: int = 50) -> dict:
+    """fwdprobe launches one kernel per iteration, so its records and the
+    launch log's rows (by seq) are the same kernels, in order."""
+    sms_of = {ROUTE_PART | 10: 16, ROUTE_PART | 90: 120}
+    flips: list[tuple[int, int]] = []
+    n = int(flips_wanted * period * 1e6 / (interval_us + 60)) + 200
+    with tempfile.TemporaryDirectory() as d:
+        log = Path(d) / "launches.jsonl"
+        out, _, _ = rig.run("fwdprobe", "--n", str(n), "--interval-us", str(interval_us), "--dump",
+                            routes=list(sms_of), period=period, flips=flips, SIMGPU_LAUNCH_LOG=str(log))
+        rows = sorted((json.loads(ln) for ln in log.read_text().splitlines()), key=lambda r: r["seq"])
+    recs = [tuple(map(int, ln.split()[1:])) for ln in out.splitlines() if ln.startswith("I ")]
+    if len(rows) != len(recs):
+        raise RuntimeError(f"{len(recs)} probe records but {len(rows)} launch-log rows")
+    total, boundary = [], []
+    for t_set, route in flips[1:]:                      # the first one is the initial route
+        for (_, t_launch, _t_done, t_exec, _who), row in zip(recs, rows):
+            if t_exec >= t_set and row["quota_sms"] == sms_of[route]:
+                total.append((t_exec - t_set) / 1e3)
+                boundary.append((t_exec - max(t_launch, t_set)) / 1e3)
+                break
+    steady = {}
+    for side in ("local", "partition"):
+        out, _, _ = rig.run("fwdprobe", "--n", "2000", "--interval-us", str(interval_us), "--dump",
+                            routes=SIDES[side])
+        steady[side] = [(t_exec - t_launch) / 1e3 for _, t_launch, _d, t_exec, _w in
+                        (tuple(map(int, ln.split()[1:])) for ln in out.splitlines() if ln.startswith("I "))]
+    return {"flips": len(total), "iterations": len(recs), "interval_us": interval_us,
+            "to_first_kernel_us": {"p50": q(total, 0.5), "p99": q(total, 0.99)},
+            "launch_call_to_kernel_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)},
+            # the same probe without route changes: what a launch costs anyway
+            "steady_launch_call_to_kernel_us": {k: {"p50": q(v, 0.5), "p99": q(v, 0.99)}
+                                                for k, v in steady.items()}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=5000, help="latency iterations (default 5000)")
+    ap.add_argument("--flips", type=int, default=100, help="route changes to time per kind (default 100)")
+    ap.add_argument("--switch-interval-us", type=int, default=50,
+                    help="pause of the switch probe between launch+sync iterations (default 50, "
+                         "as bench/forwarding.py)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    for need in (WORKER, BIN / "fwdprobe", BIN / "launchloop", paths.LIBCOLOCATE,
+                 paths.SIMGPU_DIR / "libcuda.so.1"):
+        if not need.exists():
+            print(f"missing {need}; run `make build`", file=sys.stderr)
+            return 2
+    rig = Rig()
+    try:
+        rig.start_worker(1, 10)
+        rig.start_worker(2, 100)
+        res = {"device": "simgpu, SIMGPU_TIMESCALE=0", "cpus": os.cpu_count(),
+               "issue_ns_per_launch": issue(rig), "latency": latency(rig, a.n),
+               "switch": {"partition": partition_switching(rig, a.flips, interval_us=a.switch_interval_us),
+                          "pool": switching(rig, a.flips, interval_us=a.switch_interval_us)}}
+    finally:
+        rig.close()
+    if a.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    report(res, a.n)
+    return 0
+
+
+def report(res: dict, n: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    iss, lat, sw = res["issue_ns_per_launch"], res["latency"], res["switch"]
+    t = Table(title=f"partition vs pool ({res['device']}, {res['cpus']} CPUs)")
+    for c in ("figure", "local", "partition", "pool (forwarded)"):
+        t.add_column(c, justify="left" if c == "figure" else "right")
+    t.add_row("issue ns per launch (launchloop 3000, median of 5)",
+              *(f"{iss[s]:.0f}" for s in SIDES))
+    t.add_row(f"launch + sync p50 / p99 us (fwdprobe n={n})",
+              *(f"{lat[s]['p50_us']:.1f} / {lat[s]['p99_us']:.1f}" for s in SIDES))
+    for what, key in (("route change -> first kernel at the new quota, p50 / p99 us", "to_first_kernel_us"),
+                      ("  from that launch call, p50 / p99 us", "launch_call_to_kernel_us")):
+        t.add_row(what, "-", *(f"{sw[k][key]['p50']:.1f} / {sw[k][key]['p99']:.1f}"
+                               for k in ("partition", "pool")))
+    st = sw["partition"]["steady_launch_call_to_kernel_us"]
+    t.add_row("  the same without route changes, p50 / p99 us",
+              *(f"{st[k]['p50']:.1f} / {st[k]['p99']:.1f}" for k in ("local", "partition")),
+              f"{sw['pool']['local_launch_call_to_kernel_us']['p50']:.1f} / "
+              f"{sw['pool']['local_launch_call_to_kernel_us']['p99']:.1f} (local)")
+    t.add_row("flips timed", "-", str(sw["partition"]["flips"]), str(sw["pool"]["flips"]))
+    Console().print(t)
+    added = iss["partition"] - iss["local"]
+    switch = sw["partition"]["to_first_kernel_us"]["p50"]
+    own = sw["partition"]["launch_call_to_kernel_us"]["p50"] - st["partition"]["p50"]
+    print(f"a route change's own cost on a partition (its launch call -> kernel, less a steady "
+          f"launch's, medians): {own:+.1f} us; the rest of the figure below is the wait for the "
+          f"app's next launch (the probe pauses {sw['partition']['interval_us']} us between "
+          f"iterations) and simgpu's stream threads")
+    for name, v, tgt, unit in (("added issue cost of a launch on a partition", added,
+                                TARGETS["added_issue_ns"], "ns"),
+                               ("route change -> first kernel on the new partition, median", switch,
+                                TARGETS["switch_us"], "us")):
+        print(f"{name}: {v:,.1f} {unit} (target <= {tgt:,.0f} {unit}: {'met' if v <= tgt else 'MISSED'})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
