@@ -251,14 +251,25 @@ static uint32_t index_of(const struct fstream *st)
 	return (uint32_t)(st - fwd_streams(&n));
 }
 
-/* `waiter` waits on the device for what `signaller` has queued so far;
- * should the event calls fail, the host waits for signaller (correct,
- * slower; said once). */
-static void order(cudaStream_t waiter, cudaStream_t signaller, cudaEvent_t ev)
+/*
+ * Whether nothing queued on a stream can still be waited for: only a
+ * non-blocking stream (shadows are) answers that alone.  An idle legacy or
+ * blocking stream still orders its next operation after the other kind's
+ * pending work, which an event recorded on it carries and a query does not.
+ */
+static int idle(cudaStream_t s, uint8_t kind)
 {
-	/* nothing queued there any more (an app that synchronised): nothing to
-	 * wait for, and a switch after a sync costs no event at all */
-	if (IN_RUNTIME(fn.query(signaller)) == cudaSuccess)
+	return kind == FWD_SK_NONBLOCKING && IN_RUNTIME(fn.query(s)) == cudaSuccess;
+}
+
+/* `waiter` waits on the device for what `signaller` (of kind `kind`) has
+ * queued so far; nothing when that is done already (an app that
+ * synchronised: a switch after a sync then costs no event).  Should the
+ * event calls fail, the host waits for signaller (correct, slower; said
+ * once). */
+static void order(cudaStream_t waiter, cudaStream_t signaller, uint8_t kind, cudaEvent_t ev)
+{
+	if (idle(signaller, kind))
 		return;
 	if (ev && IN_RUNTIME(fn.ev_record(ev, signaller)) == cudaSuccess &&
 	    IN_RUNTIME(fn.wait(waiter, ev, 0)) == cudaSuccess)
@@ -278,7 +289,7 @@ static void pay(uint32_t i)
 
 	if (!p->owed)
 		return;
-	order(fwd_streams(&n)[i].handle, p->owed->shadow[i], p->ev_shadow);
+	order(fwd_streams(&n)[i].handle, p->owed->shadow[i], FWD_SK_NONBLOCKING, p->ev_shadow);
 	p->owed = NULL;
 }
 
@@ -428,8 +439,8 @@ int part_launch(const struct shim_launch *l)
 		 * the new shadow need only follow the old one (no op on the app
 		 * stream, none at all when the old one is idle too); else the app
 		 * stream pays and the new shadow follows it */
-		if (IN_RUNTIME(fn.query(st->handle)) == cudaSuccess) {
-			order(q->shadow[i], p->owed->shadow[i], p->ev_shadow);
+		if (idle(st->handle, st->kind)) {
+			order(q->shadow[i], p->owed->shadow[i], FWD_SK_NONBLOCKING, p->ev_shadow);
 			p->owed = NULL;
 			p->fresh = 0;
 		} else {
@@ -438,7 +449,7 @@ int part_launch(const struct shim_launch *l)
 		}
 	}
 	if (p->fresh || eager) {
-		order(q->shadow[i], st->handle, p->ev_app);
+		order(q->shadow[i], st->handle, st->kind, p->ev_app);
 		p->fresh = 0;
 	}
 	m.stream = q->shadow[i];
