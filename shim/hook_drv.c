@@ -307,7 +307,8 @@ static inline void drv_local_done(CUstream s, int ptsz)
 		shim_task_drv_end(&t_, r)
 
 /* count(r, key) counts a successful launch: count_drv_launch (a kernel)
- * or count_drv_graph (a graph's kernels). */
+ * or count_drv_graph (a graph's kernels).  Cooperative kernels and graphs
+ * stay on all SMs on a partition (counted there). */
 #define LAUNCH(idx, params, args, count, key, strm, ptsz, desc)           \
 	{                                                                 \
 		CUresult (*real) params = real_of(idx);                   \
@@ -321,29 +322,102 @@ static inline void drv_local_done(CUstream s, int ptsz)
 		TASK_DRV_BEGIN(desc);                                     \
 		r = real args;                                            \
 		drv_local_done(strm, ptsz);                               \
+		if (r == CUDA_SUCCESS && !shim_in_runtime && shim_fwd_active()) \
+			shim_fwd_drv_all_sms();                           \
 		count(r, key);                                            \
 		TASK_DRV_END(r);                                          \
 		return r;                                                 \
 	}
 
+/*
+ * A kernel launch: on an SM partition (route kind partition) it goes to the
+ * app stream's shadow in the partition's green context, args_on(ps_)
+ * naming the shadow instead of the app's stream; a launch refused there (a
+ * CUfunction bound to the primary context, on a driver that will not run
+ * it in a green one) runs on the app's stream, counted.  Otherwise as
+ * LAUNCH.  A launch from inside the runtime hooks was handled by them.
+ */
+#define LAUNCH_KERNEL(idx, params, args, args_on, strm, ptsz, desc)       \
+	{                                                                 \
+		CUresult (*real) params = real_of(idx);                   \
+		CUresult r;                                               \
+		CUlaunchConfig cc_;                                       \
+		void *ps_ = NULL;                                         \
+		int eager_ = 0;                                           \
+		(void)cc_;                                                \
+		if (!real)                                                \
+			return CUDA_ERROR_NOT_INITIALIZED;                \
+		shim_start();                                             \
+		DRV_CAPTURED(strm, ptsz, real args);                      \
+		if (!shim_in_runtime && (shim_fwd_check() || shim_fwd_active())) \
+			ps_ = shim_fwd_drv_begin((void *)(strm), ptsz, &eager_); \
+		if (!ps_ && drv_fence(strm, ptsz))                        \
+			return CUDA_ERROR_LAUNCH_FAILED;                  \
+		TASK_DRV_BEGIN(desc);                                     \
+		r = CUDA_ERROR_UNKNOWN;                                   \
+		if (ps_) {                                                \
+			r = real args_on;                                 \
+			shim_fwd_drv_end((void *)(strm), ptsz, eager_, r); \
+		}                                                         \
+		if (r != CUDA_SUCCESS) {                                  \
+			r = real args;                                    \
+			drv_local_done(strm, ptsz);                       \
+		}                                                         \
+		count_drv_launch(r, f);                                   \
+		TASK_DRV_END(r);                                          \
+		return r;                                                 \
+	}
+
+/* c with its stream replaced by s (for a launch on a partition). */
+static const CUlaunchConfig *restream(const CUlaunchConfig *c, void *s, CUlaunchConfig *cc)
+{
+	if (!c)
+		return NULL;
+	*cc = *c;
+	cc->hStream = (CUstream)s;
+	return cc;
+}
+
+/* cuLaunchKernelEx with the cooperative attribute: never on a partition. */
+static int cooperative(const CUlaunchConfig *c)
+{
+	unsigned i;
+
+	for (i = 0; c && c->attrs && i < c->numAttrs; i++)
+		if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && c->attrs[i].value.cooperative)
+			return 1;
+	return 0;
+}
+
 #define KPARAMS (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
 		 unsigned bz, unsigned sh, CUstream s, void **p, void **e)
 #define KARGS (f, gx, gy, gz, bx, by, bz, sh, s, p, e)
 #define KDESC(ptsz) { f, { gx, gy, gz }, { bx, by, bz }, sh, s, ptsz, 0, 0, { 0 } }
+#define KARGS_ON(st) (f, gx, gy, gz, bx, by, bz, sh, (CUstream)(st), p, e)
 SHIM_API CUresult cuLaunchKernel KPARAMS
-	LAUNCH(H_LAUNCH, KPARAMS, KARGS, count_drv_launch, f, s, 0, KDESC(0))
+	LAUNCH_KERNEL(H_LAUNCH, KPARAMS, KARGS, KARGS_ON(ps_), s, 0, KDESC(0))
 SHIM_API CUresult cuLaunchKernel_ptsz KPARAMS
-	LAUNCH(H_LAUNCH_PTSZ, KPARAMS, KARGS, count_drv_launch, f, s, 1, KDESC(1))
+	LAUNCH_KERNEL(H_LAUNCH_PTSZ, KPARAMS, KARGS, KARGS_ON(ps_), s, 1, KDESC(1))
 
 #define XPARAMS (const CUlaunchConfig *c, CUfunction f, void **p, void **e)
 #define XARGS (c, f, p, e)
 #define XDESC(ptsz) { f, { c ? c->gridDimX : 0, c ? c->gridDimY : 0, c ? c->gridDimZ : 0 },     \
 		      { c ? c->blockDimX : 0, c ? c->blockDimY : 0, c ? c->blockDimZ : 0 },  \
 		      c ? c->sharedMemBytes : 0, c ? c->hStream : NULL, ptsz, 0, 0, { 0 } }
+#define XARGS_ON(st) (restream(c, st, &cc_), f, p, e)
 SHIM_API CUresult cuLaunchKernelEx XPARAMS
-	LAUNCH(H_LAUNCH_EX, XPARAMS, XARGS, count_drv_launch, f, c ? c->hStream : NULL, 0, XDESC(0))
+{
+	if (cooperative(c))
+		LAUNCH(H_LAUNCH_EX, XPARAMS, XARGS, count_drv_launch, f, c->hStream, 0, XDESC(0))
+	LAUNCH_KERNEL(H_LAUNCH_EX, XPARAMS, XARGS, XARGS_ON(ps_), c ? c->hStream : NULL, 0, XDESC(0))
+}
 SHIM_API CUresult cuLaunchKernelEx_ptsz XPARAMS
-	LAUNCH(H_LAUNCH_EX_PTSZ, XPARAMS, XARGS, count_drv_launch, f, c ? c->hStream : NULL, 1, XDESC(1))
+{
+	if (cooperative(c))
+		LAUNCH(H_LAUNCH_EX_PTSZ, XPARAMS, XARGS, count_drv_launch, f, c->hStream, 1, XDESC(1))
+	LAUNCH_KERNEL(H_LAUNCH_EX_PTSZ, XPARAMS, XARGS, XARGS_ON(ps_), c ? c->hStream : NULL, 1,
+		      XDESC(1))
+}
 
 #define CPARAMS (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
 		 unsigned bz, unsigned sh, CUstream s, void **p)

@@ -284,6 +284,17 @@ int shim_fwd_follow(void);
 /* At most n (1..4096) routed launches in flight (the controller's "fwd_window"). */
 void shim_fwd_set_window(uint32_t n);
 
+/* A driver-API kernel launch (cuLaunchKernel*) while shim_fwd_active():
+ * on an SM partition, the shadow stream to launch it on instead, with
+ * fwd.mu held until shim_fwd_drv_end(its CUresult) -- a failure there
+ * (counted) means the caller launches it on the app's stream, as it does
+ * when this returns NULL.  Driver launches are never forwarded. */
+void *shim_fwd_drv_begin(void *stream, int ptsz, int *eager);
+void shim_fwd_drv_end(void *stream, int ptsz, int eager, int code);
+/* A driver launch that stays on all SMs (cooperative, a graph): counted
+ * when partitioned. */
+void shim_fwd_drv_all_sms(void);
+
 /* Scopes of a fence before a local operation. */
 #define SHIM_FENCE_STREAM 0     /* the stream, with default-stream rules  */
 #define SHIM_FENCE_ALL    1     /* every stream (device sync, cudaFree)   */

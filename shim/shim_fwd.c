@@ -1071,6 +1071,37 @@ int shim_fwd_launch(const struct shim_launch *l)
 	return r;
 }
 
+/* ---------------------------------------------------------------- driver launches */
+
+void *shim_fwd_drv_begin(void *stream, int ptsz, int *eager)
+{
+	void *shadow = NULL;
+
+	if (fwd_lock() < 0)
+		return NULL;
+	follow_route();
+	if (!fwd.conn && !fwd.err && part_on())
+		shadow = part_drv_begin(stream, ptsz, eager);
+	if (!shadow)
+		fwd_unlock();
+	return shadow;          /* fwd.mu held until shim_fwd_drv_end */
+}
+
+void shim_fwd_drv_end(void *stream, int ptsz, int eager, int code)
+{
+	part_drv_end(stream, ptsz, eager, code);
+	fwd_unlock();
+}
+
+void shim_fwd_drv_all_sms(void)
+{
+	if (fwd_lock() < 0)
+		return;
+	if (part_on())
+		part_all_sms();
+	fwd_unlock();
+}
+
 /* ---------------------------------------------------------------- local operations */
 
 int shim_fwd_fence(void *stream, int ptsz, int scope)

@@ -370,7 +370,7 @@ static int on_all_sms(const struct shim_launch *l, void *stream)
 	part_fence(stream, l->ptsz, SHIM_FENCE_STREAM);
 	r = shim_launch_local(l);
 	part_local_done(stream, l->ptsz);
-	__atomic_fetch_add(&shim_ctl->part_local, 1, __ATOMIC_RELAXED);
+	part_all_sms();
 	return r;
 }
 
@@ -399,39 +399,23 @@ static int shadow_ready(struct part *q, uint32_t i, const struct fstream *st)
 	return 0;
 }
 
-int part_launch(const struct shim_launch *l)
+/*
+ * Before a launch on the app stream st: the shadow it goes to, with the
+ * order it needs in place (the default-stream rules, a move between sizes,
+ * what the app stream queued since), or NULL: launch it where the app
+ * asked (no shadow could be made).  *eager: pay back right after it.
+ */
+static void *prepare(struct fstream *st, int *eager)
 {
-	const cudaLaunchConfig_t *cfg = l->config;
-	struct shim_launch m = *l;
-	cudaLaunchConfig_t c;
 	struct part *q = pt.cur;
-	struct fstream *st;
-	struct pstream *p;
-	void *stream = l->stream;
-	uint32_t i;
-	int eager, r;
+	uint32_t i = index_of(st);
+	struct pstream *p = &pt.ps[i];
 
-	if (l->entry == SHIM_E_EXC) {
-		if (!cfg)
-			return shim_launch_local(l);       /* the runtime says why */
-		stream = cfg->stream;
-		for (i = 0; i < cfg->numAttrs && cfg->attrs; i++)
-			if (cfg->attrs[i].id == cudaLaunchAttributeCooperative &&
-			    cfg->attrs[i].val.cooperative)
-				return on_all_sms(l, stream);
-	}
-	if (l->entry == SHIM_E_GRAPH || l->entry == SHIM_E_COOP)
-		return on_all_sms(l, stream);
-	st = fwd_stream(stream, l->ptsz);
-	if (!st)
-		return on_all_sms(l, stream);
-	i = index_of(st);
-	p = &pt.ps[i];
 	if (shadow_ready(q, i, st) < 0)
-		return on_all_sms(l, stream);
+		return NULL;
 	/* the task layer's events bracket the launch on the app stream, and
 	 * no other thread can name a per-thread default stream: pay at once */
-	eager = st->kind == FWD_SK_PERTHREAD || shim_task_hot();
+	*eager = st->kind == FWD_SK_PERTHREAD || shim_task_hot();
 	if (pay_deps(st))
 		p->fresh = 1;
 	if (p->owed && p->owed != q) {
@@ -448,29 +432,95 @@ int part_launch(const struct shim_launch *l)
 			p->fresh = 1;
 		}
 	}
-	if (p->fresh || eager) {
+	if (p->fresh || *eager) {
 		order(q->shadow[i], st->handle, st->kind, p->ev_app);
 		p->fresh = 0;
 	}
-	m.stream = q->shadow[i];
+	return q->shadow[i];
+}
+
+/* A launch went to st's shadow: the app stream owes it. */
+static void launched(struct fstream *st, int eager)
+{
+	uint32_t i = index_of(st);
+
+	pt.ps[i].owed = pt.cur;
+	if (eager)
+		pay(i);
+}
+
+static void refused(int code)
+{
+	if (!pt.said_launch++)
+		shim_log("a launch on the %u-SM partition failed (error %d); running it on all SMs "
+			 "(said once)", pt.cur->sms, code);
+}
+
+int part_launch(const struct shim_launch *l)
+{
+	const cudaLaunchConfig_t *cfg = l->config;
+	struct shim_launch m = *l;
+	cudaLaunchConfig_t c;
+	struct fstream *st;
+	void *stream = l->stream, *shadow;
+	uint32_t i;
+	int eager = 0, r;
+
+	if (l->entry == SHIM_E_EXC) {
+		if (!cfg)
+			return shim_launch_local(l);       /* the runtime says why */
+		stream = cfg->stream;
+		for (i = 0; i < cfg->numAttrs && cfg->attrs; i++)
+			if (cfg->attrs[i].id == cudaLaunchAttributeCooperative &&
+			    cfg->attrs[i].val.cooperative)
+				return on_all_sms(l, stream);
+	}
+	if (l->entry == SHIM_E_GRAPH || l->entry == SHIM_E_COOP)
+		return on_all_sms(l, stream);
+	st = fwd_stream(stream, l->ptsz);
+	if (!st || !(shadow = prepare(st, &eager)))
+		return on_all_sms(l, stream);
+	m.stream = shadow;
 	if (l->entry == SHIM_E_EXC) {
 		c = *cfg;
-		c.stream = q->shadow[i];
+		c.stream = shadow;
 		m.config = &c;
 	}
 	r = shim_launch_local(&m);
 	if (r != cudaSuccess) {
 		/* refused there (not queued): run it where the app asked */
 		(void)IN_RUNTIME(fn.last_error());
-		if (!pt.said_launch++)
-			shim_log("a launch on the %u-SM partition failed (cudaError_t %d); running it "
-				 "on all SMs", q->sms, r);
+		refused(r);
 		return on_all_sms(l, stream);
 	}
-	p->owed = q;
-	if (eager)
-		pay(i);
+	launched(st, eager);
 	return r;
+}
+
+void *part_drv_begin(void *stream, int ptsz, int *eager)
+{
+	struct fstream *st = fwd_stream(stream, ptsz);
+
+	return st ? prepare(st, eager) : NULL;
+}
+
+void part_drv_end(void *stream, int ptsz, int eager, int code)
+{
+	struct fstream *st = fwd_stream(stream, ptsz);
+
+	if (code == 0) {
+		if (st)
+			launched(st, eager);
+		return;
+	}
+	refused(code);
+	part_all_sms();
+	part_fence(stream, ptsz, SHIM_FENCE_STREAM);
+}
+
+void part_all_sms(void)
+{
+	__atomic_fetch_add(&shim_ctl->part_local, 1, __ATOMIC_RELAXED);
 }
 
 void part_forget(void)

@@ -31,6 +31,15 @@ void part_fence(void *stream, int ptsz, int scope);
 /* After a local operation queued on stream: the next partition launch
  * there waits for it. */
 void part_local_done(void *stream, int ptsz);
+/* A driver-API launch on stream: the shadow stream to launch it on, with
+ * its order in place, or NULL (launch it where the app asked, fenced).
+ * Then part_drv_end with the launch's CUresult: 0 the stream owes it; else
+ * it was refused there (a CUfunction of the primary context, say), is
+ * counted in part_local and the caller launches it on the app's stream. */
+void *part_drv_begin(void *stream, int ptsz, int *eager);
+void part_drv_end(void *stream, int ptsz, int eager, int code);
+/* One launch ran on all SMs while partitioned (part_local). */
+void part_all_sms(void);
 /* Fork child: the parent's green contexts and streams are not ours. */
 void part_forget(void);
 

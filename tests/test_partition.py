@@ -116,6 +116,20 @@ def test_graph_launches_stay_on_all_sms_and_are_counted(rig, tmp_path):
     assert set(sms) == {64, 132} and sms.count(64) == 1   # iota on the partition; graph nodes on all
 
 
+@pytest.mark.skipif(not (BIN / "test-drvapi.fatbin").exists(), reason="test-drvapi's fat binary not built")
+def test_driver_api_launches_go_to_the_partition(rig, tmp_path):
+    """tests/progs/drvapi.c: cuLaunchKernel through cuGetProcAddress (default
+    and per-thread stream) and dlsym with a CUfunction of cuModuleLoad, and
+    cuLaunchKernelEx with a CUkernel's function -- all on the partition."""
+    log = tmp_path / "launches.jsonl"
+    out, err, c = rig.run("test-drvapi", routes=part(25), SIMGPU_LAUNCH_LOG=str(log),
+                          SIMGPU_TWINS=str(BIN / "test-drvapi.twins.so"))
+    assert "DRVAPI launches=13 allocs=1 PASS" in out, out + err
+    caps = [json.loads(ln)["quota_sms"] for ln in log.read_text().splitlines()]
+    assert caps == [32] * 13 and c["launches"] == 13
+    assert rig.cb.control(rig.last_slot)["part_local"] == 0
+
+
 # ---------------------------------------------------------------- the controller
 
 
