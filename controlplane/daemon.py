@@ -626,7 +626,9 @@ class Controller:
             self.decide("on_register", info)
             log.info("registered %s (pid %d, %s, %s) in slot %d: quota %d%% route %d", info.name, pid,
                      info.cls, app.exe or "?", slot, app.quota_pct, app.route)
-        extra = {} if app.fwd_window is None else {"fwd_window": app.fwd_window}
+        extra: dict[str, Any] = {} if app.fwd_window is None else {"fwd_window": app.fwd_window}
+        if self.route_kind == "partition":
+            extra["partitions"] = True
         return protocol.message("registered", slot=app.info.slot, quota_pct=app.quota_pct,
                               route=app.route, controller_pid=os.getpid(), feed=app.feed is not None,
                               revision=protocol.REVISION, **extra)

@@ -20,7 +20,8 @@ PROTOCOL = 1
 # feedback), "feed" in "registered", held apps (route CB_ROUTE_HOLD);
 # 3 = "revision" and "fwd_window" in "registered", "throughput" in records;
 # 4 = "modules", "module_loads", "refused_kernels", "translated" in pool workers;
-# 5 = "partition" in records (route kind partition: CB_ROUTE_PART | pct).
+# 5 = "partition" in records and "partitions" in "registered" (route kind
+#     partition: CB_ROUTE_PART | pct).
 REVISION = 5
 MAX_BYTES = 64 * 1024
 
@@ -224,7 +225,10 @@ REPLIES: dict[str, dict[str, Field]] = {
                              doc="send completed tasks (message tasks); absent: no"),
                    "revision": Field("int", required=False, doc="the controller's schema REVISION"),
                    "fwd_window": Field("int", required=False, min=1, max=4096,
-                                   doc="at most this many routed launches in flight; absent: 4096")},
+                                   doc="at most this many routed launches in flight; absent: 4096"),
+                   "partitions": Field("bool", required=False, default=False,
+                                   doc="route kind partition: quotas are SM partitions in the app "
+                                       "(the shim drops CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)")},
     "ok": {"slot": Field("int", required=False, doc="set_quota: the (first) app's slot"),
            "route": Field("int", required=False, doc="set_quota: its new route"),
            "slots": Field("list", required=False, doc="set_quota: every app's slot"),

@@ -23,7 +23,7 @@ import zmq
 
 from processpool.mps import Mps
 from shim import paths
-from shim.ctlblock import ControlBlock
+from shim.ctlblock import ControlBlock, is_partition
 from shim.launcher import libzmq_path
 
 BIN = Path(__file__).resolve().parent.parent / "bench" / "bin"
@@ -84,6 +84,8 @@ class Rig:
                 self.slots[msg["pid"]] = slot
                 reply = {"v": 1, "type": "registered", "slot": slot, "quota_pct": 100,
                          "route": 0, "controller_pid": os.getpid()}
+                if route is not None and is_partition(route):
+                    reply["partitions"] = True     # as `serve --route partition` says
             else:
                 reply = {"v": 1, "type": "ok"}
             self._router.send_multipart([frames[0], b"", json.dumps(reply).encode()])

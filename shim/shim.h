@@ -202,6 +202,7 @@ void shim_names_attach(void);
 struct shim_settings {
 	int feed;               /* the policy wants completed tasks (task feed) */
 	uint32_t fwd_window;    /* routed launches in flight at most; 0: default */
+	int partitions;         /* quotas are SM partitions in the app         */
 };
 /* Register with the controller; on success returns the slot index in
  * <runtime dir>/ctlblock and fills *set; on failure returns -1 and a

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "shim_part.h"
 #include "shim_trace.h"
 #include "unixutil.h"
 
@@ -241,6 +242,8 @@ void shim_start_slow(void)
 			shim_trace_feed_on();
 		if (set.fwd_window)
 			shim_fwd_set_window(set.fwd_window);
+		if (set.partitions)
+			shim_part_mps_unlimit();
 		/* without its ledger the app still runs and counts; the
 		 * controller then has only what messages bring */
 		if (shim_ledger_attach(slot, why, sizeof(why)) == 0)

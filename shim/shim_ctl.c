@@ -258,6 +258,8 @@ int shim_ctl_register(struct shim_settings *set, char *why, size_t whylen)
 	/* "feed": true - the policy wants this app's completed tasks (a
 	 * controller that predates it says nothing: no feed) */
 	set->feed = json_bool(reply, "feed") == 1;
+	/* "partitions": true - route kind partition (shim_part.c) */
+	set->partitions = json_bool(reply, "partitions") == 1;
 	/* "fwd_window": N - at most N routed launches in flight (default 4096) */
 	set->fwd_window = 0;
 	if (json_int(reply, "fwd_window", &slot) == 0 && slot >= 1 && slot <= 4096)

@@ -51,6 +51,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PART_MAX 64u              /* partition sizes; an H100 has 16 (8..128) */
@@ -521,6 +522,18 @@ void part_drv_end(void *stream, int ptsz, int eager, int code)
 void part_all_sms(void)
 {
 	__atomic_fetch_add(&shim_ctl->part_local, 1, __ATOMIC_RELAXED);
+}
+
+void shim_part_mps_unlimit(void)
+{
+	const char *v = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+
+	if (!v)
+		return;
+	if (strtol(v, NULL, 10) < 100)
+		shim_log("route kind partition: dropping CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%s (it "
+			 "would cap every SM partition)", v);
+	unsetenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
 }
 
 void part_forget(void)

@@ -40,6 +40,11 @@ void *part_drv_begin(void *stream, int ptsz, int *eager);
 void part_drv_end(void *stream, int ptsz, int eager, int code);
 /* One launch ran on all SMs while partitioned (part_local). */
 void part_all_sms(void);
+/* Route kind partition, said at registration: under MPS an active-thread
+ * percentage below 100 would cap every partition, so the app's
+ * CUDA_MPS_ACTIVE_THREAD_PERCENTAGE goes (said once).  Registration comes
+ * at the app's first CUDA call, before its context exists. */
+void shim_part_mps_unlimit(void);
 /* Fork child: the parent's green contexts and streams are not ours. */
 void part_forget(void);
 

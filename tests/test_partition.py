@@ -108,6 +108,18 @@ def test_quota_rounds_to_the_partition_size_and_is_published(rig, tmp_path, pct,
     assert (k["part_sms"], k["part_total"], k["part_local"]) == (sms, 132, 0)
 
 
+def test_an_mps_thread_percentage_would_cap_partitions_so_it_goes(rig, tmp_path):
+    """Registered under route kind partition, the shim drops the app's
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE before its context exists: 20 % (26
+    SMs) would otherwise cap the 64-SM partition."""
+    log = tmp_path / "launches.jsonl"
+    out, err, _ = rig.run("streams2", "--repeat", "1", "--rounds", "1", routes=part(50),
+                          SIMGPU_LAUNCH_LOG=str(log), CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="20")
+    assert "dropping CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20" in err, err
+    rows = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert {r["quota_sms"] for r in rows} == {64} and {r["quota"] for r in rows} == {100}
+
+
 def test_graph_launches_stay_on_all_sms_and_are_counted(rig, tmp_path):
     out, c, sms = run_logged(rig, tmp_path, "graphs", "--launches", "4", routes=part(50))
     assert "PASS graphs" in out, out
