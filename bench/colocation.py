@@ -81,6 +81,7 @@ class Setup:
                                           # policies' online learning (claius's host time)
     model: str = "full"                   # simgpu's device model: full or fluid
     model_off: str = ""                   # mechanisms switched off (SIMGPU_MODEL_OFF)
+    route: str = "pool"                   # serve --route: pool or partition (no workers)
 
     def key(self) -> str:
         """What the models depend on: the device settings and the programs."""
@@ -242,11 +243,13 @@ def run_policy(s: Setup, policy: str, model_dir: Path | None, solo_ips: dict[str
     spec = policy_spec(policy, model_dir, s)
     # the controller's pool workers inherit the device from it
     ctl, _ = client.start_background(rd, spec, "sim", log_level="debug" if keep else "info",
-                                     pool=s.pool, timeout=30, solo=solo_file, env=env)
+                                     pool=s.pool if s.route == "pool" else None, timeout=30,
+                                     solo=solo_file, env=env, route=s.route)
     batch: list[tuple[str, subprocess.Popen]] = []
     notes: list[str] = []
     try:
-        _wait_pool(rd, 30)
+        if s.route == "pool":
+            _wait_pool(rd, 30)
         run = [*COLOCATE, "run", "--runtime-dir", str(rd.path), "--device", "sim"]
         for name in s.batch:
             cmd = [*run, "--class", "batch", "--name", name, "--", *batch_cmd(name, s.duration + 2)]
@@ -369,6 +372,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=d.warmup, help="first queries left out of the figures")
     p.add_argument("--slowdown", type=float, default=d.slowdown, help="simgpu slower by this factor")
     p.add_argument("--pool", default=d.pool, help="process pool (QUOTA:N,...)")
+    p.add_argument("--route", choices=("pool", "partition"), default=d.route,
+                   help="where a quota below 100 %% runs (colocate serve --route): a pool worker "
+                        "(default) or an SM partition in the app (no pool started)")
     p.add_argument("--model", choices=("full", "fluid"), default=d.model,
                    help="simgpu's device model (full: block dispatch, co-residence, DRAM queueing, "
                         "time slices without MPS, shared PCIe; fluid: the model before them)")
@@ -387,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     s = Setup(a.service, a.service_args, a.sizes, a.rate, a.arrivals, a.qos_ms,
               [b for b in a.batch.split(",") if b], a.duration, a.slowdown, a.pool,
-              warmup=a.warmup, model=a.model, model_off=a.model_off)
+              warmup=a.warmup, model=a.model, model_off=a.model_off, route=a.route)
     bad = set(m for m in a.model_off.split(",") if m) - set(MECHS)
     if bad:
         print(f"colocation: --model-off: unknown {', '.join(sorted(bad))} "

@@ -78,6 +78,7 @@ class Config:
     granularity: int = 10
     qos_factor: float = QOS_FACTOR
     qos_base: str = "alone-p99"        # or "solo": what qos_factor multiplies
+    route: str = "pool"                # or "partition": quotas as SM partitions (serve --route)
     replay: list[float] = field(default_factory=list)   # arrivals "replay": the times, s
 
 
@@ -148,7 +149,8 @@ def simulate(apps: Sequence[Workload], pol_name: str, cfg: Config, like_live: bo
     pol = policy(pol_name, pred, dev, lambda: holder[0].now if holder else 0.0, cfg, qsize)
     arrivals = {w.name: Arrivals(cfg.arrivals, cfg.rate, cfg.seed + i, times=cfg.replay)
                 for i, w in enumerate(qos)}
-    sim = Simulator(pol, dev, apps, arrivals, horizon_s=cfg.horizon_s, seed=cfg.seed, report_queue=not like_live)
+    sim = Simulator(pol, dev, apps, arrivals, horizon_s=cfg.horizon_s, seed=cfg.seed, report_queue=not like_live,
+                    route=cfg.route)
     holder.append(sim)
     return sim.run()
 
@@ -279,7 +281,7 @@ def validate(pairs_: Sequence[tuple[str, str]], policies: Sequence[str], cfg: Co
     rows = []
     for svc, b in pairs_:
         st = live.Setup(service=svc, batch=[b], duration=duration, rate=cfg.rate, arrivals="fixed",
-                        slowdown=cfg.slowdown, seed=cfg.seed)
+                        slowdown=cfg.slowdown, seed=cfg.seed, route=cfg.route)
         solo_live, rates = live.solo(st, work, log)
         # predicting policies live get models from a timing-only profile of
         # the same programs (seconds); in the simulator, the engine's own
@@ -569,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="what --qos-factor multiplies: the service's p99 alone under the same arrivals "
                          "(default) or one query of its largest size alone (missed by the service alone "
                          "once queueing counts)")
+    ap.add_argument("--route", choices=("pool", "partition"), default="pool",
+                    help="how a quota becomes SMs, as `colocate serve --route`: pool (an MPS percentage, "
+                         "default) or partition (an SM partition in the app: multiples of 8 SMs)")
     ap.add_argument("--verbose", action="store_true", help="show the policies' log lines")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
@@ -595,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--arrivals {a.arrivals!r}: fixed, poisson, diurnal or replay:FILE")
     cfg = Config(slowdown=a.slowdown, rate=a.rate, arrivals=a.arrivals, seed=a.seed, qos_ms=a.qos_ms, replay=replay,
                  horizon_s=a.horizon or (6.0 if a.quick else 30.0), qos_factor=a.qos_factor,
-                 qos_base=a.qos_base)
+                 qos_base=a.qos_base, route=a.route)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.ERROR, format="%(name)s: %(message)s")
     out = a.out or ROOT / "bench" / "out" / a.name
 

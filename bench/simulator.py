@@ -51,6 +51,7 @@ import numpy as np
 from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, TaskDone
 from predictors.profile import CLOCK_HZ, WARP  # the profile's IPC: its cycles and flops per instruction
 from predictors.schema import task_row
+from shim.ctlblock import part_sms
 from shim.devmodel import D2H, H2D, KERNEL, Device, quota_sms, solo
 
 FEED_S = 0.005              # a batch app's task feed: per kernel name at most this often
@@ -272,15 +273,27 @@ class SimResult:
         return p is None or p > self.qos_ms[app]
 
 
+# SMs per partition on the simulated device: sm_90's (simgpu's green contexts
+# give the H100 preset's 132 SMs out in multiples of 8, shim/simgpu/driver/green.c)
+PARTITION_GRAN = 8
+
+
 class Simulator:
     """One co-location run in virtual time; see the module docstring."""
 
     def __init__(self, policy: Policy, device: Device, workloads: Sequence[Workload],
                  arrivals: Arrivals | Mapping[str, Arrivals] | None = None, horizon_s: float = 30.0,
                  tick_s: float = 0.01, sizes: Mapping[str, Sequence[int]] | None = None, seed: int = 1,
-                 report_queue: bool = True):
+                 report_queue: bool = True, route: str = "pool"):
+        """route: how a quota becomes SMs on the device, as `serve --route`:
+        "pool" (an MPS percentage: quota_sms) or "partition" (an SM partition
+        inside the app: cb_part_sms's multiples of PARTITION_GRAN SMs, all
+        SMs at 100 %).  The policies' predictions are untouched, as live."""
         if not workloads:
             raise ValueError("nothing to simulate: no workloads")
+        if route not in ("pool", "partition"):
+            raise ValueError(f"route must be pool or partition, not {route!r}")
+        self.route = route
         self.policy, self.dev, self.horizon = policy, device, float(horizon_s)
         self.tick_s, self.now, self.seed = float(tick_s), 0.0, int(seed)
         self.report_queue = bool(report_queue)     # False: as live apps (queued_us None)
@@ -329,6 +342,13 @@ class Simulator:
         return row
 
     # --- issuing tasks ---
+    def _sms(self, quota: int) -> int:
+        """The SMs a kernel of an app at `quota` % may use (see route)."""
+        sms = int(self.dev.params.sms)
+        if self.route == "partition":
+            return sms if quota >= 100 else part_sms(quota, sms, PARTITION_GRAN)
+        return quota_sms(quota, sms)
+
     def _issue(self, a: AppState) -> float:
         """Host time of a's next launch.  A hold stops the host in its launch
         call (the shim's hold), not the launches it made before: a task
@@ -365,7 +385,7 @@ class Simulator:
             a.running, a.local_end = -1, self.now + local_s(t, self.dev.params)
             self._push(a.local_end, "local", a.info.slot)
             return
-        sms = quota_sms(a.quota, int(self.dev.params.sms)) if t.kind == "kernel" else 1
+        sms = self._sms(a.quota) if t.kind == "kernel" else 1
         follow = a.wl.cls == "batch" or a.pos + 1 < len(a.tasks)
         a.running = self.dev.add(ENGINE_KIND[t.kind], t.blocks, t.threads, t.regs, t.smem, t.flops,
                                  t.bytes, sms, a.ctx, self.now, follow=follow)

@@ -38,6 +38,14 @@ def is_partition(route: int) -> bool:
     return route & 0xFFFF0000 == ROUTE_PART
 
 
+def part_sms(pct: int, total: int, gran: int) -> int:
+    """SMs of the partition for pct % of `total` SMs in multiples of `gran`
+    (cb_part_sms in ctlblock.h: the shim's rounding)."""
+    if not 1 <= pct <= 100 or total < 1 or gran < 1:
+        raise ValueError(f"part_sms({pct}, {total}, {gran}): want pct 1..100, total and gran >= 1")
+    return int(lib.cb_part_sms(pct, total, gran))
+
+
 def is_worker(route: int) -> bool:
     """A process-pool worker's id (not local, held or a partition)."""
     return route not in (ROUTE_LOCAL, ROUTE_HOLD) and not is_partition(route)

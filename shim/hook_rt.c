@@ -693,6 +693,8 @@ SHIM_API cudaError_t cudaDeviceSynchronize(void)
 	REAL(cudaDeviceSynchronize, NOSYM);
 	FWD_FENCE(NULL, 0, SHIM_FENCE_ALL);
 	r = IN_RUNTIME(real_());
+	if (r == cudaSuccess && shim_fwd_active())
+		shim_fwd_synced();
 	shim_sync_note();
 	shim_task_sync(&op_);
 	return r;

@@ -12,6 +12,8 @@
  *   shim_fwd.c    launch forwarding to process-pool workers: routes, fences,
  *                 replay (and the files shim_fwd.h names: holds, task
  *                 times, one connection to a worker, ...)
+ *   shim_part.c   SM partitions inside the app (route kind partition):
+ *                 green contexts, shadow streams, order kept by events
  *   zmqdl.c       libzmq loaded with dlopen (shared with colocate-worker)
  *
  * The launch path touches only this process's counter line of the shared
@@ -305,6 +307,8 @@ int shim_fwd_fence(void *stream, int ptsz, int scope);
 /* After an asynchronous local operation queued on s while routed: the next
  * forwarded launch on s waits for it first. */
 void shim_fwd_local_done(void *stream, int ptsz);
+/* A whole-device sync (cudaDeviceSynchronize) returned successfully. */
+void shim_fwd_synced(void);
 /* Forwarded work on s not finished yet (cudaStreamQuery). */
 int shim_fwd_pending(void *stream, int ptsz);
 /* Drain and leave the worker at exit; forget everything in a fork child. */

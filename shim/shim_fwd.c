@@ -1143,6 +1143,15 @@ int shim_fwd_fence(void *stream, int ptsz, int scope)
 	return r;
 }
 
+void shim_fwd_synced(void)
+{
+	if (fwd_lock() < 0)
+		return;
+	if (!fwd.conn && part_on())
+		part_synced();
+	fwd_unlock();
+}
+
 void shim_fwd_local_done(void *stream, int ptsz)
 {
 	if (fwd_lock() < 0)

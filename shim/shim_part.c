@@ -101,6 +101,10 @@ static struct {
 	struct part *cur;             /* launches go there; NULL: all SMs       */
 	struct pstream ps[FWD_MAX_STREAMS];
 	unsigned refused_want;        /* the last size that could not be made   */
+	uint64_t enq;                 /* work queued while partitioned, counted  */
+	uint64_t enq_at_sync;         /* enq when a whole-device sync began      */
+	int quiet;                    /* nothing queued since a whole-device sync
+	                                 returned: the device is idle           */
 	int said_event, said_launch;  /* logged once                            */
 } pt;
 
@@ -170,18 +174,11 @@ static int probe(void)
 	return pt.state = 1;
 }
 
-/*
- * SMs for pct % of the device: the nearest multiple of the partition size,
- * at least one partition, at most the largest multiple that fits.  On an
- * H100 (132 SMs, 8 per partition): 10 % -> 16, 25 % -> 32, 50 % -> 64,
- * 75 % -> 96, 90 % -> 120, 97..99 % -> 128.  `colocate quotas` shows it.
- */
+/* SMs for pct % of the device: cb_part_sms (ctlblock.h), which the
+ * simulator shares; `colocate quotas` shows the result. */
 static unsigned sms_for(uint32_t pct)
 {
-	unsigned g = pt.gran, top = pt.total / g * g;
-	unsigned n = (unsigned)(((uint64_t)pct * pt.total * 2 / 100 + g) / (2 * g)) * g;
-
-	return n < g ? g : n > top ? top : n;
+	return cb_part_sms(pct, pt.total, pt.gran);
 }
 
 /* The partition of `want` SMs, made at first use; NULL (said once per size)
@@ -229,6 +226,8 @@ int part_enter(uint32_t pct)
 
 	if (probe() < 0)
 		return -1;
+	if (!pt.cur)
+		pt.quiet = 0;          /* what ran before is not known here */
 	q = part_of(sms_for(pct));
 	if (!q)
 		return -1;
@@ -252,15 +251,23 @@ static uint32_t index_of(const struct fstream *st)
 	return (uint32_t)(st - fwd_streams(&n));
 }
 
+/* Work goes on the device (the app's, or ours). */
+static void queued(void)
+{
+	pt.enq++;
+	pt.quiet = 0;
+}
+
 /*
- * Whether nothing queued on a stream can still be waited for: only a
- * non-blocking stream (shadows are) answers that alone.  An idle legacy or
- * blocking stream still orders its next operation after the other kind's
+ * Whether nothing queued on a stream can still be waited for: yes when the
+ * device is idle (nothing queued since a whole-device sync returned), else
+ * only a non-blocking stream (shadows are) answers alone.  An idle legacy
+ * or blocking stream still orders its next operation after the other kind's
  * pending work, which an event recorded on it carries and a query does not.
  */
 static int idle(cudaStream_t s, uint8_t kind)
 {
-	return kind == FWD_SK_NONBLOCKING && IN_RUNTIME(fn.query(s)) == cudaSuccess;
+	return pt.quiet || (kind == FWD_SK_NONBLOCKING && IN_RUNTIME(fn.query(s)) == cudaSuccess);
 }
 
 /* `waiter` waits on the device for what `signaller` (of kind `kind`) has
@@ -272,6 +279,7 @@ static void order(cudaStream_t waiter, cudaStream_t signaller, uint8_t kind, cud
 {
 	if (idle(signaller, kind))
 		return;
+	queued();
 	if (ev && IN_RUNTIME(fn.ev_record(ev, signaller)) == cudaSuccess &&
 	    IN_RUNTIME(fn.wait(waiter, ev, 0)) == cudaSuccess)
 		return;
@@ -329,8 +337,10 @@ void part_fence(void *stream, int ptsz, int scope)
 
 	/* every SHIM_FENCE_ALL caller (cudaDeviceSynchronize, cudaFree, a VMM
 	 * free) waits for the whole device, shadows included: nothing to add */
-	if (scope == SHIM_FENCE_ALL)
+	if (scope == SHIM_FENCE_ALL) {
+		pt.enq_at_sync = pt.enq;
 		return;
+	}
 	if (!(st = fwd_stream(stream, ptsz))) {
 		pay_all();
 		return;
@@ -339,11 +349,22 @@ void part_fence(void *stream, int ptsz, int scope)
 	pay_deps(st);
 }
 
+void part_synced(void)
+{
+	/* nothing we saw queued since the sync began: the device is idle, so
+	 * the next switch or local operation orders nothing.  (An operation
+	 * another thread queued meanwhile is counted by its hook after the
+	 * call, under fwd.mu, and ends the quiet then.) */
+	if (pt.enq == pt.enq_at_sync)
+		pt.quiet = 1;
+}
+
 void part_local_done(void *stream, int ptsz)
 {
 	struct fstream *st = fwd_stream(stream, ptsz), *tab;
 	uint32_t i, n;
 
+	queued();
 	tab = fwd_streams(&n);
 	for (i = 0; i < n; i++)
 		if (!st || &tab[i] == st ||
@@ -369,6 +390,7 @@ static int on_all_sms(const struct shim_launch *l, void *stream)
 	int r;
 
 	part_fence(stream, l->ptsz, SHIM_FENCE_STREAM);
+	queued();
 	r = shim_launch_local(l);
 	part_local_done(stream, l->ptsz);
 	part_all_sms();
@@ -487,6 +509,7 @@ int part_launch(const struct shim_launch *l)
 		c.stream = shadow;
 		m.config = &c;
 	}
+	queued();
 	r = shim_launch_local(&m);
 	if (r != cudaSuccess) {
 		/* refused there (not queued): run it where the app asked */
@@ -501,8 +524,10 @@ int part_launch(const struct shim_launch *l)
 void *part_drv_begin(void *stream, int ptsz, int *eager)
 {
 	struct fstream *st = fwd_stream(stream, ptsz);
+	void *shadow = st ? prepare(st, eager) : NULL;
 
-	return st ? prepare(st, eager) : NULL;
+	queued();              /* launched there or on the app's stream */
+	return shadow;
 }
 
 void part_drv_end(void *stream, int ptsz, int eager, int code)

@@ -28,6 +28,9 @@ int part_launch(const struct shim_launch *l);
  * device for the partition work it must follow, by the default-stream
  * rules.  Never waits on the host. */
 void part_fence(void *stream, int ptsz, int scope);
+/* A whole-device sync returned (its part_fence(SHIM_FENCE_ALL) came
+ * first): with nothing queued since, no later order needs an event. */
+void part_synced(void);
 /* After a local operation queued on stream: the next partition launch
  * there waits for it. */
 void part_local_done(void *stream, int ptsz);

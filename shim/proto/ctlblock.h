@@ -56,6 +56,22 @@
 #define CB_ROUTE_PCT(route) ((route) & 0xFFFFu)
 #define CB_ROUTE_IS_PART(route) (((route) & 0xFFFF0000u) == CB_ROUTE_PART)
 
+/* The SMs of the partition for pct % of a device of `total` SMs whose
+ * partitions come in multiples of `gran` (sm_90: 8): the nearest multiple,
+ * at least one, at most the largest that fits.  On an H100 (132, 8):
+ * 10 % -> 16, 25 % -> 32, 50 % -> 64, 75 % -> 96, 90 % -> 120, 97..99 %
+ * -> 128.  Here so that the shim and the simulator round alike. */
+static inline unsigned cb_part_sms(unsigned pct, unsigned total, unsigned gran)
+{
+	unsigned top, n;
+
+	if (gran == 0)
+		gran = 1;
+	top = total / gran * gran;
+	n = (unsigned)(((unsigned long long)pct * total * 2 / 100 + gran) / (2ull * gran)) * gran;
+	return n < gran ? gran : n > top ? top : n;
+}
+
 struct cb_header {
 	uint64_t magic;
 	uint32_t version;
