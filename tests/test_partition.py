@@ -22,7 +22,7 @@ from test_forwarding import HOT, result_of
 
 from processpool.rig import Rig
 from shim import paths
-from shim.ctlblock import ROUTE_PART
+from shim.ctlblock import ROUTE_PART, part_sms
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "bench" / "bin"
@@ -106,6 +106,7 @@ def test_quota_rounds_to_the_partition_size_and_is_published(rig, tmp_path, pct,
     assert "PASS streams2" in out and set(caps) == {sms}
     k = rig.cb.control(rig.last_slot)
     assert (k["part_sms"], k["part_total"], k["part_local"]) == (sms, 132, 0)
+    assert part_sms(pct, 132, 8) == sms           # the simulator's rounding is the shim's
 
 
 def test_an_mps_thread_percentage_would_cap_partitions_so_it_goes(rig, tmp_path):

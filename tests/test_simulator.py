@@ -106,3 +106,48 @@ def test_a_querys_wait_in_the_queue_reaches_the_policy():
     # it began when the first ended: its wait is the first's latency less 1 ms
     assert second.queued_us == pytest.approx((lat[0] - 1.0) * 1e3, rel=1e-6) and second.queued_us > 0
     assert lat[1] == pytest.approx(lat[0] - 1.0 + lat[0], rel=1e-6)
+
+
+class StaticAt(Policy):
+    """Every app at one quota from registration on."""
+    name = "static-at"
+
+    def __init__(self, pct: int) -> None:
+        super().__init__()
+        self.pct = pct
+
+    def on_register(self, info: AppInfo) -> list[Decision]:
+        return [Decision(info.slot, self.pct, None)]
+
+
+@pytest.mark.parametrize("pct", [10, 50])
+def test_route_partition_gives_a_kernel_its_partitions_sms(pct):
+    """As `serve --route partition` live: the quota becomes cb_part_sms's SM
+    count (10 % of 132 -> 16, 50 % -> 64), not MPS's (13, 66); a compute-bound
+    kernel's time follows the SMs (its grid fills every SM many times)."""
+    from shim.ctlblock import part_sms
+    from shim.devmodel import quota_sms
+
+    def kernel_s(route: str) -> float:
+        dev = Device(default_params(mps=True, slowdown=1000))
+        k = SimTask("kernel", "k", grid=(132 * 64, 1, 1), block=(256, 1, 1), regs=32, flops=1e9, bytes=1e3)
+        sim = Simulator(StaticAt(pct), dev, [Workload("b", "batch", iteration=[k])], horizon_s=60.0,
+                        route=route)
+        ends: list[float] = []
+        orig = sim._finish
+
+        def fin(a):
+            if a.running is not None and a.running >= 0:
+                t0, t1 = sim.dev.times(a.running)[:2]
+                ends.append(t1 - t0)
+            orig(a)
+        sim._finish = fin  # type: ignore[method-assign]
+        sim.run()
+        return ends[0]
+
+    want = part_sms(pct, 132, 8) / quota_sms(pct, 132)
+    assert (part_sms(pct, 132, 8), quota_sms(pct, 132)) == {10: (16, 13), 50: (64, 66)}[pct]
+    assert kernel_s("pool") / kernel_s("partition") == pytest.approx(want, rel=0.03)
+    with pytest.raises(ValueError, match="route"):
+        Simulator(StaticAt(pct), Device(default_params()), [Workload("b", "batch", iteration=[])],
+                  route="worker")
