@@ -328,7 +328,9 @@ def route_name(route: int, worker: dict | None = None, quota_pct: int | None = N
             return f"partition ({route & 0xFFFF}%)"
         if not partition["sms"]:
             return "partition failed: all SMs"
-        return f"partition {partition['sms']}/{partition['total']} SMs"
+        # launches that ran on all SMs meanwhile: graphs, cooperative kernels
+        rest = f" ({partition['local']} on all)" if partition.get("local") else ""
+        return f"partition {partition['sms']}/{partition['total']} SMs{rest}"
     q = (worker or {}).get("quota_pct", quota_pct)
     return f"worker {route}" + ("" if q is None else f" ({q}%)")
 

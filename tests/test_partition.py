@@ -143,6 +143,19 @@ def test_driver_api_launches_go_to_the_partition(rig, tmp_path):
     assert rig.cb.control(rig.last_slot)["part_local"] == 0
 
 
+@pytest.mark.skipif(not (BIN / "tonic-service").exists(), reason="tonic-service not built")
+def test_cudnn_and_cublas_kernels_go_to_the_partition(rig, tmp_path):
+    """A Tonic service's convolutions and GEMMs (simgpu's libcudnn and
+    libcublas launch them) run on the partition, with the same output."""
+    args = ("--net", "dig", "--check", "--size", "4")
+    sums = []
+    for routes, want in ((None, {132}), (part(25), {32})):
+        out, c, caps = run_logged(rig, tmp_path, "tonic-service", *args, routes=routes)
+        assert "PASS tonic-dig" in out and set(caps) == want and len(caps) == c["launches"] > 0
+        sums.append(re.search(r"checksum=(\w+)", out).group(1))
+    assert sums[0] == sums[1]
+
+
 # ---------------------------------------------------------------- the controller
 
 
