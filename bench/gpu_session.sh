@@ -32,6 +32,15 @@
 #           the shim with a controller, whose records (apis_quotas.json)
 #           must count what the programs print (graphs: 100 per captured
 #           kernel; drvcheck: its launches and bytes)
+#   green   green contexts (SM partitions), what the shim's partition route
+#           rests on: bench/bin/gpu-green_probe split, bind, create, switch,
+#           modload (one JSON line each; the probe's header says what each
+#           answers), then the two-process test: `hold --sms 64 --ms 1500`
+#           alone, two at once, then under an MPS daemon of our own (pipe and
+#           log dirs in a temp dir) one alone and two at once; every line in
+#           green.jsonl (written afresh), tagged (--tag), and a summary of the
+#           hold runs in green.log.  Without MPS the probes get an empty
+#           CUDA_MPS_PIPE_DIRECTORY, as in bench/gpu_pool.py
 # Not yet run on a GPU: read session.log first.
 set -u
 OUT=${OUT:-bench/out/gpu}
@@ -128,7 +137,105 @@ apis() {
 	return $rc
 }
 
-export -f build vmmapp calib apis
+green() {
+	# exit: 0 all measured, 1 a probe failed or MPS would not start, 2 no GPU
+	# (mpsctl is global: the EXIT trap below may run after this returns)
+	local P=bench/bin/gpu-green_probe J="$OUT/green.jsonl" td rc=0 m ctl pipe logd
+	[ -x "$P" ] || make "$P" || return 1
+	export PATH=$PATH:/usr/local/nvidia/bin:/usr/lib/nvidia/bin:/opt/nvidia/bin
+	td=$(mktemp -d /tmp/cgreen-XXXXXX)
+	mkdir -p "$td/nomps" "$td/mps/pipe" "$td/mps/log"
+	: >"$J"
+	note() {        # note EXIT_CODE WHAT: keep the step's worst outcome
+		[ "$1" -eq 0 ] && return
+		echo "$2: exit $1"
+		if [ "$1" -eq 2 ]; then [ $rc -eq 0 ] && rc=2; else rc=1; fi
+	}
+	probe() {       # probe OUT_FILE ARGS...: one run against $pipe, its line to OUT_FILE
+		local f=$1
+		shift
+		CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_LOG_DIRECTORY=$logd timeout 90 "$P" "$@" >"$f"
+	}
+	hold() {        # hold TAG: one hold run, its line to green.jsonl
+		probe "$td/$1.json" hold --sms 64 --ms 1500 --tag "$1"
+		note $? "hold $1"
+		cat "$td/$1.json" >>"$J"
+	}
+	pair() {        # pair TAG: two hold runs at once
+		local pa pb ra rb
+		probe "$td/$1-a.json" hold --sms 64 --ms 1500 --tag "$1-a" &
+		pa=$!
+		probe "$td/$1-b.json" hold --sms 64 --ms 1500 --tag "$1-b" &
+		pb=$!
+		wait $pa; ra=$?
+		wait $pb; rb=$?
+		cat "$td/$1-a.json" "$td/$1-b.json" >>"$J"
+		note $ra "hold $1-a"
+		note $rb "hold $1-b"
+	}
+	# without MPS: an empty pipe dir, where no daemon answers
+	pipe=$td/nomps logd=$td/nomps
+	for m in split bind create switch modload; do
+		echo "== $m"
+		probe "$td/$m.json" $m --tag nomps
+		note $? "$m"
+		tee -a "$J" <"$td/$m.json"
+	done
+	echo "== hold: one alone, then two at once (no MPS)"
+	hold alone
+	pair pair
+	echo "== hold under MPS: one alone, then two at once"
+	ctl=$(command -v nvidia-cuda-mps-control)
+	pipe=$td/mps/pipe logd=$td/mps/log
+	mpsctl=(env CUDA_MPS_PIPE_DIRECTORY="$pipe" CUDA_MPS_LOG_DIRECTORY="$logd" "$ctl")
+	if [ $rc -eq 2 ]; then
+		echo "no GPU: the MPS runs are skipped"
+	elif [ -z "$ctl" ]; then
+		note 1 "MPS: nvidia-cuda-mps-control not on PATH, the MPS runs skipped"
+	elif ! "${mpsctl[@]}" -d; then
+		note 1 "MPS: $ctl -d"
+	else
+		# a daemon left running would turn the later steps into MPS clients
+		trap 'echo quit | "${mpsctl[@]}" >/dev/null 2>&1' EXIT
+		trap 'exit 1' TERM INT
+		for m in $(seq 50); do
+			echo get_server_list | "${mpsctl[@]}" >/dev/null 2>&1 && break
+			sleep 0.2
+		done
+		hold mps-alone
+		pair mps-pair
+		echo quit | "${mpsctl[@]}" || note 1 "MPS: quit"
+		trap - EXIT TERM INT
+		tail -n 15 "$logd/control.log" "$logd/server.log" 2>/dev/null
+	fi
+	# the hold lines side by side: whether each pair overlapped, how much
+	# slower its kernels ran than the one alone, which SM ids both used
+	python3 - "$J" <<'PY' || true
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+hold = {r.get("tag"): r for r in rows if r.get("mode") == "hold"}
+for t, r in hold.items():
+    print(f"{t}: iterations {r.get('iterations')} kernel_ms_med {r.get('kernel_ms_med')} "
+          f"busy {r.get('busy_frac')} SMs {r.get('sm_used')} ({r.get('sm_min')}..{r.get('sm_max')}) "
+          f"error {r.get('error')}")
+for p, alone in (("pair", "alone"), ("mps-pair", "mps-alone")):
+    a, b, one = hold.get(p + "-a"), hold.get(p + "-b"), hold.get(alone)
+    if not (a and b and a.get("first_start_ns") and b.get("first_start_ns")):
+        continue
+    lo = max(a["first_start_ns"], b["first_start_ns"])
+    hi = min(a["last_end_ns"], b["last_end_ns"])
+    base = (one or {}).get("kernel_ms_med")
+    rel = [round(x["kernel_ms_med"] / base, 2) if base and x.get("kernel_ms_med") else None
+           for x in (a, b)]
+    both = int(a.get("sm_mask") or "0", 16) & int(b.get("sm_mask") or "0", 16)
+    print(f"{p}: overlap {max(0, hi - lo) / 1e6:.1f} ms; kernel time vs alone {rel}; "
+          f"SM ids both used: {bin(both).count('1')}")
+PY
+	rm -rf "$td"
+	return $rc
+}
+
+export -f build vmmapp calib apis green
 export OUT JOBS PY DEV SECS
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 echo "session $(date -u +%FT%TZ) on $(head -n 12 "$OUT/nvidia-smi.txt" | grep -m1 -o 'NVIDIA [A-Z0-9][^|]*' || echo 'no GPU')" \
@@ -142,6 +249,7 @@ for s in "$@"; do
 	vmmapp) step vmmapp 240 vmmapp ;;
 	calib) step calib 580 calib ;;
 	apis) step apis 240 apis ;;
-	*) echo "unknown step $s (build pool fwd demo vmmapp calib apis)" | tee -a "$OUT/session.log"; exit 2 ;;
+	green) step green 240 green ;;
+	*) echo "unknown step $s (build pool fwd demo vmmapp calib apis green)" | tee -a "$OUT/session.log"; exit 2 ;;
 	esac
 done

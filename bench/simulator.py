@@ -51,7 +51,7 @@ import numpy as np
 from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, TaskDone
 from predictors.profile import CLOCK_HZ, WARP  # the profile's IPC: its cycles and flops per instruction
 from predictors.schema import task_row
-from shim.ctlblock import part_sms
+from shim.ctlblock import part_span_sms, part_starts
 from shim.devmodel import D2H, H2D, KERNEL, Device, quota_sms, solo
 
 FEED_S = 0.005              # a batch app's task feed: per kernel name at most this often
@@ -287,8 +287,8 @@ class Simulator:
                  report_queue: bool = True, route: str = "pool"):
         """route: how a quota becomes SMs on the device, as `serve --route`:
         "pool" (an MPS percentage: quota_sms) or "partition" (an SM partition
-        inside the app: cb_part_sms's multiples of PARTITION_GRAN SMs, all
-        SMs at 100 %).  The policies' predictions are untouched, as live."""
+        inside the app: its span where the controller places it, in groups
+        of PARTITION_GRAN SMs, cb_part_span; all SMs at 100 %).  The policies' predictions are untouched, as live."""
         if not workloads:
             raise ValueError("nothing to simulate: no workloads")
         if route not in ("pool", "partition"):
@@ -342,12 +342,17 @@ class Simulator:
         return row
 
     # --- issuing tasks ---
-    def _sms(self, quota: int) -> int:
-        """The SMs a kernel of an app at `quota` % may use (see route)."""
+    def _sms(self, a: AppState) -> int:
+        """The SMs a kernel of app a may use (see route): its quota's span
+        where the controller would place it (part_starts), as the shim
+        rounds it."""
         sms = int(self.dev.params.sms)
-        if self.route == "partition":
-            return sms if quota >= 100 else part_sms(quota, sms, PARTITION_GRAN)
-        return quota_sms(quota, sms)
+        if self.route != "partition":
+            return quota_sms(a.quota, sms)
+        if a.quota >= 100:
+            return sms
+        on = [(b.info.cls == "qos", b.info.slot, b.quota) for b in self.apps if b.quota < 100 and not b.held]
+        return part_span_sms(part_starts(on)[a.info.slot], a.quota, sms, PARTITION_GRAN)[1]
 
     def _issue(self, a: AppState) -> float:
         """Host time of a's next launch.  A hold stops the host in its launch
@@ -385,7 +390,7 @@ class Simulator:
             a.running, a.local_end = -1, self.now + local_s(t, self.dev.params)
             self._push(a.local_end, "local", a.info.slot)
             return
-        sms = self._sms(a.quota) if t.kind == "kernel" else 1
+        sms = self._sms(a) if t.kind == "kernel" else 1
         follow = a.wl.cls == "batch" or a.pos + 1 < len(a.tasks)
         a.running = self.dev.add(ENGINE_KIND[t.kind], t.blocks, t.threads, t.regs, t.smem, t.flops,
                                  t.bytes, sms, a.ctx, self.now, follow=follow)

@@ -325,12 +325,14 @@ def route_name(route: int, worker: dict | None = None, quota_pct: int | None = N
         return "local"
     if is_partition(route):
         if not partition or not partition.get("total"):
-            return f"partition ({route & 0xFFFF}%)"
+            return f"partition ({route & 0xFF}% from {route >> 8 & 0xFF}%)"
         if not partition["sms"]:
             return "partition failed: all SMs"
         # launches that ran on all SMs meanwhile: graphs, cooperative kernels
-        rest = f" ({partition['local']} on all)" if partition.get("local") else ""
-        return f"partition {partition['sms']}/{partition['total']} SMs{rest}"
+        rest = f", {partition['local']} on all" if partition.get("local") else ""
+        first = partition.get("first", 0)
+        return (f"partition {partition['sms']}/{partition['total']} SMs "
+                f"({first}-{first + partition['sms'] - 1}{rest})")
     q = (worker or {}).get("quota_pct", quota_pct)
     return f"worker {route}" + ("" if q is None else f" ({q}%)")
 

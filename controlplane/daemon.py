@@ -36,7 +36,7 @@ from controlplane.policies.base import AppInfo, Decision, Policy, QueryEvent, Ta
 from predictors import schema
 from predictors.profile import RunFailed, lib_params
 from processpool import Pool, parse_spec
-from shim.ctlblock import ROUTE_HOLD, ROUTE_PART, ControlBlock, ControlBlockFull, is_partition, is_worker
+from shim.ctlblock import ROUTE_HOLD, ROUTE_PART, ControlBlock, ControlBlockFull, is_partition, is_worker, part_starts
 from shim.ledger import Ledger
 from shim.rundir import ColocateError, RunDir, version
 
@@ -441,6 +441,24 @@ class Controller:
                     app.unplaced = (q, d.route)
                 route = 0
             self.set_route(app, q, route)
+        self.place()
+
+    def place(self) -> None:
+        """Route kind partition: the apps on partitions get consecutive spans
+        of the device, QoS apps first, then batch apps, each in slot order
+        (CB_ROUTE_PART | start << 8 | pct; cb_part_span in ctlblock.h turns a
+        span into SM groups), so that their partitions share no SM while
+        their quotas sum to 100 % or less.  Past 100 % a span is the device's
+        last pct % (overlapping).  An app whose start moves is routed again
+        (its next launch changes partition)."""
+        if self.route_kind != "partition":
+            return
+        on = [a for a in self.apps.values() if not a.held and is_partition(a.route)]
+        starts = part_starts([(a.info.cls == "qos", a.info.slot, a.route & 0xFF) for a in on])
+        for app in on:
+            route = ROUTE_PART | starts[app.info.slot] << 8 | app.route & 0xFF
+            if route != app.route:
+                self.set_route(app, app.quota_pct, route)
 
     def resolve(self, app: App, quota_pct: int, route: int | None) -> int:
         """The route an app gets for (quota, route) -- the one place that rule lives:
@@ -450,7 +468,11 @@ class Controller:
         NoWorker when nothing fits.  With route kind "partition", None -> an SM
         partition of quota_pct % in the app itself (100 %: local)."""
         if route is None and self.route_kind == "partition":
-            return 0 if quota_pct >= 100 else ROUTE_PART | quota_pct
+            if quota_pct >= 100:
+                return 0
+            if is_partition(app.route) and app.route & 0xFF == quota_pct:
+                return app.route                       # its span stays (place() moves it)
+            return ROUTE_PART | quota_pct              # its start: place()
         if route is None:
             if (self.pool is not None and self.pool.is_ready(app.route)
                     and self.pool.quota_of(app.route) == quota_pct):
@@ -501,13 +523,15 @@ class Controller:
 
     @staticmethod
     def partition_of(app: App, k: dict) -> dict | None:
-        """An app on an SM partition: the SMs its shim made it (quota_pct
+        """An app on an SM partition: the SMs its shim made it (its span
         rounded to the device's partition size; 0 when it could not make
-        one and runs on all SMs), of how many, and launches that ran on all
-        SMs meanwhile (graphs, cooperative kernels)."""
+        one and runs on all SMs), the first of them, of how many, and
+        launches that ran on all SMs meanwhile (graphs, cooperative
+        kernels)."""
         if not is_partition(app.route):
             return None
-        return {"sms": k["part_sms"], "total": k["part_total"], "local": k["part_local"]}
+        return {"sms": k["part_sms"], "first": k["part_first"], "total": k["part_total"],
+                "local": k["part_local"]}
 
     # --- records
     def record(self, app: App, state: str = "live", exited_at: float | None = None) -> dict:
@@ -686,6 +710,9 @@ class Controller:
             raise Reject(f"cannot give {name!r} {q}%: {e}") from None
         for a, route in routes:
             self.set_route(a, q, route)
+        self.place()
+        routes = [(a, a.route) for a in apps]
+        for a, route in routes:
             log.info("set_quota: %s (slot %d) -> %d%% route %d", name, a.info.slot, q, route)
         return protocol.message("ok", slot=apps[0].info.slot, route=routes[0][1],
                               slots=[a.info.slot for a in apps], routes=[r for _, r in routes])

@@ -124,7 +124,7 @@ THROUGHPUT = {
 RECORD = {
     "name": Field("str"), "pid": Field("int"), "class": Field("str", choices=("qos", "batch")),
     "quota_pct": Field("int"), "route": Field("int", doc="0 = local, N = worker N, "
-                                                          "0x80000000|pct = an SM partition"),
+                                                          "0x80000000|start<<8|pct = an SM partition"),
     "launches": Field("int"), "forwarded": Field("int"), "h2d_bytes": Field("int"), "d2h_bytes": Field("int"),
     "qos_ms": Field("number", null=True), "state": Field("str", choices=("live", "exited")),
     "slot": Field("int"), "kernels": Field("list", items=KERNEL, of="kernel"),
@@ -135,8 +135,9 @@ RECORD = {
               doc="the policy holds its kernel launches (route CB_ROUTE_HOLD)"),
     "held_ms": Field("number", required=False, default=0.0, doc="time its launches waited on holds"),
     "partition": Field("object", required=False, null=True,
-                   doc="route kind partition: {sms, total, local}: the SMs its partition has (0: "
-                       "none could be made), the device's, launches run on all SMs meanwhile"),
+                   doc="route kind partition: {sms, first, total, local}: the SMs its partition has "
+                       "(0: none could be made), its first SM, the device's, launches run on all SMs "
+                       "meanwhile"),
     "feed": Field("object", required=False, null=True,
               doc="task feedback (object feed); null when the policy does not want it"),
     "throughput": Field("object", required=False, null=True,

@@ -27,7 +27,7 @@ COUNTERS = ("launches", "forwarded", "h2d_bytes", "d2h_bytes", "allocs_live",
             "alloc_bytes_live", "syncs", "last_sync_ns")
 SIGNED = {"allocs_live", "alloc_bytes_live"}
 CONTROL32 = ("state", "pid", "route", "quota_pct",
-             "part_sms", "part_total", "part_local")     # part_*: in the control line, written by the app
+             "part_sms", "part_total", "part_local", "part_first")     # part_*: in the control line, written by the app
 # CB_ROUTE_PART | pct: the app runs its launches on an SM partition of about
 # pct % of the device (green contexts, shim_part.c).
 ROUTE_PART: int = lib.CB_ROUTE_PART
@@ -44,6 +44,28 @@ def part_sms(pct: int, total: int, gran: int) -> int:
     if not 1 <= pct <= 100 or total < 1 or gran < 1:
         raise ValueError(f"part_sms({pct}, {total}, {gran}): want pct 1..100, total and gran >= 1")
     return int(lib.cb_part_sms(pct, total, gran))
+
+
+def part_span_sms(start: int, pct: int, total: int, gran: int) -> tuple[int, int]:
+    """(first SM, SMs) of the partition spanning start % to start + pct % of
+    `total` SMs in groups of `gran` (cb_part_span in ctlblock.h)."""
+    if not 1 <= pct <= 100 or not 0 <= start <= 255 or total < 1 or gran < 1:
+        raise ValueError(f"part_span_sms({start}, {pct}, {total}, {gran}): bad arguments")
+    first, count = ffi.new("unsigned *"), ffi.new("unsigned *")
+    lib.cb_part_span(start, pct, total, gran, first, count)
+    return first[0] * gran, count[0] * gran
+
+
+def part_starts(apps: list[tuple[bool, int, int]]) -> dict[int, int]:
+    """Where each app's span starts, in % of the device: (is_qos, slot, pct)
+    of the apps on partitions -> slot: start.  QoS apps first, then batch
+    apps, each in slot order, one after another (the controller's placement:
+    disjoint SMs while the quotas sum to 100 % or less)."""
+    out, start = {}, 0
+    for _, slot, pct in sorted(apps, key=lambda a: (not a[0], a[1])):
+        out[slot] = min(start, 99)
+        start += pct
+    return out
 
 
 def is_worker(route: int) -> bool:

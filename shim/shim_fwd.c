@@ -827,7 +827,8 @@ static void follow_route(void)
 				leave_worker();    /* drained first, as for any change */
 			if (CB_ROUTE_IS_PART(route)) {
 				/* an SM partition in the app (shim_part.c) */
-				if (fwd.conn || part_enter(CB_ROUTE_PCT(route)) < 0)
+				if (fwd.conn ||
+				    part_enter(CB_ROUTE_START(route), CB_ROUTE_PCT(route)) < 0)
 					part_leave();
 			} else {
 				part_leave();      /* streams wait on the device */

@@ -54,10 +54,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PART_MAX 64u              /* partition sizes; an H100 has 16 (8..128) */
+#define PART_MAX 160u             /* spans made; an H100's 16 groups have 136 */
+#define GROUPS_MAX 64u            /* the device's groups of gran SMs        */
 
 struct part {
-	unsigned want;                /* SMs asked for (the rounding below)     */
+	unsigned first, count;        /* its groups (cb_part_span)              */
 	unsigned sms;                 /* SMs the driver gave                    */
 	CUgreenCtx g;
 	CUstream shadow[FWD_MAX_STREAMS];   /* by app stream index, lazily       */
@@ -96,11 +97,14 @@ static struct {
 	CUdevice dev;
 	CUdevResource res;            /* the device's SMs                       */
 	unsigned total, gran;
+	CUdevResource groups[GROUPS_MAX];   /* the device split in groups of gran */
+	unsigned ngroups;
 	struct part parts[PART_MAX];
 	unsigned nparts;
 	struct part *cur;             /* launches go there; NULL: all SMs       */
 	struct pstream ps[FWD_MAX_STREAMS];
-	unsigned refused_want;        /* the last size that could not be made   */
+	unsigned refused;             /* the last span that could not be made
+	                                 (first << 16 | count)                  */
 	uint64_t enq;                 /* work queued while partitioned, counted  */
 	uint64_t enq_at_sync;         /* enq when a whole-device sync began      */
 	int quiet;                    /* nothing queued since a whole-device sync
@@ -171,45 +175,49 @@ static int probe(void)
 	/* the partition size the driver makes by default: sm_90 rounds every
 	 * group up to a multiple of 8 (minSmPartitionSize) */
 	pt.gran = pt.res.sm.minSmPartitionSize ? pt.res.sm.minSmPartitionSize : 1;
+	/* the device in groups of gran SMs, once: a partition is a run of
+	 * them, so that apps the controller gives consecutive spans get
+	 * different SMs (a split of its own in each app would start every
+	 * partition at the same SMs) */
+	pt.ngroups = pt.total / pt.gran < GROUPS_MAX ? pt.total / pt.gran : GROUPS_MAX;
+	if ((r = fn.split(pt.groups, &pt.ngroups, &pt.res, NULL, 0, pt.gran)) != CUDA_SUCCESS ||
+	    pt.ngroups == 0) {
+		shim_log("SM partitions unavailable: cuDevSmResourceSplitByCount into groups of %u "
+			 "SMs failed (CUresult %d); the app runs on all SMs", pt.gran, (int)r);
+		return -1;
+	}
 	return pt.state = 1;
 }
 
-/* SMs for pct % of the device: cb_part_sms (ctlblock.h), which the
- * simulator shares; `colocate quotas` shows the result. */
-static unsigned sms_for(uint32_t pct)
+/* The partition of groups [first, first + count), made at first use; NULL
+ * (said once per span) when the driver refuses. */
+static struct part *part_of(unsigned first, unsigned count)
 {
-	return cb_part_sms(pct, pt.total, pt.gran);
-}
-
-/* The partition of `want` SMs, made at first use; NULL (said once per size)
- * when the driver refuses. */
-static struct part *part_of(unsigned want)
-{
-	CUdevResource group, rest, in = pt.res;
 	CUdevResourceDesc desc;
 	struct part *q;
-	unsigned i, nb = 1;
-	CUresult r;
+	unsigned i;
+	CUresult r = CUDA_ERROR_INVALID_VALUE;
 
 	for (i = 0; i < pt.nparts; i++)
-		if (pt.parts[i].want == want)
+		if (pt.parts[i].first == first && pt.parts[i].count == count)
 			return &pt.parts[i];
-	if (pt.nparts >= PART_MAX)
-		return NULL;
 	q = &pt.parts[pt.nparts];
-	memset(q, 0, sizeof(*q));
-	memset(&group, 0, sizeof(group));
-	if ((r = fn.split(&group, &nb, &in, &rest, 0, want)) != CUDA_SUCCESS || nb != 1 ||
-	    (r = fn.gen_desc(&desc, &group, 1)) != CUDA_SUCCESS ||
-	    (r = fn.green_create(&q->g, desc, pt.dev, CU_GREEN_CTX_DEFAULT_STREAM)) != CUDA_SUCCESS) {
-		if (pt.refused_want != want)
-			shim_log("cannot make an SM partition of %u of %u SMs (CUresult %d); running "
-				 "on all SMs until the route changes", want, pt.total, (int)r);
-		pt.refused_want = want;
+	if (pt.nparts >= PART_MAX || first + count > pt.ngroups ||
+	    (r = fn.gen_desc(&desc, &pt.groups[first], count)) != CUDA_SUCCESS ||
+	    (memset(q, 0, sizeof(*q)),
+	     r = fn.green_create(&q->g, desc, pt.dev, CU_GREEN_CTX_DEFAULT_STREAM)) != CUDA_SUCCESS) {
+		if (pt.refused != (first << 16 | count))
+			shim_log("cannot make an SM partition of groups %u..%u of %u SMs each (CUresult "
+				 "%d%s); running on all SMs until the route changes", first,
+				 first + count - 1, pt.gran, (int)r,
+				 pt.nparts >= PART_MAX ? ", too many partitions" : "");
+		pt.refused = first << 16 | count;
 		return NULL;
 	}
-	q->want = want;
-	q->sms = group.sm.smCount;
+	q->first = first;
+	q->count = count;
+	for (i = 0; i < count; i++)
+		q->sms += pt.groups[first + i].sm.smCount;
 	pt.nparts++;
 	return q;
 }
@@ -217,18 +225,24 @@ static struct part *part_of(unsigned want)
 static void publish(void)
 {
 	__atomic_store_n(&shim_ctl->part_sms, pt.cur ? pt.cur->sms : 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&shim_ctl->part_first, pt.cur ? pt.cur->first * pt.gran : 0,
+			 __ATOMIC_RELAXED);
 	__atomic_store_n(&shim_ctl->part_total, pt.total, __ATOMIC_RELAXED);
 }
 
-int part_enter(uint32_t pct)
+int part_enter(uint32_t start, uint32_t pct)
 {
+	unsigned first, count;
 	struct part *q;
 
 	if (probe() < 0)
 		return -1;
 	if (!pt.cur)
 		pt.quiet = 0;          /* what ran before is not known here */
-	q = part_of(sms_for(pct));
+	/* the span's groups: cb_part_span (ctlblock.h), which the simulator
+	 * and `colocate quotas` share */
+	cb_part_span(start, pct, pt.total, pt.gran, &first, &count);
+	q = part_of(first, count);
 	if (!q)
 		return -1;
 	if (pt.cur != q)

@@ -13,10 +13,11 @@
 
 #include "shim.h"
 
-/* Launches go to a partition of about pct % (1..99) of the device's SMs
- * from the next one on: 0, or -1 when the device or driver cannot make it
- * (said once; the app then runs on all SMs until the route changes). */
-int part_enter(uint32_t pct);
+/* Launches go to the partition of the span from start % to start + pct %
+ * (pct 1..99) of the device's SMs (cb_part_span) from the next one on: 0,
+ * or -1 when the device or driver cannot make it (said once; the app then
+ * runs on all SMs until the route changes). */
+int part_enter(uint32_t start, uint32_t pct);
 /* Launches run on all SMs again: every app stream waits (on the device,
  * the host does not) for what its partition stream still has. */
 void part_leave(void);

@@ -118,3 +118,7 @@ def test_validate_sim_quick_runs_live_and_simulated(data_dir, tmp_path):
     assert r["live_p99_ms"] > 0 and r["sim_p99_ms"] > 0 and r["live_queries"] > 10
     assert r["p99_gap"] == pytest.approx((r["sim_p99_ms"] - r["live_p99_ms"]) / r["live_p99_ms"])
     assert r["live_throughput_norm"] > 0 and r["sim_throughput_norm"] > 0
+    # the service alone, live and simulated: the harness's share of a live p99
+    assert r["live_p99_runs_ms"] == [r["live_p99_ms"]]
+    assert r["sim_p99_net_ms"] == pytest.approx(r["sim_p99_ms"] + r["harness_ms"])
+    assert r["p99_gap_net"] == pytest.approx((r["sim_p99_net_ms"] - r["live_p99_ms"]) / r["live_p99_ms"])

@@ -121,6 +121,18 @@ def test_an_mps_thread_percentage_would_cap_partitions_so_it_goes(rig, tmp_path)
     assert {r["quota_sms"] for r in rows} == {64} and {r["quota"] for r in rows} == {100}
 
 
+@pytest.mark.parametrize("start,pct,first,sms", [(0, 30, 0, 40), (30, 70, 40, 88), (50, 50, 64, 64),
+                                                 (90, 20, 104, 24)])
+def test_a_span_of_the_device_is_its_own_groups(rig, tmp_path, start, pct, first, sms):
+    """CB_ROUTE_PART | start << 8 | pct: groups of 8 SMs from start % on
+    (past 100 %: the last pct %), published as part_first / part_sms."""
+    out, _, caps = run_logged(rig, tmp_path, "streams2", "--repeat", "1", "--rounds", "1",
+                              routes=part(pct) | start << 8)
+    assert "PASS streams2" in out and set(caps) == {sms}
+    k = rig.cb.control(rig.last_slot)
+    assert (k["part_first"], k["part_sms"]) == (first, sms)
+
+
 def test_graph_launches_stay_on_all_sms_and_are_counted(rig, tmp_path):
     out, c, sms = run_logged(rig, tmp_path, "graphs", "--launches", "4", routes=part(50))
     assert "PASS graphs" in out, out
@@ -191,9 +203,9 @@ def test_set_quota_gives_a_partition_and_quotas_shows_its_sms(pctl):
         rec = wait_until(lambda: (a := record(pctl, "s2")) and (a.get("partition") or {}).get("sms") and a,
                          timeout=30, what="the shim to make its partition")
         assert rec["route"] == part(50) and rec["quota_pct"] == 50 and rec["worker"] is None
-        assert rec["partition"] == {"sms": 64, "total": 132, "local": 0}
+        assert rec["partition"] == {"sms": 64, "first": 0, "total": 132, "local": 0}
         q = colocate("quotas", rundir=pctl.rundir)
-        assert "partition 64/132 SMs" in q.stdout, q.stdout
+        assert "partition 64/132 SMs (0-63)" in q.stdout, q.stdout
         assert pctl.call("set_quota", name="s2", quota_pct=100)["route"] == 0
         out, err = app.communicate(timeout=120)
         assert app.returncode == 0 and "PASS streams2" in out, out + err
@@ -201,6 +213,37 @@ def test_set_quota_gives_a_partition_and_quotas_shows_its_sms(pctl):
         if app.poll() is None:
             app.kill()
             app.communicate()
+
+
+def register(ctl: Controller, pid: int, name: str, cls: str) -> int:
+    r = ctl.call("register", pid=pid, name=name, **{"class": cls}, device="sim",
+                 **({"qos_ms": 50.0} if cls == "qos" else {}))
+    assert r["type"] == "registered" and r["partitions"] is True, r
+    return r["slot"]
+
+
+def test_apps_on_partitions_get_disjoint_spans(pctl, sleeper):
+    """QoS apps first, then batch apps, in slot order: consecutive spans of
+    the device (start << 8 in the route), moved when a quota before them
+    changes; past 100 % the span is the device's last share."""
+    b1 = register(pctl, sleeper().pid, "span-b1", "batch")
+    svc = register(pctl, sleeper().pid, "span-svc", "qos")
+    b2 = register(pctl, sleeper().pid, "span-b2", "batch")
+
+    def routes() -> dict[int, int]:
+        return {a["slot"]: a["route"] for a in pctl.call("list")["apps"] if a["name"].startswith("span-")}
+    for name, q in (("span-b1", 40), ("span-svc", 30), ("span-b2", 20)):
+        assert pctl.call("set_quota", name=name, quota_pct=q)["type"] == "ok"
+    assert routes() == {svc: part(30), b1: part(40) | 30 << 8, b2: part(20) | 70 << 8}
+    # the service grows: both batch spans move up; b2's would pass 100 %
+    r = pctl.call("set_quota", name="span-svc", quota_pct=50)
+    assert r["routes"] == [part(50)]
+    assert routes() == {svc: part(50), b1: part(40) | 50 << 8, b2: part(20) | 90 << 8}
+    # 100 %: all SMs, no span; the others close up
+    pctl.call("set_quota", name="span-svc", quota_pct=100)
+    assert routes() == {svc: 0, b1: part(40), b2: part(20) | 40 << 8}
+    for name in ("span-b1", "span-svc", "span-b2"):
+        pctl.call("set_quota", name=name, quota_pct=100)
 
 
 def test_partition_route_needs_no_pool(pctl):

@@ -48,28 +48,60 @@
  * Worker ids are small: CB_ROUTE_HOLD is never one. */
 #define CB_ROUTE_LOCAL 0u
 #define CB_ROUTE_HOLD  0xFFFFFFFFu
-/* CB_ROUTE_PART | pct (1..99): the app's launches run in the app itself on
- * an SM partition of about pct % of the device's SMs (a green context,
- * CUDA 12.4+; shim_part.c rounds pct to the device's partition size and
- * writes the SM count it got into part_sms).  No worker is involved. */
+/* CB_ROUTE_PART | start << 8 | pct (pct 1..99, start 0..99): the app's
+ * launches run in the app itself on an SM partition (a green context, CUDA
+ * 12.5+, shim_part.c) of the device's partitions (groups of `gran` SMs)
+ * from start % to start + pct % of its SMs (cb_part_span): apps given
+ * consecutive spans by the controller get disjoint SMs.  The shim writes
+ * what it got into part_first and part_sms.  No worker is involved. */
 #define CB_ROUTE_PART  0x80000000u
-#define CB_ROUTE_PCT(route) ((route) & 0xFFFFu)
+#define CB_ROUTE_PCT(route) ((route) & 0xFFu)
+#define CB_ROUTE_START(route) (((route) >> 8) & 0xFFu)
 #define CB_ROUTE_IS_PART(route) (((route) & 0xFFFF0000u) == CB_ROUTE_PART)
 
-/* The SMs of the partition for pct % of a device of `total` SMs whose
- * partitions come in multiples of `gran` (sm_90: 8): the nearest multiple,
- * at least one, at most the largest that fits.  On an H100 (132, 8):
- * 10 % -> 16, 25 % -> 32, 50 % -> 64, 75 % -> 96, 90 % -> 120, 97..99 %
- * -> 128.  Here so that the shim and the simulator round alike. */
-static inline unsigned cb_part_sms(unsigned pct, unsigned total, unsigned gran)
+/* The partition boundary at x % of a device of `total` SMs in groups of
+ * `gran`: the nearest group edge, at most the last whole group. */
+static inline unsigned cb_part_edge(unsigned x, unsigned total, unsigned gran)
 {
-	unsigned top, n;
+	unsigned groups = total / gran;
+	unsigned e = (unsigned)((2ull * x * total + 100ull * gran) / (200ull * gran));
+
+	return e > groups ? groups : e;
+}
+
+/* The groups [*first, *first + *count) of the span from start % to
+ * start + pct % (past 100 %: the last pct % of the device), at least one.
+ * On an H100 (132 SMs, 8 per group, 16 groups): pct 10 -> 2 groups (16
+ * SMs), 25 -> 4, 50 -> 8, 75 -> 12, 90 -> 15, 97..99 -> 16; a 30 % service
+ * at 0 and a 70 % batch app at 30 take groups 0-4 and 5-15. */
+static inline void cb_part_span(unsigned start, unsigned pct, unsigned total, unsigned gran,
+				unsigned *first, unsigned *count)
+{
+	unsigned groups, a, b;
 
 	if (gran == 0)
 		gran = 1;
-	top = total / gran * gran;
-	n = (unsigned)(((unsigned long long)pct * total * 2 / 100 + gran) / (2ull * gran)) * gran;
-	return n < gran ? gran : n > top ? top : n;
+	groups = total / gran ? total / gran : 1;
+	if (start + pct > 100)
+		start = pct >= 100 ? 0 : 100 - pct;
+	a = cb_part_edge(start, total, gran);
+	b = cb_part_edge(start + pct, total, gran);
+	if (b <= a) {
+		if (a >= groups)
+			a = groups - 1;
+		b = a + 1;
+	}
+	*first = a;
+	*count = b - a;
+}
+
+/* SMs of the partition for pct % from the device's first SM. */
+static inline unsigned cb_part_sms(unsigned pct, unsigned total, unsigned gran)
+{
+	unsigned first, count;
+
+	cb_part_span(0, pct, total, gran, &first, &count);
+	return count * (gran ? gran : 1);
 }
 
 struct cb_header {
@@ -113,7 +145,8 @@ struct cb_control {              /* exactly one cache line */
 	uint32_t part_local;         /* app-written: launches that ran on all SMs  */
 	                             /* while partitioned (graphs, cooperative     */
 	                             /* kernels, a partition that failed)          */
-	uint8_t  pad[CB_LINE - 60];
+	uint32_t part_first;         /* app-written: its partition's first SM (in  */
+	                             /* the driver's group order)                  */
 };
 
 struct cb_slot {
