@@ -304,7 +304,7 @@ def trace(name: str = typer.Argument(..., help="App name (as `colocate quotas` s
 
 QUOTA_KEYS = ("name", "pid", "class", "quota_pct", "route", "launches", "forwarded",
               "h2d_bytes", "d2h_bytes", "qos_ms", "state", "kernels", "queries", "held", "held_ms",
-              "throughput", "feed", "end")
+              "throughput", "feed", "end", "partition")
 
 
 def human_bytes(n: float) -> str:

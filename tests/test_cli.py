@@ -194,7 +194,8 @@ def test_quotas_json_keys(controller, sleeper):
             "d2h_bytes", "qos_ms"} <= set(QUOTA_KEYS) <= {"name", "pid", "class", "quota_pct", "route", "launches",
                                                           "forwarded", "h2d_bytes", "d2h_bytes", "qos_ms",
                                                           "state", "kernels", "queries", "held",
-                                                          "held_ms", "throughput", "feed", "end"}
+                                                          "held_ms", "throughput", "feed", "end",
+                                                          "partition"}
     a = rows[p.pid]
     assert (a["name"], a["class"], a["quota_pct"], a["route"], a["launches"], a["h2d_bytes"], a["qos_ms"]) == \
         ("qjson", "qos", 60, 0, 9, 5 * 2**20, 20)
