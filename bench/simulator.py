@@ -351,7 +351,9 @@ class Simulator:
             return quota_sms(a.quota, sms)
         if a.quota >= 100:
             return sms
-        on = [(b.info.cls == "qos", b.info.slot, b.quota) for b in self.apps if b.quota < 100 and not b.held]
+        # a held app's tasks issued before the hold still run (on its last span)
+        on = [(b.info.cls == "qos", b.info.slot, b.quota) for b in self.apps
+              if b.quota < 100 and (not b.held or b is a)]
         return part_span_sms(part_starts(on)[a.info.slot], a.quota, sms, PARTITION_GRAN)[1]
 
     def _issue(self, a: AppState) -> float:

@@ -33,6 +33,17 @@ def experiment(data_dir: Path, out: Path, *args: str, timeout: float = 600) -> d
     return json.loads((out / "rows.json").read_text())
 
 
+def test_claius_pairs_on_sm_partitions(data_dir, tmp_path):
+    """--route partition: quotas become spans of 8-SM groups, as the shim
+    makes them live (a held app's issued tasks keep their span)."""
+    j = experiment(data_dir, tmp_path / "part", "claius-pairs", "--quick", "--route", "partition",
+                   "--policies", "claius,mps-even", "--services", "pos", "--batch", "hotspot,bfs")
+    assert j["meta"]["config"]["route"] == "partition"
+    assert {(r["policy"], r["batch"]) for r in j["rows"]} == {(p, b) for p in ("claius", "mps-even")
+                                                             for b in ("hotspot", "bfs")}
+    assert all(r["queries"] > 10 and 0 < r["throughput_norm"] < 1.5 for r in j["rows"])
+
+
 def test_claius_pairs_quick_writes_rows_table_and_plot(data_dir, tmp_path):
     j = experiment(data_dir, tmp_path / "pairs", "claius-pairs", "--quick")
     rows, pols = j["rows"], ["claius", "mps-even,total=100", "mps-priority", "baymax", "static-optimal"]
