@@ -443,6 +443,14 @@ class Controller:
             self.set_route(app, q, route)
         self.place()
 
+    def span_start(self, app: App, quota_pct: int) -> int:
+        """Where app's span starts at quota_pct, the other apps on partitions
+        where they are (place()'s rule): so its first route is already
+        disjoint from theirs (apps after it move in place(), after)."""
+        on = [(a.info.cls == "qos", a.info.slot, a.route & 0xFF) for a in self.apps.values()
+              if a is not app and not a.held and is_partition(a.route)]
+        return part_starts(on + [(app.info.cls == "qos", app.info.slot, quota_pct)])[app.info.slot]
+
     def place(self) -> None:
         """Route kind partition: the apps on partitions get consecutive spans
         of the device, QoS apps first, then batch apps, each in slot order
@@ -470,9 +478,7 @@ class Controller:
         if route is None and self.route_kind == "partition":
             if quota_pct >= 100:
                 return 0
-            if is_partition(app.route) and app.route & 0xFF == quota_pct:
-                return app.route                       # its span stays (place() moves it)
-            return ROUTE_PART | quota_pct              # its start: place()
+            return ROUTE_PART | self.span_start(app, quota_pct) << 8 | quota_pct
         if route is None:
             if (self.pool is not None and self.pool.is_ready(app.route)
                     and self.pool.quota_of(app.route) == quota_pct):

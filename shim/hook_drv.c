@@ -349,11 +349,14 @@ static inline void drv_local_done(CUstream s, int ptsz)
 			return CUDA_ERROR_NOT_INITIALIZED;                \
 		shim_start();                                             \
 		DRV_CAPTURED(strm, ptsz, real args);                      \
+		/* the task layer first: fwd.mu is held from here on */   \
+		TASK_DRV_BEGIN(desc);                                     \
 		if (!shim_in_runtime && (shim_fwd_check() || shim_fwd_active())) \
 			ps_ = shim_fwd_drv_begin((void *)(strm), ptsz, &eager_); \
-		if (!ps_ && drv_fence(strm, ptsz))                        \
+		if (!ps_ && drv_fence(strm, ptsz)) {                      \
+			TASK_DRV_END(CUDA_ERROR_LAUNCH_FAILED);           \
 			return CUDA_ERROR_LAUNCH_FAILED;                  \
-		TASK_DRV_BEGIN(desc);                                     \
+		}                                                         \
 		r = CUDA_ERROR_UNKNOWN;                                   \
 		if (ps_) {                                                \
 			r = real args_on;                                 \

@@ -1,37 +1,47 @@
 /*
  * shim_part.c - SM partitions inside the app: the route kind "partition".
  *
- * The controller writes route CB_ROUTE_PART | pct (ctlblock.h).  From the
- * next launch on, the app's kernels run on a green context (CUDA 12.4+) of
- * about pct % of the device's SMs, in the app itself: no worker, no copy of
- * its arguments, no memory to share.  A green context is made once per size
- * (cuDevSmResourceSplitByCount, cuGreenCtxCreate) and kept; each app stream
- * gets a shadow stream in it (cuGreenCtxStreamCreate, non-blocking) at its
- * first launch there.
+ * The controller writes route CB_ROUTE_PART | start << 8 | pct (ctlblock.h).
+ * From the next launch on, the app's kernels run on a green context (CUDA
+ * 12.5+) made of the device's SMs from start % to start + pct %, in the app
+ * itself: no worker, no copy of its arguments, no memory to share.  The
+ * device is split once into groups of minSmPartitionSize SMs
+ * (cuDevSmResourceSplitByCount); a partition is a run of them
+ * (cuDevResourceGenerateDesc, cuGreenCtxCreate), made once per span and
+ * kept, so apps on consecutive spans share no SM.  Each app stream gets a
+ * shadow stream in it (cuGreenCtxStreamCreate, non-blocking) at its first
+ * launch there.
  *
  * Order is kept on the device, never by waiting on the host, lazily:
  *
  *   launch on S   when S may have work its shadow P has not seen (a local
- *                 operation since, the first launch, a new partition), an
- *                 event recorded on S is waited for by P; the kernel goes
- *                 to P, and S now "owes" P's work
- *   local op on S (copy, memset, event record, callback, sync, query, a
- *                 graph launch: the hooks' FWD_FENCE) S first waits for an
- *                 event recorded on P, so the operation follows the kernel
- *                 as it would have on S
+ *                 operation since, the first launch, another partition
+ *                 before), an event recorded on S is waited for by P; the
+ *                 kernel goes to P, and S now "owes" P's work
+ *   local op on S (copy, memset, event record, callback, query, stream
+ *                 sync, a graph launch: the hooks' FWD_FENCE) S first waits
+ *                 for an event recorded on P, so the operation follows the
+ *                 kernel as it would have on S
  *
  * The CUDA default-stream rules come along: before an operation on the
  * legacy stream every blocking stream pays what it owes, and before one on
  * a blocking stream the legacy stream does (the recorded event then carries
  * the implicit order).  Consecutive kernels on S cost nothing but the
- * launch on P.  A per-thread default stream, which another thread cannot
- * name, pays at once after each launch, as does every stream while the task
- * layer brackets launches with its own events (tracing).
+ * launch on P.  A wait is skipped when what it would wait for is done: a
+ * non-blocking stream that says idle, or a device nothing was queued on
+ * since a whole-device sync returned.  Paying at once after each launch (and
+ * always waiting before it): a per-thread default stream, which another
+ * thread cannot name; every stream while the task layer brackets launches
+ * with its own events (tracing); and driver launches, whose libraries may
+ * order their streams with driver calls the shim does not hook.  A stream
+ * that captures is never given a wait: it pays after its capture.
+ * Whole-device syncs (cudaDeviceSynchronize, cudaFree) wait on the host for
+ * every shadow with work first.
  *
  * A switch takes effect at the next launch boundary: leaving a partition
  * makes every owing stream wait for its shadow (device side: microseconds,
- * no drain), and a stream moving to another partition pays its old shadow
- * before its new one waits for it.
+ * no drain), and a stream moving to another partition has its new shadow
+ * follow the old one.
  *
  * What stays on all SMs, in order, counted in part_local: graph launches (a
  * graph's kernels keep the context they were captured in), cooperative
@@ -46,6 +56,7 @@
 #define _GNU_SOURCE
 #include "shim_part.h"
 #include "shim_fwd.h"
+#include "shim_graph.h"
 #include "shim_trace.h"
 
 #include <cuda.h>
@@ -67,6 +78,7 @@ struct part {
 struct pstream {
 	struct part *owed;            /* its shadow there has work the app
 	                                 stream has not waited for             */
+	struct part *last;            /* where its last kernel went           */
 	uint8_t fresh;                /* the app stream may have work its
 	                                 shadow has not waited for             */
 	cudaEvent_t ev_app;           /* recorded on the app stream           */
@@ -84,6 +96,7 @@ static struct {
 	CUresult (*green_stream)(CUstream *, CUgreenCtx, unsigned, int);
 	cudaError_t (*get_device)(int *);
 	cudaError_t (*ev_create)(cudaEvent_t *, unsigned);
+	cudaError_t (*ev_destroy)(cudaEvent_t);
 	cudaError_t (*ev_record)(cudaEvent_t, cudaStream_t);
 	cudaError_t (*wait)(cudaStream_t, cudaEvent_t, unsigned);
 	cudaError_t (*stream_sync)(cudaStream_t);
@@ -106,11 +119,14 @@ static struct {
 	unsigned refused;             /* the last span that could not be made
 	                                 (first << 16 | count)                  */
 	uint64_t enq;                 /* work queued while partitioned, counted  */
-	uint64_t enq_at_sync;         /* enq when a whole-device sync began      */
 	int quiet;                    /* nothing queued since a whole-device sync
 	                                 returned: the device is idle           */
-	int said_event, said_launch;  /* logged once                            */
+	int said_event, said_launch, said_stream;   /* logged once             */
 } pt;
+
+/* enq when this thread's whole-device sync began (per thread: two threads'
+ * syncs may overlap, and each vouches only for what preceded its own) */
+static __thread uint64_t enq_at_sync;
 
 /* ---------------------------------------------------------------- set-up */
 
@@ -149,11 +165,13 @@ static int probe(void)
 		return pt.state;
 	pt.state = -1;
 	if (!(RT(get_device, "cudaGetDevice") && RT(ev_create, "cudaEventCreateWithFlags") &&
-	      RT(ev_record, "cudaEventRecord") && RT(wait, "cudaStreamWaitEvent") &&
-	      RT(stream_sync, "cudaStreamSynchronize") && RT(query, "cudaStreamQuery") && RT(priority, "cudaStreamGetPriority") &&
+	      RT(ev_destroy, "cudaEventDestroy") && RT(ev_record, "cudaEventRecord") &&
+	      RT(wait, "cudaStreamWaitEvent") && RT(stream_sync, "cudaStreamSynchronize") &&
+	      RT(query, "cudaStreamQuery") && RT(priority, "cudaStreamGetPriority") &&
 	      RT(last_error, "cudaGetLastError")))
 		why = "the CUDA runtime lacks an entry point it needs";
-	else if (!(DRV(init, "cuInit") && DRV(dev_get, "cuDeviceGet") && DRV(dev_res, "cuDeviceGetDevResource") &&
+	else if (!(DRV(init, "cuInit") && DRV(dev_get, "cuDeviceGet") &&
+		   DRV(dev_res, "cuDeviceGetDevResource") &&
 		   DRV(split, "cuDevSmResourceSplitByCount") &&
 		   DRV(gen_desc, "cuDevResourceGenerateDesc") &&
 		   DRV(green_create, "cuGreenCtxCreate") &&
@@ -245,8 +263,7 @@ int part_enter(uint32_t start, uint32_t pct)
 	q = part_of(first, count);
 	if (!q)
 		return -1;
-	if (pt.cur != q)
-		pt.cur = q;            /* streams move over at their next launch */
+	pt.cur = q;                    /* streams move over at their next launch */
 	publish();
 	return 0;
 }
@@ -297,9 +314,11 @@ static void order(cudaStream_t waiter, cudaStream_t signaller, uint8_t kind, cud
 	if (ev && IN_RUNTIME(fn.ev_record(ev, signaller)) == cudaSuccess &&
 	    IN_RUNTIME(fn.wait(waiter, ev, 0)) == cudaSuccess)
 		return;
-	if (!pt.said_event++)
+	if (!pt.said_event) {
+		pt.said_event = 1;
 		shim_log("SM partitions: ordering streams by events failed; waiting on the host "
 			 "instead");
+	}
 	(void)IN_RUNTIME(fn.last_error());
 	(void)IN_RUNTIME(fn.stream_sync(signaller));
 }
@@ -310,9 +329,15 @@ static void pay(uint32_t i)
 	struct pstream *p = &pt.ps[i];
 	uint32_t n;
 
+	struct fstream *st = &fwd_streams(&n)[i];
+
 	if (!p->owed)
 		return;
-	order(fwd_streams(&n)[i].handle, p->owed->shadow[i], FWD_SK_NONBLOCKING, p->ev_shadow);
+	/* a stream capturing now must not get our wait (it would end up in
+	 * the graph, or invalidate the capture): it pays after its capture */
+	if (shim_graph_capturing(st->handle, 0))
+		return;
+	order(st->handle, p->owed->shadow[i], FWD_SK_NONBLOCKING, p->ev_shadow);
 	p->owed = NULL;
 }
 
@@ -350,9 +375,20 @@ void part_fence(void *stream, int ptsz, int scope)
 	struct fstream *st;
 
 	/* every SHIM_FENCE_ALL caller (cudaDeviceSynchronize, cudaFree, a VMM
-	 * free) waits for the whole device, shadows included: nothing to add */
+	 * free) waits for the whole device.  Whether the primary context's
+	 * implicit sync covers green contexts is documented for
+	 * cuCtxSynchronize only: the host waits for every shadow with work
+	 * first (no event; what it waits for is done, so nothing is owed) */
 	if (scope == SHIM_FENCE_ALL) {
-		pt.enq_at_sync = pt.enq;
+		uint32_t i, n;
+
+		fwd_streams(&n);
+		for (i = 0; i < n; i++)
+			if (pt.ps[i].owed) {
+				(void)IN_RUNTIME(fn.stream_sync(pt.ps[i].owed->shadow[i]));
+				pt.ps[i].owed = NULL;
+			}
+		enq_at_sync = pt.enq;
 		return;
 	}
 	if (!(st = fwd_stream(stream, ptsz))) {
@@ -369,7 +405,7 @@ void part_synced(void)
 	 * the next switch or local operation orders nothing.  (An operation
 	 * another thread queued meanwhile is counted by its hook after the
 	 * call, under fwd.mu, and ends the quiet then.) */
-	if (pt.enq == pt.enq_at_sync)
+	if (pt.enq == enq_at_sync)
 		pt.quiet = 1;
 }
 
@@ -389,9 +425,16 @@ void part_local_done(void *stream, int ptsz)
 
 void part_leave(void)
 {
+	uint32_t i, n;
+
 	if (!pt.cur)
 		return;
 	pay_all();
+	/* what the app queues until it comes back is not tracked: its next
+	 * launch on a partition waits for its stream, whatever it finds */
+	fwd_streams(&n);
+	for (i = 0; i < n; i++)
+		pt.ps[i].fresh = 1;
 	pt.cur = NULL;
 	publish();
 }
@@ -411,25 +454,45 @@ static int on_all_sms(const struct shim_launch *l, void *stream)
 	return r;
 }
 
-/* Stream i's shadow in q and its two events, made at its first launch there. */
+/* Stream i's shadow in q and its two events, made at its first launch
+ * there; -1 (said once) when they cannot be: the launch runs on all SMs.
+ * A failed call's error is taken back from the runtime: it is ours, not
+ * the app's. */
 static int shadow_ready(struct part *q, uint32_t i, const struct fstream *st)
 {
 	struct pstream *p = &pt.ps[i];
 	int prio = 0;
+	CUresult r;
 
-	if (!p->ev_app &&
-	    (IN_RUNTIME(fn.ev_create(&p->ev_app, cudaEventDisableTiming)) != cudaSuccess ||
-	     IN_RUNTIME(fn.ev_create(&p->ev_shadow, cudaEventDisableTiming)) != cudaSuccess)) {
-		p->ev_app = p->ev_shadow = NULL;
-		return -1;
+	if (!p->ev_app) {
+		cudaEvent_t a = NULL, b = NULL;
+
+		if (IN_RUNTIME(fn.ev_create(&a, cudaEventDisableTiming)) != cudaSuccess ||
+		    IN_RUNTIME(fn.ev_create(&b, cudaEventDisableTiming)) != cudaSuccess) {
+			(void)IN_RUNTIME(fn.last_error());
+			if (a)
+				(void)IN_RUNTIME(fn.ev_destroy(a));
+			return -1;
+		}
+		p->ev_app = a;
+		p->ev_shadow = b;
 	}
 	if (q->shadow[i])
 		return 0;
 	/* a service's high-priority stream keeps its priority */
-	if (st->kind == 0xff || st->kind == FWD_SK_BLOCKING || st->kind == FWD_SK_NONBLOCKING)
-		(void)IN_RUNTIME(fn.priority(st->handle, &prio));
-	if (fn.green_stream(&q->shadow[i], q->g, CU_STREAM_NON_BLOCKING, prio) != CUDA_SUCCESS) {
+	if ((st->kind == FWD_SK_BLOCKING || st->kind == FWD_SK_NONBLOCKING) &&
+	    IN_RUNTIME(fn.priority(st->handle, &prio)) != cudaSuccess) {
+		(void)IN_RUNTIME(fn.last_error());
+		prio = 0;
+	}
+	r = fn.green_stream(&q->shadow[i], q->g, CU_STREAM_NON_BLOCKING, prio);
+	if (r != CUDA_SUCCESS) {
 		q->shadow[i] = NULL;
+		if (!pt.said_stream) {
+			pt.said_stream = 1;
+			shim_log("cannot make a stream in the %u-SM partition (CUresult %d); those "
+				 "launches run on all SMs", q->sms, (int)r);
+		}
 		return -1;
 	}
 	p->fresh = 1;
@@ -438,11 +501,16 @@ static int shadow_ready(struct part *q, uint32_t i, const struct fstream *st)
 
 /*
  * Before a launch on the app stream st: the shadow it goes to, with the
- * order it needs in place (the default-stream rules, a move between sizes,
- * what the app stream queued since), or NULL: launch it where the app
- * asked (no shadow could be made).  *eager: pay back right after it.
+ * order it needs in place (the default-stream rules, a move between
+ * partitions, what the app stream queued since), or NULL: launch it where
+ * the app asked (no shadow could be made).  *eager: pay back right after
+ * it -- for a per-thread default stream (no other thread can name it),
+ * while the task layer brackets launches with events on the app stream,
+ * and for driver launches (drv), whose library may queue work on the app
+ * stream through driver calls the shim does not hook: the shadow then
+ * always waits for the app stream and the app stream for the shadow.
  */
-static void *prepare(struct fstream *st, int *eager)
+static void *prepare(struct fstream *st, int drv, int *eager)
 {
 	struct part *q = pt.cur;
 	uint32_t i = index_of(st);
@@ -450,24 +518,27 @@ static void *prepare(struct fstream *st, int *eager)
 
 	if (shadow_ready(q, i, st) < 0)
 		return NULL;
-	/* the task layer's events bracket the launch on the app stream, and
-	 * no other thread can name a per-thread default stream: pay at once */
-	*eager = st->kind == FWD_SK_PERTHREAD || shim_task_hot();
+	*eager = drv || st->kind == FWD_SK_PERTHREAD || shim_task_hot();
 	if (pay_deps(st))
 		p->fresh = 1;
 	if (p->owed && p->owed != q) {
-		/* moving to another size: when the app stream has nothing queued
-		 * the new shadow need only follow the old one (no op on the app
-		 * stream, none at all when the old one is idle too); else the app
+		/* moving to another partition: when the app stream has nothing
+		 * queued the new shadow need only follow the old one (no op on
+		 * the app stream, none at all when the old one is idle too; the
+		 * app stream owes the old one until this launch is made, so a
+		 * launch refused there still runs after it); else the app
 		 * stream pays and the new shadow follows it */
 		if (idle(st->handle, st->kind)) {
 			order(q->shadow[i], p->owed->shadow[i], FWD_SK_NONBLOCKING, p->ev_shadow);
-			p->owed = NULL;
 			p->fresh = 0;
 		} else {
 			pay(i);
 			p->fresh = 1;
 		}
+	} else if (!p->owed && p->last && p->last != q) {
+		/* paid its last partition since: the app stream waited for it,
+		 * so following the app stream follows it too */
+		p->fresh = 1;
 	}
 	if (p->fresh || *eager) {
 		order(q->shadow[i], st->handle, st->kind, p->ev_app);
@@ -481,16 +552,18 @@ static void launched(struct fstream *st, int eager)
 {
 	uint32_t i = index_of(st);
 
-	pt.ps[i].owed = pt.cur;
+	pt.ps[i].owed = pt.ps[i].last = pt.cur;
 	if (eager)
 		pay(i);
 }
 
 static void refused(int code)
 {
-	if (!pt.said_launch++)
+	if (!pt.said_launch) {
+		pt.said_launch = 1;
 		shim_log("a launch on the %u-SM partition failed (error %d); running it on all SMs "
 			 "(said once)", pt.cur->sms, code);
+	}
 }
 
 int part_launch(const struct shim_launch *l)
@@ -515,7 +588,7 @@ int part_launch(const struct shim_launch *l)
 	if (l->entry == SHIM_E_GRAPH || l->entry == SHIM_E_COOP)
 		return on_all_sms(l, stream);
 	st = fwd_stream(stream, l->ptsz);
-	if (!st || !(shadow = prepare(st, &eager)))
+	if (!st || !(shadow = prepare(st, 0, &eager)))
 		return on_all_sms(l, stream);
 	m.stream = shadow;
 	if (l->entry == SHIM_E_EXC) {
@@ -538,9 +611,15 @@ int part_launch(const struct shim_launch *l)
 void *part_drv_begin(void *stream, int ptsz, int *eager)
 {
 	struct fstream *st = fwd_stream(stream, ptsz);
-	void *shadow = st ? prepare(st, eager) : NULL;
+	void *shadow;
 
+	/* the library may have queued work through driver calls the shim
+	 * does not see: a quiet device is not vouched for */
+	pt.quiet = 0;
+	shadow = st ? prepare(st, 1, eager) : NULL;
 	queued();              /* launched there or on the app's stream */
+	if (!shadow)
+		part_all_sms();
 	return shadow;
 }
 

@@ -57,6 +57,17 @@ def run_logged(rig: Rig, tmp_path: Path, prog: str, *args: str, routes=None) -> 
     return out, c, [r["quota_sms"] for r in rows]
 
 
+CB_HOLD = 0xFFFFFFFF
+
+
+def rig_run_flipping(rig: Rig, tmp_path: Path, args, routes: list[int]) -> tuple[str, dict, list[int]]:
+    """run_logged with the route cycling every 3 ms."""
+    log = tmp_path / f"flip-{len(list(tmp_path.iterdir()))}.jsonl"
+    out, err, c = rig.run("streams2", *args, routes=routes, period=0.003, SIMGPU_LAUNCH_LOG=str(log))
+    rows = sorted((json.loads(ln) for ln in log.read_text().splitlines()), key=lambda r: r["seq"])
+    return out, c, [r["quota_sms"] for r in rows]
+
+
 def result_lines(out: str, *keys: str) -> dict[str, str]:
     got = {}
     for key in keys:
@@ -98,6 +109,15 @@ def test_two_streams_and_the_legacy_stream_keep_their_order(rig, tmp_path):
     out, c, sms = run_logged(rig, tmp_path, "streams2", *S2, routes=SWITCHING)
     assert result_lines(out, "CHECK", "STATS") == want and c["launches"] == 32
     assert len(set(sms)) >= 2 and set(sms) <= {16, 64, 120, 132}, sorted(set(sms))
+    # the host pauses 1 ms before every kernel (route changes every 3 ms land
+    # between an operation and the kernel after it), and each repeat first
+    # queues a long kernel on A, so A's work starts late: a kernel elsewhere
+    # that misses its order with A runs before it and reads stale data
+    slow = ("--repeat", "6", "--rounds", "16", "--pause-us", "1000", "--lead-rounds", "256")
+    out, _, _ = run_logged(rig, tmp_path, "streams2", *slow)
+    want = result_lines(out, "CHECK", "STATS")
+    out, _, sms = rig_run_flipping(rig, tmp_path, slow, [part(25), 0, part(50) | 30 << 8, CB_HOLD])
+    assert result_lines(out, "CHECK", "STATS") == want
 
 
 @pytest.mark.parametrize("pct,sms", [(3, 8), (10, 16), (50, 64), (75, 96), (99, 128)])

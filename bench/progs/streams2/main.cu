@@ -3,7 +3,7 @@
 // kernels elsewhere (an SM partition's shadow streams, a process-pool
 // worker) keeps every order the app relies on.
 //
-//   streams2 [--n N] [--rounds R] [--repeat K]
+//   streams2 [--n N] [--rounds R] [--repeat K] [--pause-us P] [--lead-rounds L]
 //
 // Each repeat k (x, y, z, w start at 0):
 //   A (non-blocking)  bump(x)              x = k+1
@@ -17,12 +17,19 @@
 //   legacy            cudaMemcpy z -> hz   (waits for C: blocking stream)
 //   host              sync A and B; check hx, hy, hz
 // R scales each kernel's modelled work (the order must hold however long a
-// kernel takes).  Prints CHECK (a checksum of the last repeat's arrays),
+// kernel takes); P makes the host sleep before each kernel launch, so that
+// a route changed from outside every few ms lands between an operation and
+// the kernel that must follow it.  L > 0 first queues a kernel of L rounds
+// on a scratch buffer on A each repeat, so that A's work starts late: a
+// kernel elsewhere that misses its order with A then runs before it (a
+// device runs a kernel's work when it starts, so only an order missed
+// before the producer starts shows in the data).  Prints CHECK (a checksum of the last repeat's arrays),
 // STATS and PASS, or FAIL at the first wrong element.
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *NAME = "streams2";
 
@@ -61,7 +68,7 @@ static void expect(const float *h, int n, float want, const char *what)
 
 int main(int argc, char **argv)
 {
-	long long n = 1 << 16, rounds = 64, repeat = 20;
+	long long n = 1 << 16, rounds = 64, repeat = 20, pause_us = 0, lead = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--n"))
 			n = arg_int(argc, argv, &i, 1, 1 << 26);
@@ -69,17 +76,22 @@ int main(int argc, char **argv)
 			rounds = arg_int(argc, argv, &i, 1, 1 << 20);
 		else if (!strcmp(argv[i], "--repeat"))
 			repeat = arg_int(argc, argv, &i, 1, 1 << 20);
+		else if (!strcmp(argv[i], "--pause-us"))
+			pause_us = arg_int(argc, argv, &i, 0, 10000000);
+		else if (!strcmp(argv[i], "--lead-rounds"))
+			lead = arg_int(argc, argv, &i, 0, 1 << 24);
 		else
 			fail("unknown option %s%s", argv[i], "");
 	}
 	size_t bytes = n * sizeof(float);
-	float *x, *y, *z, *w, *hx, *hy, *hz;
+	float *x, *y, *z, *w, *scratch, *hx, *hy, *hz;
 	cudaStream_t a, b, c;
 	cudaEvent_t ea;
 	CK(cudaMalloc(&x, bytes));
 	CK(cudaMalloc(&y, bytes));
 	CK(cudaMalloc(&z, bytes));
 	CK(cudaMalloc(&w, bytes));
+	CK(cudaMalloc(&scratch, bytes));
 	CK(cudaMallocHost(&hx, bytes));
 	CK(cudaMallocHost(&hy, bytes));
 	CK(cudaMallocHost(&hz, bytes));
@@ -93,15 +105,25 @@ int main(int argc, char **argv)
 	CK(cudaEventCreateWithFlags(&ea, cudaEventDisableTiming));
 	int threads = 256, blocks = (int)((n + threads - 1) / threads), launches = 0;
 	float zsum = 0;
+	struct timespec pause = { (time_t)(pause_us / 1000000), (long)(pause_us % 1000000) * 1000 };
+#define PAUSE() do { if (pause_us) nanosleep(&pause, NULL); } while (0)
 	for (long long k = 0; k < repeat; k++) {
 		float v = (float)(k + 1);
+		if (lead) {
+			s2_bump<<<blocks, threads, 0, a>>>(scratch, (int)n, (int)lead);
+			launches++;
+		}
+		PAUSE();
 		s2_bump<<<blocks, threads, 0, a>>>(x, (int)n, (int)rounds);
 		CK(cudaMemcpyAsync(hx, x, bytes, cudaMemcpyDeviceToHost, a));
 		CK(cudaEventRecord(ea, a));
 		CK(cudaStreamWaitEvent(b, ea, 0));
+		PAUSE();
 		s2_twice<<<blocks, threads, 0, b>>>(y, x, (int)n, (int)rounds);
 		CK(cudaMemcpyAsync(hy, y, bytes, cudaMemcpyDeviceToHost, b));
+		PAUSE();
 		s2_bump<<<blocks, threads>>>(w, (int)n, (int)rounds);
+		PAUSE();
 		s2_add<<<blocks, threads, 0, c>>>(z, w, (int)n, (int)rounds);
 		CK(cudaMemcpy(hz, z, bytes, cudaMemcpyDeviceToHost));
 		launches += 4;
