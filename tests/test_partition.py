@@ -11,6 +11,7 @@ set-quota, the records, `colocate quotas`) runs under a real `colocate serve`.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -264,6 +265,20 @@ def test_apps_on_partitions_get_disjoint_spans(pctl, sleeper):
     assert routes() == {svc: 0, b1: part(40), b2: part(20) | 40 << 8}
     for name in ("span-b1", "span-svc", "span-b2"):
         pctl.call("set_quota", name=name, quota_pct=100)
+
+
+def test_route_auto_takes_partitions_where_the_driver_has_green_contexts(rundir):
+    """simgpu's driver has them: auto means partition (no pool; the registered
+    reply says so); a bad kind is refused before anything starts."""
+    ctl = Controller(rundir, "--route", "auto")
+    try:
+        assert "partition" in ctl.call("pool")["note"]
+        r = ctl.call("register", pid=os.getpid(), name="auto-app", **{"class": "batch"}, device="sim")
+        assert r["type"] == "registered" and r["partitions"] is True
+    finally:
+        ctl.stop()
+    bad = colocate("serve", "--route", "workers", rundir=rundir)
+    assert bad.returncode == 2 and "--route" in bad.stderr
 
 
 def test_partition_route_needs_no_pool(pctl):
