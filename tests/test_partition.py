@@ -121,6 +121,45 @@ def test_two_streams_and_the_legacy_stream_keep_their_order(rig, tmp_path):
     assert result_lines(out, "CHECK", "STATS") == want
 
 
+def test_orders_kept_across_route_changes_at_exact_points(rig):
+    """streams2 --steps stops at fixed points for the test to change the
+    route there: a kernel after an event record, moved to another partition,
+    still follows the kernel before it (which waits behind a long one on
+    the first partition), also when it moves to a partition it used before;
+    a kernel back on a partition after a local period follows what the app
+    queued on its stream meanwhile.  (Without the shim's fixes for these
+    two, found by review, the program fails at step e and at step g.)"""
+    env = {**rig.env, "LD_PRELOAD": str(paths.LIBCOLOCATE)}
+    p = subprocess.Popen([str(BIN / "streams2"), "--steps", "--rounds", "16", "--lead-rounds", "256"],
+                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    routes = {"a": part(25), "b": part(25) | 50 << 8, "c": part(25), "d": 0, "e": part(25),
+              "f": part(25) | 50 << 8, "g": part(25)}
+    try:
+        slot, seen = None, []
+        for line in p.stdout:
+            if line.startswith("STEP "):
+                name = line.split()[1]
+                if slot is None:
+                    slot = rig.slot_of(p)
+                rig.cb.set_route(slot, routes[name], 25)
+                seen.append(name)
+                p.stdin.write("\n")
+                p.stdin.flush()
+            elif line.startswith(("PASS", "FAIL")):
+                break
+        out = line
+        p.stdin.close()
+        err = p.stderr.read()
+        assert p.wait(timeout=60) == 0 and out.startswith("PASS"), out + err
+        assert seen == list("abcdefg")
+        assert rig.cb.control(slot)["part_local"] == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 @pytest.mark.parametrize("pct,sms", [(3, 8), (10, 16), (50, 64), (75, 96), (99, 128)])
 def test_quota_rounds_to_the_partition_size_and_is_published(rig, tmp_path, pct, sms):
     out, c, caps = run_logged(rig, tmp_path, "streams2", "--repeat", "1", "--rounds", "1", routes=part(pct))
