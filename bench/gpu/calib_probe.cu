@@ -93,11 +93,9 @@ static const char *NAME = "calib_probe";
 #include "drv.h"
 #include "jsonline.h"
 #include "args.h"
+#include "fma.h"
 
 #define PCT_ENV "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-#define CHAINS 8
-#define FMA_A 0.9999f            /* x -> a x + b stays near 1: no overflow, */
-#define FMA_B 0.0001f            /* no denormals, any K */
 #define DEPTH 4                  /* launches in flight in the timed section */
 #define MAX_TIMES (1 << 20)      /* per-launch times kept (--duration runs) */
 #define MAX_GAPS (1 << 16)       /* slice: gaps the timer kernel records */
@@ -167,11 +165,6 @@ static double wait_until(double t)
 
 /* ---------------------------------------------------------------- kernels */
 
-__host__ __device__ static inline float seed(uint32_t t, int c)
-{
-	return (float)((t * CHAINS + (uint32_t)c) & 1023u) * (1.0f / 1024.0f);
-}
-
 /* Write every word of the block's dynamic shared memory, then read one
  * back: the allocation is used, not only reserved. */
 __device__ static inline float touch_smem(int words)
@@ -189,21 +182,11 @@ __device__ static inline float touch_smem(int words)
 __global__ void calib_fma(float *out, long long iters, int smem_words)
 {
 	uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
-	float x[CHAINS], s = 0.0f;
+	float x[CHAINS];
 
-#pragma unroll
-	for (int c = 0; c < CHAINS; c++)
-		x[c] = seed(t, c);
+	fma_seed(x, t);
 	x[0] += touch_smem(smem_words);
-	for (long long k = 0; k < iters; k++) {
-#pragma unroll
-		for (int c = 0; c < CHAINS; c++)
-			x[c] = fmaf(x[c], FMA_A, FMA_B);
-	}
-#pragma unroll
-	for (int c = 0; c < CHAINS; c++)
-		s += x[c];
-	out[t] = s;
+	out[t] = fma_run(x, iters);
 }
 
 __global__ void calib_stream(float4 *a, float4 *b, uint64_t n4, long long passes, int smem_words)

@@ -138,18 +138,21 @@ static inline int rck(struct fail *f, const char *call, cudaError_t e)
 #define DCK(fn, ...) dck(F, D, "cu" #fn, D->fn(__VA_ARGS__))
 #define RCK(call) rck(F, #call, (call))
 
-/* Fetch every driver function; 0, or -1 with the failure noted. */
-static inline int drv_load(struct drv *d, struct fail *f)
+/* Fetch every function of the table syms (n entries) into the struct of
+ * size bytes at base; 0, or -1 with the failure noted.  A probe with
+ * functions of its own has a table of its own (green_probe). */
+static inline int drv_load_syms(void *base, size_t size, const struct drv_sym *syms, size_t n,
+				struct fail *f)
 {
 	entry_fn get = (entry_fn)dlsym(RTLD_DEFAULT, "cudaGetDriverEntryPointByVersion");
 
-	memset(d, 0, sizeof(*d));
+	memset(base, 0, size);
 	if (!get) {
 		fail_note(f, "cudaGetDriverEntryPointByVersion", -1, "not in this libcudart");
 		return -1;
 	}
-	for (size_t i = 0; i < sizeof(DRV_SYMS) / sizeof(DRV_SYMS[0]); i++) {
-		const struct drv_sym *s = &DRV_SYMS[i];
+	for (size_t i = 0; i < n; i++) {
+		const struct drv_sym *s = &syms[i];
 		enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
 		void *fn = NULL;
 		cudaError_t e = get(s->name, &fn, s->version, cudaEnableDefault, &q);
@@ -168,9 +171,15 @@ static inline int drv_load(struct drv *d, struct fail *f)
 			fail_note(f, "cudaGetDriverEntryPointByVersion", (int)q, what);
 			return -1;
 		}
-		memcpy((char *)d + s->off, &fn, sizeof(fn));
+		memcpy((char *)base + s->off, &fn, sizeof(fn));
 	}
 	return 0;
+}
+
+/* Fetch every driver function of struct drv. */
+static inline int drv_load(struct drv *d, struct fail *f)
+{
+	return drv_load_syms(d, sizeof(*d), DRV_SYMS, sizeof(DRV_SYMS) / sizeof(DRV_SYMS[0]), f);
 }
 
 /*

@@ -139,11 +139,9 @@ static const char *NAME = "green_probe";
 #include "drv.h"
 #include "jsonline.h"
 #include "args.h"
+#include "fma.h"
 
 #define BLOCK 256
-#define CHAINS 8
-#define FMA_A 0.9999f            /* x -> a x + b stays near 1: no overflow */
-#define FMA_B 0.0001f
 #define MASK_WORDS 16            /* %smid 0..511 */
 #define MAX_N 100000
 #define HOLD_SLOTS 200000
@@ -240,32 +238,7 @@ static struct fail *const F = &R.F;
 
 static int gdrv_load(void)
 {
-	entry_fn get = (entry_fn)dlsym(RTLD_DEFAULT, "cudaGetDriverEntryPointByVersion");
-
-	memset(G, 0, sizeof(*G));
-	if (!get) {
-		fail_note(F, "cudaGetDriverEntryPointByVersion", -1, "not in this libcudart");
-		return -1;
-	}
-	for (size_t i = 0; i < sizeof(GDRV_SYMS) / sizeof(GDRV_SYMS[0]); i++) {
-		const struct drv_sym *s = &GDRV_SYMS[i];
-		enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-		void *fn = NULL;
-		cudaError_t e = get(s->name, &fn, s->version, cudaEnableDefault, &q);
-		char what[160];
-
-		if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) {
-			snprintf(what, sizeof(what), "%s at version %u: %s", s->name, s->version,
-				 e != cudaSuccess ? cudaGetErrorName(e)
-				 : q == cudaDriverEntryPointVersionNotSufficent ? "driver too old"
-										 : "symbol not found");
-			fail_note(F, "cudaGetDriverEntryPointByVersion", e != cudaSuccess ? (int)e : (int)q,
-				  what);
-			return -1;
-		}
-		memcpy((char *)G + s->off, &fn, sizeof(fn));
-	}
-	return 0;
+	return drv_load_syms(G, sizeof(*G), GDRV_SYMS, sizeof(GDRV_SYMS) / sizeof(GDRV_SYMS[0]), F);
 }
 
 static const char *cu_name(CUresult r)
@@ -375,17 +348,12 @@ __device__ static inline unsigned long long gtimer(void)
 	return t;
 }
 
-__host__ __device__ static inline float seed(uint32_t t, int c)
-{
-	return (float)((t * CHAINS + (uint32_t)c) & 1023u) * (1.0f / 1024.0f);
-}
-
 /* slot[0] = earliest block start, slot[1] = latest block end (globaltimer);
  * mask: bit %smid of every block. */
 __global__ void bind_fma(float *out, long long iters, unsigned *mask, unsigned long long *slot)
 {
 	uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
-	float x[CHAINS], s = 0.0f;
+	float x[CHAINS];
 
 	if (threadIdx.x == 0) {
 		unsigned sm = dev_smid();
@@ -394,18 +362,8 @@ __global__ void bind_fma(float *out, long long iters, unsigned *mask, unsigned l
 		if (sm < MASK_WORDS * 32)
 			atomicOr(&mask[sm >> 5], 1u << (sm & 31));
 	}
-#pragma unroll
-	for (int c = 0; c < CHAINS; c++)
-		x[c] = seed(t, c);
-	for (long long k = 0; k < iters; k++) {
-#pragma unroll
-		for (int c = 0; c < CHAINS; c++)
-			x[c] = fmaf(x[c], FMA_A, FMA_B);
-	}
-#pragma unroll
-	for (int c = 0; c < CHAINS; c++)
-		s += x[c];
-	out[t] = s;
+	fma_seed(x, t);
+	out[t] = fma_run(x, iters);
 	__syncthreads();
 	if (threadIdx.x == 0)
 		atomicMax(&slot[1], gtimer());
@@ -446,19 +404,6 @@ __global__ void timer_res(unsigned long long *out)
 	out[1] = changes ? (prev - t0) / (unsigned long long)changes : 0;
 }
 
-static float host_fma_thread(uint32_t t, long long iters)
-{
-	float x[CHAINS], s = 0.0f;
-
-	for (int c = 0; c < CHAINS; c++)
-		x[c] = seed(t, c);
-	for (long long k = 0; k < iters; k++)
-		for (int c = 0; c < CHAINS; c++)
-			x[c] = fmaf(x[c], FMA_A, FMA_B);
-	for (int c = 0; c < CHAINS; c++)
-		s += x[c];
-	return s;
-}
 
 /* put42 for modload, as nvcc -ptx writes it (PTX ISA 8.0: CUDA 12.0+). */
 static const char PUT42_PTX[] =

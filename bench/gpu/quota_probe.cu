@@ -41,13 +41,11 @@ static const char *NAME = "quota_probe";
 #include "drv.h"
 #include "jsonline.h"
 #include "args.h"
+#include "fma.h"
 
 #define PCT_ENV "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 #define BLOCK 256
-#define CHAINS 8
 #define MAX_N 10000
-#define FMA_A 0.9999f            /* x -> a x + b stays near b / (1 - a) = 1: */
-#define FMA_B 0.0001f            /* no overflow, no denormals, any K */
 #define CHECK_SAMPLES 64
 
 struct opts {
@@ -67,11 +65,6 @@ static struct {
 	const struct opts *o;
 } R;
 
-__host__ __device__ static inline float seed(uint32_t t, int c)
-{
-	return (float)((t * CHAINS + (uint32_t)c) & 1023u) * (1.0f / 1024.0f);
-}
-
 __host__ __device__ static inline float init_val(uint64_t i)
 {
 	return (float)(((uint32_t)i * 2654435761u) >> 16) * (1.0f / 65536.0f);
@@ -80,20 +73,10 @@ __host__ __device__ static inline float init_val(uint64_t i)
 __global__ void quota_fma(float *out, long long iters)
 {
 	uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
-	float x[CHAINS], s = 0.0f;
+	float x[CHAINS];
 
-#pragma unroll
-	for (int c = 0; c < CHAINS; c++)
-		x[c] = seed(t, c);
-	for (long long k = 0; k < iters; k++) {
-#pragma unroll
-		for (int c = 0; c < CHAINS; c++)
-			x[c] = fmaf(x[c], FMA_A, FMA_B);
-	}
-#pragma unroll
-	for (int c = 0; c < CHAINS; c++)
-		s += x[c];
-	out[t] = s;
+	fma_seed(x, t);
+	out[t] = fma_run(x, iters);
 }
 
 __global__ void quota_init(float *x, uint64_t n)
@@ -115,20 +98,6 @@ __global__ void quota_stream(const float4 *x, float4 *y, uint64_t n4)
 		v.w = fmaf(v.w, FMA_A, FMA_B);
 		y[i] = v;
 	}
-}
-
-static float host_fma_thread(uint32_t t, long long iters)
-{
-	float x[CHAINS], s = 0.0f;
-
-	for (int c = 0; c < CHAINS; c++)
-		x[c] = seed(t, c);
-	for (long long k = 0; k < iters; k++)
-		for (int c = 0; c < CHAINS; c++)
-			x[c] = fmaf(x[c], FMA_A, FMA_B);
-	for (int c = 0; c < CHAINS; c++)
-		s += x[c];
-	return s;
 }
 
 /* One launch of the kernel being measured. */
