@@ -322,9 +322,14 @@ static struct fstream *legacy_stream(void)
 	return NULL;
 }
 
-int fwd_stream_blocking(uint8_t kind)
+static int blocking(uint8_t kind)
 {
 	return kind == FWD_SK_BLOCKING || kind == FWD_SK_PERTHREAD;
+}
+
+int fwd_streams_tied(uint8_t a, uint8_t b)
+{
+	return (a == FWD_SK_LEGACY && blocking(b)) || (blocking(a) && b == FWD_SK_LEGACY);
 }
 
 /*
@@ -342,8 +347,7 @@ static int fence_set(struct fstream *st, struct fwait *w)
 
 		if (!o->last_seq || fconn_done(fwd.conn, i, o->last_seq))
 			continue;
-		if (!st || o == st || (st->kind == FWD_SK_LEGACY && fwd_stream_blocking(o->kind)) ||
-		    (fwd_stream_blocking(st->kind) && o->kind == FWD_SK_LEGACY))
+		if (!st || o == st || fwd_streams_tied(st->kind, o->kind))
 			w[n++] = (struct fwait){ i, o->last_seq };
 	}
 	return n;
@@ -366,7 +370,7 @@ static void settle_local(struct fstream *st)
 		real_stream_sync(st->handle);
 		st->local_pending = 0;
 	}
-	if (fwd_stream_blocking(st->kind) && (lg = legacy_stream()) && lg->local_pending) {
+	if (blocking(st->kind) && (lg = legacy_stream()) && lg->local_pending) {
 		real_stream_sync(lg->handle);
 		lg->local_pending = 0;
 	}

@@ -139,9 +139,11 @@ struct fstream {
 struct fstream *fwd_stream(void *s, int ptsz);
 /* The table and its length. */
 struct fstream *fwd_streams(uint32_t *n);
-/* Work on a stream of this kind waits for the legacy stream and the other
- * way round (per-thread default streams and streams made blocking). */
-int fwd_stream_blocking(uint8_t kind);
+/* The default-stream rules tie work on streams of kinds a and b: one is the
+ * legacy stream and the other blocking (per-thread default streams and
+ * streams made without cudaStreamNonBlocking), so each waits for the
+ * other's earlier work. */
+int fwd_streams_tied(uint8_t a, uint8_t b);
 
 /* --- holds (shim_fwd_hold.c), fwd.mu held ------------------------------------ */
 

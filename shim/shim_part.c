@@ -352,8 +352,7 @@ static int pay_deps(const struct fstream *st)
 	for (i = 0; i < n; i++) {
 		if (&tab[i] == st || !pt.ps[i].owed)
 			continue;
-		if ((st->kind == FWD_SK_LEGACY && fwd_stream_blocking(tab[i].kind)) ||
-		    (fwd_stream_blocking(st->kind) && tab[i].kind == FWD_SK_LEGACY)) {
+		if (fwd_streams_tied(st->kind, tab[i].kind)) {
 			pay(i);
 			paid = 1;
 		}
@@ -417,9 +416,7 @@ void part_local_done(void *stream, int ptsz)
 	queued();
 	tab = fwd_streams(&n);
 	for (i = 0; i < n; i++)
-		if (!st || &tab[i] == st ||
-		    (st->kind == FWD_SK_LEGACY && fwd_stream_blocking(tab[i].kind)) ||
-		    (fwd_stream_blocking(st->kind) && tab[i].kind == FWD_SK_LEGACY))
+		if (!st || &tab[i] == st || fwd_streams_tied(st->kind, tab[i].kind))
 			pt.ps[i].fresh = 1;
 }
 
