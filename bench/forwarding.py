@@ -64,6 +64,17 @@ def _kv(line_re: str, out: str) -> dict[str, float]:
     return {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
+def probe_records(out: str) -> list[tuple[int, ...]]:
+    """fwdprobe --dump's records: (i, t_launch_ns, t_done_ns, t_exec_ns, who)."""
+    return [tuple(map(int, ln.split()[1:])) for ln in out.splitlines() if ln.startswith("I ")]
+
+
+def quantile(v: list[float], p: float) -> float:
+    """Nearest rank (nan for none)."""
+    v = sorted(v)
+    return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")
+
+
 def latency(rig: Rig, n: int) -> dict:
     res = {}
     for side, routes in (("local", None), ("forwarded", 2)):
@@ -112,7 +123,7 @@ def switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: in
     n = int(flips_wanted * period * 1e6 / (interval_us + 60)) + 200
     out, _, c = rig.run("fwdprobe", "--n", str(n), "--interval-us", str(interval_us), "--dump",
                         routes=[1, 2], period=period, flips=flips)
-    recs = [tuple(map(int, ln.split()[1:])) for ln in out.splitlines() if ln.startswith("I ")]
+    recs = probe_records(out)
     total, boundary = [], []
     for t_set, route in flips[1:]:                      # the first one is the initial route
         for _, t_launch, _t_done, t_exec, who in recs:
@@ -121,12 +132,8 @@ def switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: in
                 boundary.append((t_exec - max(t_launch, t_set)) / 1e3)
                 break
     out, _, _ = rig.run("fwdprobe", "--n", "2000", "--interval-us", str(interval_us), "--dump")
-    local = [(t_exec - t_launch) / 1e3 for _, t_launch, _d, t_exec, _w in
-             (tuple(map(int, ln.split()[1:])) for ln in out.splitlines() if ln.startswith("I "))]
-
-    def q(v: list[float], p: float) -> float:
-        v = sorted(v)
-        return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")
+    local = [(t_exec - t_launch) / 1e3 for _, t_launch, _d, t_exec, _w in probe_records(out)]
+    q = quantile
     return {"flips": len(total), "iterations": len(recs), "forwarded": c["forwarded"],
             "interval_us": interval_us,
             "to_first_kernel_us": {"p50": q(total, 0.5), "p99": q(total, 0.99),

@@ -43,18 +43,14 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.forwarding import _kv, switching  # noqa: E402
+from bench.forwarding import _kv, probe_records, switching  # noqa: E402
+from bench.forwarding import quantile as q  # noqa: E402
 from processpool.rig import BIN, WORKER, Rig  # noqa: E402
 from shim import paths  # noqa: E402
 from shim.ctlblock import ROUTE_PART  # noqa: E402
 
 SIDES = {"local": None, "partition": ROUTE_PART | 50, "pool": 2}
 TARGETS = {"added_issue_ns": 1000.0, "switch_us": 20.0}
-
-
-def q(v: list[float], p: float) -> float:
-    v = sorted(v)
-    return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")
 
 
 def issue(rig: Rig, reps: int = 5) -> dict:
@@ -85,7 +81,7 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
         out, _, _ = rig.run("fwdprobe", "--n", str(n), "--interval-us", str(interval_us), "--dump",
                             routes=list(sms_of), period=period, flips=flips, SIMGPU_LAUNCH_LOG=str(log))
         rows = sorted((json.loads(ln) for ln in log.read_text().splitlines()), key=lambda r: r["seq"])
-    recs = [tuple(map(int, ln.split()[1:])) for ln in out.splitlines() if ln.startswith("I ")]
+    recs = probe_records(out)
     if len(rows) != len(recs):
         raise RuntimeError(f"{len(recs)} probe records but {len(rows)} launch-log rows")
     total, boundary = [], []
@@ -99,8 +95,7 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
     for side in ("local", "partition"):
         out, _, _ = rig.run("fwdprobe", "--n", "2000", "--interval-us", str(interval_us), "--dump",
                             routes=SIDES[side])
-        steady[side] = [(t_exec - t_launch) / 1e3 for _, t_launch, _d, t_exec, _w in
-                        (tuple(map(int, ln.split()[1:])) for ln in out.splitlines() if ln.startswith("I "))]
+        steady[side] = [(t_exec - t_launch) / 1e3 for _, t_launch, _d, t_exec, _w in probe_records(out)]
     return {"flips": len(total), "iterations": len(recs), "interval_us": interval_us,
             "to_first_kernel_us": {"p50": q(total, 0.5), "p99": q(total, 0.99)},
             "launch_call_to_kernel_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)},
