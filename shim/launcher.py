@@ -167,13 +167,20 @@ def exit_code(returncode: int) -> int:
 def run(spec: AppSpec, rd: RunDir, device: str) -> int:
     """Run in the foreground, forwarding SIGINT/SIGTERM/SIGHUP; return the exit code."""
     procs: list[subprocess.Popen] = []
+    early: list[int] = []
 
     def relay(sig: int, _frame: Any) -> None:
+        # The child can run (and print) before Popen returns in the parent:
+        # a signal then finds no child yet and is kept for it, not dropped.
+        if not procs:
+            early.append(sig)
         for p in procs:
             p.send_signal(sig)
     old = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         procs.append(spawn(spec, rd, device))
+        for sig in early:
+            procs[0].send_signal(sig)
         return exit_code(procs[0].wait())
     finally:
         for s, h in old.items():

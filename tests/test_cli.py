@@ -95,6 +95,22 @@ def test_run_forwards_sigterm(rundir):
         p.wait()
 
 
+def test_run_keeps_a_signal_that_comes_before_the_child_is_known(rundir, monkeypatch):
+    """The child may run (and print) before Popen returns in the parent; a
+    SIGTERM in that window must still reach it (CI once lost one here)."""
+    real_spawn = launcher.spawn
+
+    def spawn_then_signalled(spec, rd, device, **popen):
+        proc = real_spawn(spec, rd, device, **popen)
+        os.kill(os.getpid(), signal.SIGTERM)   # the relay runs here, before run() knows proc
+        return proc
+    monkeypatch.setattr(launcher, "spawn", spawn_then_signalled)
+    spec = AppSpec(["sleep", "20"])
+    t0 = time.monotonic()
+    assert launcher.run(spec, rundir_mod.ensure(rundir), "simgpu") == 128 + signal.SIGTERM
+    assert time.monotonic() - t0 < 10
+
+
 BAD_ARGS = {
     "unknown class": (["--class", "gold"], "unknown class"),
     "qos-ms with batch": (["--class", "batch", "--qos-ms", "10"], "--class qos only"),
