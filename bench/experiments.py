@@ -571,14 +571,25 @@ EXPERIMENTS = {
                            ("claius,granularity=4", "claius,granularity=5", "claius,granularity=10",
                             "claius,granularity=20")),
 }
+# Camelot's (bench/camelot/experiments.py): pipelines, not pairs
+CAMELOT = {
+    "camelot-peak": "Camelot vs EA and Laius: peak load meeting the p99 target, 4 services x batch sizes (Fig. 14)",
+    "camelot-lowload": "resources at 30 % of peak load, Laius vs Camelot (Fig. 16)",
+    "camelot-loads": "Camelot's resources at four loads; p99 of Camelot and Camelot-NC (Fig. 17)",
+    "camelot-artifact": "the 27 artifact pipelines p_i+c_j+m_k: peak loads (Fig. 18)",
+    "camelot-multigpu": "peak loads on 2 GPUs and on a 16-GPU DGX-2-like machine (Fig. 19)",
+    "camelot-comm": "live on simgpu: handing a buffer over by handle vs copying it, by size (Fig. 11)",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="colocate experiment", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="experiments:\n" + "\n".join(f"  {k:20s} {v[0]}"
-                                                                    for k, v in EXPERIMENTS.items()))
-    ap.add_argument("name", choices=sorted(EXPERIMENTS), metavar="NAME", help="the experiment (below)")
+                                                                    for k, v in EXPERIMENTS.items())
+                                 + "\n" + "\n".join(f"  {k:20s} {v}" for k, v in CAMELOT.items()))
+    ap.add_argument("name", choices=sorted(EXPERIMENTS) + sorted(CAMELOT), metavar="NAME",
+                    help="the experiment (below)")
     ap.add_argument("--quick", action="store_true", help="2 services x 2 batch apps, 6 s runs (what tests run)")
     ap.add_argument("--out", type=Path, help="output folder (default bench/out/NAME)")
     ap.add_argument("--json", type=Path, help="also write the rows there")
@@ -597,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--horizon", type=float, help="simulated seconds per run (default 30; --quick 6)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--slowdown", type=float, default=SLOWDOWN, help="device slowdown (default %(default)g)")
-    ap.add_argument("--gpus", type=int, help="claius-datacenter: GPUs per service (default 100; --quick 2)")
+    ap.add_argument("--gpus", type=int, help="claius-datacenter: GPUs per service (default 100; --quick 2); "
+                                             "camelot-*: GPUs (default 2)")
     ap.add_argument("--address", help="claius-datacenter: a Ray cluster's address (default: a local Ray)")
     ap.add_argument("--qos-factor", type=float, default=QOS_FACTOR,
                     help="QoS target = this x --qos-base (default %(default)g)")
@@ -611,9 +623,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1, metavar="N",
                     help="validate-sim: live runs per pair and policy, and of each service alone; the "
                          "median counts (default 1)")
+    ap.add_argument("--device-model", choices=("2080ti", "v100", "h100"), default="2080ti",
+                    help="camelot-*: the GPU the device model is rescaled to (default 2080ti, the paper's; "
+                         "camelot-multigpu's 16-GPU case is always v100)")
+    ap.add_argument("--pipelines", help="camelot-*: comma-separated services (img-to-img, img-to-text, "
+                                        "text-to-img, text-to-text) or artifact pipelines like p1+c2+m3")
+    ap.add_argument("--batches", help="camelot-*: comma-separated batch sizes (default 8,16,32; artifact 8)")
     ap.add_argument("--verbose", action="store_true", help="show the policies' log lines")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
+    if a.name in CAMELOT:
+        return camelot_main(a, ap)
     title, default_pols = EXPERIMENTS[a.name]
     svcs = a.services.split(",") if a.services else (["pos", "ner"] if a.quick else list(SERVICES))
     batch = a.batch.split(",") if a.batch else (["hotspot", "bfs"] if a.quick else list(BATCH))
@@ -680,6 +700,36 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(rows)} runs in {wall:.1f} s wall; {meta['sim_s_per_wall_s_median'] or 0:.1f} simulated s "
           f"per wall s (median); outputs in {out}")
     return 0
+
+
+def camelot_main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """camelot-*: the pipeline experiments (bench/camelot/experiments.py)."""
+    out = a.out or ROOT / "bench" / "out" / a.name
+    if a.name == "camelot-comm":
+        import handoff
+        return handoff.main((["--quick"] if a.quick else []) + ["--out", str(out)])
+    from camelot import experiments as cx
+    from camelot.suite import pipeline
+    pipes = [p for p in (a.pipelines or "").split(",") if p] or None
+    for p in pipes or []:
+        try:
+            pipeline(p)
+        except KeyError as e:
+            ap.error(str(e.args[0]))
+    try:
+        batches = [int(b) for b in a.batches.split(",")] if a.batches else None
+    except ValueError:
+        ap.error(f"--batches {a.batches!r}: comma-separated whole numbers")
+    if batches and min(batches) < 1:
+        ap.error("--batches: sizes must be >= 1")
+    pols = [p for p in a.policies.split(",") if p] if a.policies else None
+    bad = [p for p in pols or [] if p not in cx.COMM]
+    if bad:
+        ap.error(f"unknown policy {', '.join(bad)} for {a.name}: {', '.join(cx.COMM)}")
+    if a.gpus is not None and a.gpus < 1:
+        ap.error("--gpus: at least 1")
+    return cx.main(a.name, pipes, pols, out, a.quick, a.device_model, a.gpus, a.seed, batches,
+                   not a.no_progress, a.json, lambda m: print(m, file=sys.stderr))
 
 
 if __name__ == "__main__":

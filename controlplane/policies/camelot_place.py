@@ -1,0 +1,165 @@
+"""Camelot's deployment of microservice instances across GPUs (Fig. 13, §VII-D).
+
+Given the instance counts N_i and the per-instance SM quotas p_i that the
+search of Eq. 1 / Eq. 3 chose, deploy the instances on n_gpus GPUs:
+
+  - stages are placed one after the other, the largest instances first
+    (their dominant share of a GPU: SMs, memory or bandwidth; then memory,
+    then stage index: first-fit decreasing);
+  - for each instance, the GPUs that can still take it (SM percent R, memory
+    F, bandwidth BW when capped, MPS clients I) are sorted by what they have
+    left, least first: remaining memory, then remaining SMs, then remaining
+    bandwidth, then remaining clients, then GPU index.  "GPUs with fewer
+    resources have higher priority ... Camelot avoids excessive
+    fragmentation";
+  - the instance goes to the first of them.  The GPU that took the previous
+    instance of the same stage has even less left, so it stays first while
+    it fits: same-stage instances end up together ("deploying instances of
+    the same stage on the same GPU as much as possible"), which this module
+    does in one step (as many as fit, then the next GPU).
+
+When this best fit fails, the spread layout (every stage's instances as
+evenly as possible over the GPUs, the most room first: the layout EA and
+Laius use) is tried before the allocation is declared unplaceable, so that
+a layout the baselines can use is never refused to Camelot.
+
+Memory is counted per instance: the model sharing between same-stage
+instances that §VII-D mentions is not credited (conservative; M(i, s) is a
+per-instance footprint in Table II).
+
+pack() works on plain numbers (the search calls it in its inner loop);
+place() is the public form on StageModels.  Both return None when some
+instance fits no GPU: the allocation is then infeasible.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from controlplane.policies.camelot import GPUSpec, StageModel
+
+Placement = tuple[tuple[tuple[int, int], ...], ...]   # per GPU: (stage index, pct) per instance
+
+_TOL = 1e-9
+
+
+def _fit_count(left: list[float], pct: int, mem: float, bw: float, cap_bw: bool) -> int:
+    """How many instances of (pct, mem, bw) a GPU with left = [pct, mem, bw,
+    clients] still takes."""
+    k = int(left[3])
+    k = min(k, int(left[0] // pct))
+    if mem > 0:
+        k = min(k, int((left[1] + _TOL) // mem))
+    if cap_bw and bw > 0:
+        k = min(k, int((left[2] + _TOL) // bw))
+    return max(k, 0)
+
+
+def counts_on(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
+              gpu: GPUSpec, n_gpus: int, bandwidth_cap: bool = True) -> list[list[int]] | None:
+    """Fig. 13 on numbers: how many instances of each stage each GPU gets
+    (on[g][i]), or None.  Best fit first (see the module docstring); when it
+    fails, the spread layout (each stage's instances as evenly as possible
+    over the GPUs, the one EA and Laius use) is tried before giving up."""
+    on = _best_fit(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap)
+    if on is None and n_gpus > 1:
+        on = _spread(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap)
+    return on
+
+
+def _order(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
+           gpu: GPUSpec) -> list[int]:
+    """Stages, largest instances first: by dominant share of a GPU (SMs,
+    memory or bandwidth), then memory, then index (first-fit decreasing)."""
+    def dom(i: int) -> float:
+        return max(pcts[i] / gpu.pct, mems[i] / gpu.mem_gb, bws[i] / gpu.bandwidth_gbs)
+    return sorted((i for i in range(len(counts)) if counts[i] > 0), key=lambda i: (-dom(i), -mems[i], i))
+
+
+def _best_fit(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
+              gpu: GPUSpec, n_gpus: int, cap_bw: bool) -> list[list[int]] | None:
+    left = [[float(gpu.pct), float(gpu.mem_gb), float(gpu.bandwidth_gbs), float(gpu.mps_clients)]
+            for _ in range(n_gpus)]
+    on = [[0] * len(counts) for _ in range(n_gpus)]
+    for i in _order(counts, pcts, mems, bws, gpu):
+        need, p, m, b = counts[i], pcts[i], mems[i], bws[i]
+        while need > 0:
+            best, best_key, best_k = -1, None, 0
+            for g, lg in enumerate(left):
+                k = min(int(lg[3]), int(lg[0] // p))             # _fit_count, inlined
+                if m > 0:
+                    k = min(k, int((lg[1] + _TOL) // m))
+                if cap_bw and b > 0:
+                    k = min(k, int((lg[2] + _TOL) // b))
+                if k <= 0:
+                    continue
+                key = (lg[1], lg[0], lg[2], lg[3], g)
+                if best_key is None or key < best_key:
+                    best, best_key, best_k = g, key, k
+            if best < 0:
+                return None
+            k = min(best_k, need)
+            _take(left[best], k, p, m, b)
+            on[best][i] += k
+            need -= k
+    return on
+
+
+def _spread(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
+            gpu: GPUSpec, n_gpus: int, cap_bw: bool) -> list[list[int]] | None:
+    left = [[float(gpu.pct), float(gpu.mem_gb), float(gpu.bandwidth_gbs), float(gpu.mps_clients)]
+            for _ in range(n_gpus)]
+    on = [[0] * len(counts) for _ in range(n_gpus)]
+    for i in _order(counts, pcts, mems, bws, gpu):
+        q, r = divmod(counts[i], n_gpus)
+        gs = sorted(range(n_gpus), key=lambda g: (-left[g][1], -left[g][0], g))   # most room first
+        for rank, g in enumerate(gs):
+            k = q + (1 if rank < r else 0)
+            if k and _fit_count(left[g], pcts[i], mems[i], bws[i], cap_bw) < k:
+                return None
+            _take(left[g], k, pcts[i], mems[i], bws[i])
+            on[g][i] += k
+    return on
+
+
+def _take(lg: list[float], k: int, pct: int, mem: float, bw: float) -> None:
+    lg[0] -= k * pct
+    lg[1] -= k * mem
+    lg[2] -= k * bw
+    lg[3] -= k
+
+
+def pack(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
+         gpu: GPUSpec, n_gpus: int, bandwidth_cap: bool = True) -> Placement | None:
+    """Fig. 13 on numbers: counts[i] instances of stage i, each taking pcts[i]
+    percent of the SMs, mems[i] GB and bws[i] GB/s, onto n_gpus GPUs of
+    `gpu`.  Returns, per GPU, the (stage, pct) of each instance placed there
+    (stage order), or None when one does not fit."""
+    on = counts_on(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap)
+    if on is None:
+        return None
+    return tuple(tuple((i, pcts[i]) for i in range(len(counts)) for _ in range(on[g][i]))
+                 for g in range(n_gpus))
+
+
+def place(instances: Sequence[int], quotas: Sequence[int], stages: Sequence[StageModel], gpu: GPUSpec,
+          n_gpus: int, batch: int, *, bandwidth_cap: bool = True) -> Placement | None:
+    """Fig. 13 / §VII-D: deploy instances[i] instances of stage i at quotas[i]
+    percent each on n_gpus GPUs (footprint M(i, s) = stage.mem_gb(batch),
+    bandwidth b(p) = stage.bandwidth_gbs(p, batch); bandwidth_cap=False
+    ignores BW, as Camelot-NC).  None when some instance fits no GPU (over
+    R, F, BW or I there)."""
+    if len(instances) != len(stages) or len(quotas) != len(stages):
+        raise ValueError(f"place: {len(stages)} stages but {len(instances)} instance counts "
+                         f"and {len(quotas)} quotas")
+    if n_gpus < 1:
+        raise ValueError(f"place: n_gpus must be >= 1, got {n_gpus}")
+    if batch < 1:
+        raise ValueError(f"place: batch must be >= 1, got {batch}")
+    for n, p in zip(instances, quotas):
+        if n < 0 or not 1 <= p <= gpu.pct:
+            raise ValueError(f"place: instance counts must be >= 0 and quotas in 1..{gpu.pct}, "
+                             f"got {n} x {p} %")
+    mems = [float(s.mem_gb(batch)) for s in stages]
+    bws = [float(s.bandwidth_gbs(p, batch)) if n else 0.0 for s, n, p in zip(stages, instances, quotas)]
+    return pack(list(instances), list(quotas), mems, bws, gpu, n_gpus, bandwidth_cap)

@@ -1,0 +1,148 @@
+"""Per-stage performance models of a microservice pipeline (Camelot §VII-A,
+Fig. 12): a stage's duration, memory bandwidth and throughput from its batch
+size and SM quota, learned from profiled samples; its FLOPs and memory
+footprint by linear regression on the batch (the paper: "LR is able to
+precisely capture such linear relationship").
+
+    samples = profile_stage(truth, batches=BATCHES, pcts=PCTS)   # solo runs
+    model = StagePredictor("dt").fit(samples)                     # the paper's choice
+    stage = model.as_stage(truth.name)                            # a StageModel for the allocator
+    errors = compare(samples)                                     # Fig. 12: DT / LR / RF
+
+`truth` is anything with the StageModel methods (duration_s, bandwidth_gbs,
+mem_gb, gflop): on simgpu, bench/camelot/suite.DevStage, whose numbers are
+the device model's solo times, i.e. what profiling each (batch, quota) alone
+measures (§VII-A: "queries are executed in solo-run mode").  The split is
+70/30 by sample, seeded, as in the paper.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+from sklearn.ensemble import RandomForestRegressor
+from sklearn.linear_model import LinearRegression
+from sklearn.tree import DecisionTreeRegressor
+
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+PCTS = tuple(range(5, 101, 5))
+TARGETS = ("duration_s", "bandwidth_gbs", "throughput_qps")
+KINDS = ("dt", "lr", "rf")
+
+
+class Measured(Protocol):
+    name: str
+
+    def duration_s(self, pct: int, batch: int) -> float: ...
+    def bandwidth_gbs(self, pct: int, batch: int) -> float: ...
+    def mem_gb(self, batch: int) -> float: ...
+    def gflop(self, batch: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Profiled rows: features (batch, pct) and the measured targets."""
+    name: str
+    X: np.ndarray                 # (n, 2): batch, pct
+    y: dict[str, np.ndarray]      # TARGETS -> (n,)
+    mem_gb: dict[int, float]      # batch -> footprint
+    gflop: dict[int, float]       # batch -> work
+
+
+def profile_stage(truth: Measured, batches: Sequence[int] = BATCHES, pcts: Sequence[int] = PCTS) -> Samples:
+    """Every (batch, quota) of the grid measured alone."""
+    X = np.array([(b, p) for b in batches for p in pcts], dtype=float)
+    dur = np.array([truth.duration_s(int(p), int(b)) for b, p in X])
+    bw = np.array([truth.bandwidth_gbs(int(p), int(b)) for b, p in X])
+    return Samples(truth.name, X, {"duration_s": dur, "bandwidth_gbs": bw, "throughput_qps": X[:, 0] / dur},
+                   {b: truth.mem_gb(b) for b in batches}, {b: truth.gflop(b) for b in batches})
+
+
+def _estimator(kind: str, seed: int):
+    if kind == "dt":
+        return DecisionTreeRegressor(random_state=seed)
+    if kind == "rf":
+        return RandomForestRegressor(n_estimators=24, random_state=seed)
+    if kind == "lr":
+        return LinearRegression()
+    raise ValueError(f"model kind {kind!r}: one of {', '.join(KINDS)}")
+
+
+def _features(X: np.ndarray) -> np.ndarray:
+    """log batch and log quota: work scales with the batch and inversely with
+    the SMs, so both trees and the linear model see ratios as differences."""
+    return np.log(X)
+
+
+class StagePredictor:
+    """One regressor per target on (log batch, log pct), log target; LR of
+    footprint and work on the batch.  A scikit-learn-style estimator."""
+
+    def __init__(self, kind: str = "dt", seed: int = 0) -> None:
+        _estimator(kind, seed)
+        self.kind, self.seed = kind, seed
+
+    def fit(self, s: Samples, rows: np.ndarray | None = None) -> "StagePredictor":
+        idx = np.arange(len(s.X)) if rows is None else rows
+        self.name_ = s.name
+        self.models_ = {t: _estimator(self.kind, self.seed).fit(_features(s.X[idx]), np.log(s.y[t][idx]))
+                        for t in TARGETS}
+        b = np.array(sorted(s.mem_gb), dtype=float).reshape(-1, 1)
+        self.mem_ = LinearRegression().fit(b, [s.mem_gb[int(x)] for x in b[:, 0]])
+        self.work_ = LinearRegression().fit(b, [s.gflop[int(x)] for x in b[:, 0]])
+        return self
+
+    def predict(self, target: str, X: Any) -> np.ndarray:
+        return np.exp(self.models_[target].predict(_features(np.asarray(X, dtype=float).reshape(-1, 2))))
+
+    def as_stage(self) -> "PredictedStage":
+        return PredictedStage(self)
+
+
+@dataclass(frozen=True, eq=False)
+class PredictedStage:
+    """The allocator's StageModel from a fitted StagePredictor (memoised)."""
+    model: StagePredictor
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.model.name_
+
+    def _one(self, target: str, pct: int, batch: int) -> float:
+        key = (target, pct, batch)
+        if key not in self._cache:
+            self._cache[key] = float(self.model.predict(target, [[batch, pct]])[0])
+        return self._cache[key]
+
+    def duration_s(self, pct: int, batch: int) -> float:
+        return self._one("duration_s", pct, batch)
+
+    def bandwidth_gbs(self, pct: int, batch: int) -> float:
+        return self._one("bandwidth_gbs", pct, batch)
+
+    def mem_gb(self, batch: int) -> float:
+        return float(self.model.mem_.predict([[batch]])[0])
+
+    def gflop(self, batch: int) -> float:
+        return float(self.model.work_.predict([[batch]])[0])
+
+
+def split(n: int, seed: int = 0, test: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
+    """70/30 by sample (§VII-A), seeded."""
+    perm = np.random.default_rng(seed).permutation(n)
+    k = int(round(n * test))
+    return np.sort(perm[k:]), np.sort(perm[:k])
+
+
+def compare(s: Samples, kinds: Sequence[str] = KINDS, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Fig. 12: mean absolute percentage error on the held-out 30 % per
+    model kind and target."""
+    train, test = split(len(s.X), seed)
+    out: dict[str, dict[str, float]] = {}
+    for kind in kinds:
+        m = StagePredictor(kind, seed).fit(s, train)
+        out[kind] = {t: float(np.mean(np.abs(m.predict(t, s.X[test]) - s.y[t][test]) / s.y[t][test]))
+                     for t in TARGETS}
+    return out

@@ -1,0 +1,339 @@
+"""Camelot's allocator (Eq. 1-3, Fig. 13) and the EA / Laius baselines, on
+ToyStage pipelines: determinism, the search against brute force, every
+constraint checked independently, Camelot-NC, Eq. 2, placement, infeasible
+inputs and bad arguments.  Pure Python, no device."""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from controlplane.policies import camelot as CM
+from controlplane.policies.camelot import (
+    ALLOCATORS,
+    Allocation,
+    GPUSpec,
+    ToyStage,
+    allocate,
+    brute_force_peak,
+    even_allocation,
+    gpu_preset,
+    laius_allocation,
+    min_gpus,
+    place,
+    solve_min,
+    solve_peak,
+    throughput,
+)
+
+GPU = gpu_preset("2080ti")
+
+
+def rand_instance(r: random.Random) -> tuple[list[ToyStage], int, int, float]:
+    """2-3 stages, 1-2 GPUs, QoS 1.05-3x the fastest possible latency (at granularity 10)."""
+    n = r.choice([2, 3])
+    st = [ToyStage(f"s{i}", ms_per_item=r.uniform(0.2, 3), fixed_ms=r.uniform(0.2, 3), knee=r.choice([30, 50, 70, 100]),
+                   gb_per_item=r.uniform(0.05, 1.5), model_gb=r.uniform(1.5, 4), act_gb_per_item=r.uniform(0.01, 0.1))
+          for i in range(n)]
+    c, b = r.choice([1, 2]), r.choice([1, 4, 8, 16])
+    fastest = sum(min(s.duration_s(p, b) for p in range(10, 101, 10)) for s in st)
+    return st, c, b, fastest * r.uniform(1.05, 3)
+
+
+def instances(k: int, seed: int = 7) -> list[tuple[list[ToyStage], int, int, float]]:
+    r = random.Random(seed)
+    return [rand_instance(r) for _ in range(k)]
+
+
+def pipeline3() -> list[ToyStage]:
+    return [ToyStage("a", ms_per_item=1.0, knee=60, model_gb=2.0),
+            ToyStage("b", ms_per_item=2.0, knee=80, model_gb=1.5, gb_per_item=0.5),
+            ToyStage("c", ms_per_item=0.5, knee=40, model_gb=3.0, gb_per_item=1.0)]
+
+
+def assert_valid(a: Allocation, stages: list[ToyStage], gpu: GPUSpec, n_gpus: int, batch: int, qos_s: float,
+                 granularity: int | None = 5, bandwidth: bool = True) -> None:
+    """Every constraint of Eq. 1, recomputed here from the placement."""
+    assert a.feasible and a.why == ""
+    n = len(stages)
+    assert len(a.instances) == len(a.quotas) == n and all(x >= 1 for x in a.instances)
+    assert all(1 <= p <= gpu.pct for p in a.quotas)
+    if granularity:
+        assert all(p % granularity == 0 for p in a.quotas)
+    assert len(a.placement) == n_gpus
+    placed = [0] * n
+    for on in a.placement:
+        assert sum(p for _, p in on) <= gpu.pct                                          # C-1, per GPU
+        assert len(on) <= gpu.mps_clients                                               # C-2, per GPU
+        assert sum(stages[i].mem_gb(batch) for i, _ in on) <= gpu.mem_gb + 1e-9          # C-4, per GPU
+        if bandwidth:
+            assert sum(stages[i].bandwidth_gbs(p, batch) for i, p in on) <= gpu.bandwidth_gbs + 1e-9   # C-3
+        for i, p in on:
+            assert p == a.quotas[i]
+            placed[i] += 1
+    assert tuple(placed) == a.instances
+    assert sum(x * p for x, p in zip(a.instances, a.quotas)) == a.resources_pct <= n_gpus * gpu.pct
+    lat = sum(s.duration_s(p, batch) for s, p in zip(stages, a.quotas))
+    assert a.latency_s == pytest.approx(lat) and lat <= qos_s * (1 + 1e-9)              # C-5
+    thr = min(x * batch / s.duration_s(p, batch) for s, x, p in zip(stages, a.instances, a.quotas))
+    assert a.throughput_qps == pytest.approx(thr)
+    assert a.gpus == sum(1 for on in a.placement if on)
+
+
+# --- the search ------------------------------------------------------------------------------
+
+def test_deterministic_for_a_seed():
+    st = pipeline3()
+    for c in (1, 2):
+        a = [solve_peak(st, GPU, c, 8, 0.2, seed=s) for s in (3, 3, 4)]
+        assert a[0] == a[1]
+        assert a[2].feasible
+    m = [solve_min(st, GPU, 150.0, 8, 0.2, seed=5) for _ in range(2)]
+    assert m[0] == m[1]
+
+
+def test_sa_matches_brute_force():
+    checked = 0
+    for st, c, b, q in instances(14):
+        bf = brute_force_peak(st, GPU, c, b, q, granularity=10)
+        for seed in (0, 1):
+            sa = solve_peak(st, GPU, c, b, q, seed=seed, granularity=10)
+            assert sa.feasible == bf.feasible, (sa.why, bf.why)
+            if bf.feasible:
+                assert sa.throughput_qps == pytest.approx(bf.throughput_qps, rel=1e-9), (sa, bf)
+                checked += 1
+    assert checked >= 16
+
+
+def test_the_search_matters():
+    """Without iterations (the start and its polish only) some instance ends
+    lower than brute force: test_sa_matches_brute_force tests the annealing."""
+    worse = 0
+    for st, c, b, q in instances(14):
+        bf = brute_force_peak(st, GPU, c, b, q, granularity=10)
+        if bf.feasible:
+            a = solve_peak(st, GPU, c, b, q, granularity=10, iters=0)
+            worse += a.throughput_qps < bf.throughput_qps * (1 - 1e-9)
+    assert worse >= 1
+
+
+def test_every_returned_allocation_meets_eq1():
+    n = 0
+    for st, c, b, q in instances(20, seed=11):
+        for cap in (True, False):
+            a = solve_peak(st, GPU, c, b, q, seed=2, bandwidth_cap=cap)
+            if a.feasible:
+                assert_valid(a, st, GPU, c, b, q, bandwidth=cap)
+                n += 1
+    assert n >= 15
+
+
+def test_camelot_nc_can_exceed_bandwidth_camelot_cannot():
+    # stage "m" is memory-bound: 200-900 GB/s per instance, the GPU's SMs cannot all work on it
+    st = [ToyStage("m", ms_per_item=1.0, fixed_ms=0.1, knee=50, gb_per_item=1.0, model_gb=1.0),
+          ToyStage("c", ms_per_item=0.5, fixed_ms=0.1, knee=100, gb_per_item=0.01, model_gb=1.0)]
+    assert st[0].bandwidth_gbs(50, 1) > GPU.bandwidth_gbs / 2
+    capped = solve_peak(st, GPU, 1, 1, 0.05)
+    nc = solve_peak(st, GPU, 1, 1, 0.05, bandwidth_cap=False)
+    assert_valid(capped, st, GPU, 1, 1, 0.05)
+    assert_valid(nc, st, GPU, 1, 1, 0.05, bandwidth=False)
+
+    def bw(a: Allocation) -> float:
+        return sum(st[i].bandwidth_gbs(p, 1) for i, p in a.placement[0])
+    assert bw(capped) <= GPU.bandwidth_gbs
+    assert bw(nc) > GPU.bandwidth_gbs
+    assert nc.throughput_qps > capped.throughput_qps
+    assert ALLOCATORS["camelot-nc"](st, GPU, 1, 1, 0.05) == nc
+
+
+def test_camelot_at_least_the_baselines():
+    st = pipeline3()
+    for c in (1, 2):
+        nc = solve_peak(st, GPU, c, 8, 0.2, bandwidth_cap=False)
+        ea, la = even_allocation(st, GPU, c, 8, 0.2), laius_allocation(st, GPU, c, 8, 0.2)
+        assert ea.feasible and la.feasible
+        assert nc.throughput_qps >= la.throughput_qps >= ea.throughput_qps
+        cam = solve_peak(st, GPU, c, 8, 0.2)
+        la_c = laius_allocation(st, GPU, c, 8, 0.2, bandwidth_cap=True)
+        assert cam.throughput_qps >= la_c.throughput_qps > 0
+
+
+# --- Eq. 2 and Eq. 3 -----------------------------------------------------------------------
+
+def test_min_gpus_follows_eq2():
+    st = [ToyStage("a", gflop_per_item=100.0, model_gb=2.0, act_gb_per_item=0.0),
+          ToyStage("b", gflop_per_item=300.0, model_gb=3.0, act_gb_per_item=0.0)]
+    g = GPUSpec(gflops=1000.0, mem_gb=4.0)
+    # compute: load / s * sum C(i, s) / G = 10 / 2 * (200 + 600) / 1000 = 4; memory: 5 / 4 -> 4
+    assert min_gpus(st, g, 2, 10.0) == 4
+    assert min_gpus(st, g, 2, 10.5) == 5            # ceil(4.2)
+    assert min_gpus(st, g, 2, 0.0) == 2             # memory: ceil(1.25)
+    assert min_gpus(st, GPUSpec(gflops=1e9, mem_gb=100.0), 2, 1.0) == 1   # at least 1
+
+
+def test_solve_min_carries_the_load_with_less_than_ea():
+    st = pipeline3()
+    for c in (1, 2):
+        ea = even_allocation(st, GPU, c, 8, 0.2)
+        load = 0.9 * ea.throughput_qps
+        m = solve_min(st, GPU, load, 8, 0.2)
+        assert m.feasible and m.throughput_qps >= load
+        assert m.resources_pct < ea.resources_pct
+        assert_valid(m, st, GPU, len(m.placement), 8, 0.2)
+        assert len(m.placement) >= min_gpus(st, GPU, 8, load)
+        peak = solve_peak(st, GPU, len(m.placement), 8, 0.2)
+        assert m.resources_pct <= peak.resources_pct
+
+
+def test_solve_min_uses_more_gpus_when_needed():
+    st = pipeline3()
+    one = solve_peak(st, GPU, 1, 8, 0.2)
+    m = solve_min(st, GPU, one.throughput_qps * 1.5, 8, 0.2)
+    assert m.feasible and len(m.placement) >= 2 and m.throughput_qps >= one.throughput_qps * 1.5
+    big = solve_min(st, GPU, 1e7, 8, 0.2, max_gpus=3)
+    assert not big.feasible and "max_gpus" in big.why
+
+
+def test_laius_min_just_enough_per_stage_one_instance_each():
+    """Laius at low load: one instance per stage per GPU, each the least
+    quota that carries the GPU's share, raised only as QoS needs; more load
+    takes more SMs or GPUs, and Camelot's least allocation needs no more."""
+    st = pipeline3()
+    peak = laius_allocation(st, GPU, 1, 8, 0.2).throughput_qps
+    low = CM.laius_min(st, GPU, 0.3 * peak, 8, 0.2)
+    assert low.feasible and low.instances == (1, 1, 1) and low.throughput_qps >= 0.3 * peak
+    for i, s in enumerate(st):      # just enough: one step less carries too little or misses QoS
+        p = low.quotas[i]
+        slower = low.latency_s - s.duration_s(p, 8) + s.duration_s(p - 5, 8) if p > 5 else 0.0
+        assert p == 5 or 8 / s.duration_s(p - 5, 8) < 0.3 * peak or slower > 0.2
+    high = CM.laius_min(st, GPU, 0.9 * peak, 8, 0.2)
+    assert high.resources_pct > low.resources_pct
+    two = CM.laius_min(st, GPU, 1.5 * peak, 8, 0.2)
+    assert two.feasible and len(two.placement) == 2 and two.instances == (2, 2, 2)
+    cam = solve_min(st, GPU, 0.3 * peak, 8, 0.2)
+    assert cam.resources_pct <= low.resources_pct
+    assert not CM.laius_min(st, GPU, 1e7, 8, 0.2, max_gpus=2).feasible
+    with pytest.raises(ValueError, match="load_qps"):
+        CM.laius_min(st, GPU, 0, 8, 0.2)
+
+
+# --- placement (Fig. 13) ---------------------------------------------------------------------
+
+def test_place_refuses_overfull_gpus():
+    st = [ToyStage("a", model_gb=1.0, gb_per_item=0.01), ToyStage("b", model_gb=1.0, gb_per_item=0.01)]
+    assert place([2, 1], [50, 50], st, GPU, 1, 1) is None                 # 150 % of the SMs
+    assert place([1, 1], [50, 50], st, GPU, 1, 1) is not None
+    fat = [ToyStage("a", model_gb=6.0, act_gb_per_item=0.0), ToyStage("b", model_gb=6.0, act_gb_per_item=0.0)]
+    assert place([1, 1], [10, 10], fat, GPU, 1, 1) is None                # 12 GB > 11 GB
+    assert place([1, 1], [10, 10], fat, GPU, 2, 1) is not None
+    few = GPUSpec(mps_clients=3)
+    assert place([2, 2], [10, 10], st, few, 1, 1) is None                  # 4 clients > I = 3
+    hot = [ToyStage("h", ms_per_item=1.0, fixed_ms=0.0, gb_per_item=1.0, knee=100)]
+    assert place([2], [50], hot, GPU, 1, 1) is None                        # 2 x 500 GB/s > 616
+    assert place([2], [50], hot, GPU, 1, 1, bandwidth_cap=False) is not None
+
+
+def test_place_keeps_same_stage_instances_together():
+    st = [ToyStage("a", model_gb=1.0, gb_per_item=0.01), ToyStage("b", model_gb=1.0, gb_per_item=0.01)]
+    pl = place([2, 2], [50, 50], st, GPU, 2, 1)
+    assert pl is not None
+    assert sorted(sorted({i for i, _ in on}) for on in pl) == [[0], [1]]
+    # 4 x 20 % of a, 2 x 30 % of b on 3 GPUs: b's two together, a's on at most two
+    # GPUs (best fit tops up the fullest GPU first), the third GPU left empty
+    pl = place([4, 2], [20, 30], st, GPU, 3, 1)
+    assert pl is not None
+    assert sum(1 for on in pl if any(i == 1 for i, _ in on)) == 1
+    assert sum(1 for on in pl if any(i == 0 for i, _ in on)) == 2
+    assert sorted(len(on) for on in pl)[0] == 0
+
+
+def test_place_fills_the_fullest_gpu_first():
+    st = [ToyStage("a", model_gb=4.0, act_gb_per_item=0.0, gb_per_item=0.01),
+          ToyStage("b", model_gb=1.0, act_gb_per_item=0.0, gb_per_item=0.01)]
+    pl = place([2, 1], [40, 10], st, GPU, 2, 1)
+    assert pl is not None
+    # both a on one GPU (8 GB, 80 %); b then goes to the GPU with less memory left
+    assert sorted(pl, key=len, reverse=True)[0] == ((0, 40), (0, 40), (1, 10))
+
+
+# --- the baselines ---------------------------------------------------------------------------
+
+def test_even_allocation_is_an_even_split_per_gpu():
+    st = pipeline3()
+    a = even_allocation(st, GPU, 2, 8, 0.2)
+    assert a.instances == (2, 2, 2) and a.quotas == (33, 33, 33) and a.resources_pct == 198
+    assert a.placement == (((0, 33), (1, 33), (2, 33)),) * 2
+    assert a.throughput_qps == pytest.approx(throughput(st, (2, 2, 2), (33, 33, 33), 8))
+    assert not even_allocation(st, GPU, 2, 8, 0.001).feasible
+
+
+def test_laius_balances_one_gpu_and_multiplies():
+    st = pipeline3()
+    one, two = laius_allocation(st, GPU, 1, 8, 0.2), laius_allocation(st, GPU, 2, 8, 0.2)
+    assert two.throughput_qps == pytest.approx(2 * one.throughput_qps)
+    assert two.quotas == one.quotas and two.instances == (2, 2, 2)
+    best = 0.0
+    for ps in itertools.product(range(5, 101, 5), repeat=3):
+        if sum(ps) <= 100 and sum(s.duration_s(p, 8) for s, p in zip(st, ps)) <= 0.2:
+            best = max(best, throughput(st, (1, 1, 1), ps, 8))
+    assert one.throughput_qps == pytest.approx(best)
+
+
+# --- infeasible inputs, bad arguments ------------------------------------------------------
+
+def test_infeasible_inputs_say_why():
+    st = pipeline3()
+    fastest = sum(min(s.duration_s(p, 8) for p in range(5, 101, 5)) for s in st)
+    for a in (solve_peak(st, GPU, 2, 8, fastest * 0.9), solve_min(st, GPU, 10.0, 8, fastest * 0.9),
+              brute_force_peak(st, GPU, 1, 8, fastest * 0.9)):
+        assert not a.feasible and "QoS" in a.why and a.throughput_qps == 0.0
+    for a in (even_allocation(st, GPU, 2, 8, fastest * 0.9), laius_allocation(st, GPU, 2, 8, fastest * 0.9)):
+        assert not a.feasible and "QoS" in a.why and a.throughput_qps == 0.0
+    fat = st + [ToyStage("fat", model_gb=12.0)]
+    for a in (solve_peak(fat, GPU, 2, 8, 1.0), solve_min(fat, GPU, 10.0, 8, 1.0)):
+        assert not a.feasible and "memory" in a.why and "'fat'" in a.why
+    assert "memory" in even_allocation(fat, GPU, 2, 8, 1.0).why
+    assert "memory" in laius_allocation(fat, GPU, 2, 8, 1.0).why
+
+
+@pytest.mark.parametrize("call, msg", [
+    (lambda st: solve_peak(st, GPU, 1, 0, 0.1), "batch"),
+    (lambda st: solve_peak(st, GPU, 0, 8, 0.1), "n_gpus"),
+    (lambda st: solve_peak(st, GPU, 1, 8, -0.1), "qos_s"),
+    (lambda st: solve_peak(st, GPU, 1, 8, math.nan), "qos_s"),
+    (lambda st: solve_peak(st, GPU, 1, 8, 0.1, granularity=0), "granularity"),
+    (lambda st: solve_peak([], GPU, 1, 8, 0.1), "no stages"),
+    (lambda st: solve_min(st, GPU, -1.0, 8, 0.1), "load_qps"),
+    (lambda st: solve_min(st, GPU, 10.0, 0, 0.1), "batch"),
+    (lambda st: even_allocation(st, GPU, 0, 8, 0.1), "n_gpus"),
+    (lambda st: laius_allocation(st, GPU, 1, 8, -1.0), "qos_s"),
+    (lambda st: brute_force_peak(st, GPU, 1, 0, 0.1), "batch"),
+    (lambda st: min_gpus(st, GPU, 0, 1.0), "batch"),
+    (lambda st: place([1, 1, 1], [10, 10, 10], st, GPU, 0, 8), "n_gpus"),
+    (lambda st: gpu_preset("tpu"), "unknown GPU"),
+    (lambda st: allocate("nope", st, GPU, 1, 8, 0.1), "unknown allocator"),
+    (lambda st: GPUSpec(mem_gb=0.0), "mem_gb"),
+])
+def test_bad_arguments_raise(call, msg):
+    with pytest.raises(ValueError, match=msg):
+        call(pipeline3())
+
+
+# --- names and presets -------------------------------------------------------------------------
+
+def test_allocators_by_name():
+    assert set(ALLOCATORS) == {"camelot", "camelot-nc", "ea", "laius"}
+    st = pipeline3()
+    assert allocate("camelot", st, GPU, 1, 8, 0.2, seed=1) == solve_peak(st, GPU, 1, 8, 0.2, seed=1)
+    assert allocate("ea", st, GPU, 1, 8, 0.2) == even_allocation(st, GPU, 1, 8, 0.2)
+    assert allocate("laius", st, GPU, 1, 8, 0.2) == laius_allocation(st, GPU, 1, 8, 0.2)
+
+
+def test_presets():
+    assert gpu_preset("2080Ti") == GPUSpec()
+    v = gpu_preset("V100")
+    assert (v.bandwidth_gbs, v.mem_gb, v.mps_clients) == (897.0, 32.0, 48)
+    assert gpu_preset("h100").mem_gb == 80.0
+    assert CM.DEFAULT_ITERS > 0
