@@ -579,6 +579,7 @@ CAMELOT = {
     "camelot-artifact": "the 27 artifact pipelines p_i+c_j+m_k: peak loads (Fig. 18)",
     "camelot-multigpu": "peak loads on 2 GPUs and on a 16-GPU DGX-2-like machine (Fig. 19)",
     "camelot-comm": "live on simgpu: handing a buffer over by handle vs copying it, by size (Fig. 11)",
+    "camelot-predictors": "per-stage duration/bandwidth/throughput models: DT vs LR vs RF errors (Fig. 12)",
 }
 
 

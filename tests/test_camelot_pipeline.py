@@ -158,6 +158,15 @@ def test_peak_experiments_quick(tmp_path, name):
         assert {r["gpus"] for r in j["rows"]} == {2}
 
 
+def test_predictors_experiment_quick(tmp_path):
+    j = experiment(tmp_path, "camelot-predictors")
+    assert [r["stage"] for r in j["rows"]] == ["image-features", "image-caption"]
+    for r in j["rows"]:
+        assert all(0 <= r[f"{k}_{t}"] < 1 for k in ("dt", "lr", "rf")
+                   for t in ("duration_s", "bandwidth_gbs", "throughput_qps"))
+        assert 0 < r["dt_predict_ms"] < 50
+
+
 @pytest.mark.parametrize("name,pols", [("camelot-lowload", {"laius", "camelot"}),
                                        ("camelot-loads", {"camelot", "camelot-nc"})])
 def test_load_experiments_quick(tmp_path, name, pols):

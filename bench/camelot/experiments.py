@@ -10,6 +10,7 @@ simgpu's device model, rescaled to the paper's GPUs (suite.DEVICES).
                     of Camelot and Camelot-NC (no bandwidth constraint)
   camelot-artifact  Fig. 18/20: the 27 artifact pipelines' peak loads
   camelot-multigpu  Fig. 19: peak loads on 2 and 16 GPUs (DGX-2-like, V100)
+  camelot-predictors Fig. 12: DT / LR / RF errors of the per-stage models
 
 How a policy is judged: its allocator sees the stages through the DT
 predictors trained on solo profiles (predictors/stages.py), as the paper's
@@ -39,6 +40,7 @@ from controlplane.policies import camelot as alloc
 from predictors.stages import StagePredictor, profile_stage
 
 QOS_X = 2.0
+UTILIZATION = 0.8       # Eq. 3 / Laius at a load: provision for load / this (both policies alike)
 BATCHES = (8, 16, 32)
 POLICIES = ("ea", "laius", "camelot")
 COMM = {"ea": "copy", "laius": "copy", "camelot": "handle", "camelot-nc": "handle"}
@@ -49,6 +51,7 @@ PAPER = {  # the paper's headline figures, for the side-by-side table
     "camelot-loads": "Camelot-NC misses the target in 10/16 cases, up to 1.55x (Fig. 17)",
     "camelot-artifact": "Camelot +44.91 % over EA, +39.72 % over Laius on average (Fig. 18)",
     "camelot-multigpu": "Camelot +50.1 % over EA on average on a DGX-2 (Fig. 19)",
+    "camelot-predictors": "DT and RF accurate, LR worse; DT chosen, < 1 ms per prediction (Fig. 12, §VII-A)",
 }
 
 
@@ -99,10 +102,14 @@ def allocate(policy: str, stages: Sequence[Stage], setup: Setup, batch: int, qos
     """A policy's Allocation: at peak (load None, Eq. 1) or for a load (Eq. 2-3).
     Every allocator plans for the target less the batching headroom that
     the runtime keeps back (pipesim.HEADROOM), since queries are issued by
-    arrival + (1 - HEADROOM) x target - the predicted rest."""
+    arrival + (1 - HEADROOM) x target - the predicted rest; and for a load,
+    for load / UTILIZATION: Eq. 3 asks only that the stages carry the load,
+    which a queue at 100 % utilisation does not do within any target."""
     pred = predicted(stages, setup)
     spec = setup.spec()
     qos = qos * (1 - pipesim.HEADROOM)    # the share the runtime's batching keeps back (pipesim)
+    if load_qps is not None:
+        load_qps = load_qps / UTILIZATION
     if policy in ("camelot", "camelot-nc"):
         cap = policy == "camelot"
         if load_qps is None:
@@ -185,6 +192,9 @@ def run(name: str, services: Sequence[str] | None, policies: Sequence[str] | Non
         pipeline(s)                       # unknown names fail before any work
     pols = list(policies) if policies else list(POLICIES)
     rows: list[dict] = []
+    if name == "camelot-predictors":
+        return predictor_rows(setup, svcs if services or setup.quick else list(SERVICES) + ["p1+c1+m1", "p2+c2+m2",
+                                                                                              "p3+c3+m3"])
     if name in ("camelot-peak", "camelot-artifact", "camelot-multigpu"):
         gpu_sets = [setup.gpus] if name != "camelot-multigpu" else ([2] if setup.quick else [2, 16])
         jobs = [(s, b, g) for g in gpu_sets for s in svcs for b in batches]
@@ -213,6 +223,26 @@ def run(name: str, services: Sequence[str] | None, policies: Sequence[str] | Non
     return rows
 
 
+def predictor_rows(setup: Setup, names: Sequence[str]) -> list[dict]:
+    """Fig. 12: each stage's DT / LR / RF errors on the held-out 30 % of its
+    solo profile, and the time of one DT prediction (§VII-A: < 1 ms)."""
+    from predictors.stages import StagePredictor, compare, profile_stage
+    rows = []
+    for name in names:
+        for st in pipeline(name):
+            samples = profile_stage(DevStage(st, setup.params))
+            row: dict[str, Any] = {"service": name, "stage": st.name, "samples": len(samples.X)}
+            for kind, errs in compare(samples, seed=setup.seed).items():
+                row.update({f"{kind}_{t}": v for t, v in errs.items()})
+            m = StagePredictor("dt", setup.seed).fit(samples)
+            t0 = time.perf_counter()
+            for k in range(200):
+                m.predict("duration_s", [[8, 5 + k % 19 * 5]])
+            row["dt_predict_ms"] = (time.perf_counter() - t0) / 200 * 1e3
+            rows.append(row)
+    return rows
+
+
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:+.1f} %"
 
@@ -224,6 +254,19 @@ def _n(v: float | None, fmt: str = "{:.2f}") -> str:
 def table(name: str, rows: list[dict], pols: Sequence[str]) -> str:
     """The experiment's table (markdown), with the paper's figure beside it."""
     md = [f"# {name}", "", f"Paper: {PAPER.get(name, '')}", ""]
+    if name == "camelot-predictors":
+        ts = ("duration_s", "bandwidth_gbs", "throughput_qps")
+        md += ["| service | stage | " + " | ".join(f"{k.upper()} {t.split('_')[0]}" for k in ("dt", "lr", "rf")
+                                                  for t in ts) + " | DT predict ms |",
+               "|---|---|" + "---|" * 10]
+        for r in rows:
+            md.append(f"| {r['service']} | {r['stage']} | " + " | ".join(f"{100 * r[f'{k}_{t}']:.1f} %"
+                                                                      for k in ("dt", "lr", "rf") for t in ts)
+                      + f" | {r['dt_predict_ms']:.3f} |")
+        for k in ("dt", "lr", "rf"):
+            md.append(f"\n{k.upper()}: mean error " + ", ".join(
+                f"{t.split('_')[0]} {100 * sum(r[f'{k}_{t}'] for r in rows) / len(rows):.1f} %" for t in ts))
+        return "\n".join(md) + "\n"
     if name in ("camelot-peak", "camelot-artifact", "camelot-multigpu"):
         md += ["| service | batch | GPUs | QoS ms | " + " | ".join(f"{p} peak qps" for p in pols)
                + " | vs EA | vs Laius | camelot p99/QoS | camelot allocation |",
@@ -296,7 +339,8 @@ def main(name: str, services: Sequence[str] | None, policies: Sequence[str] | No
         json_path.write_text(json.dumps(doc, indent=1, default=_json))
     md = table(name, rows, pols)
     (out / "table.md").write_text(md)
-    plot(out / "plot.png", name, rows, pols)
+    if name != "camelot-predictors":
+        plot(out / "plot.png", name, rows, pols)
     print(md)
     print(f"{len(rows)} rows in {wall:.1f} s wall; outputs in {out}")
     return 0
