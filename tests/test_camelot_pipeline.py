@@ -71,6 +71,8 @@ def test_pipesim_deterministic_and_load_raises_latency(dev):
     low, high = sim(dev, dep, 100), sim(dev, dep, 20000)
     assert np.isfinite(low.latencies_s).all() and low.p99_s < 0.05
     assert high.p99_s > 0.05                     # far past what 2 instances carry
+    over = sim(dev, dep, 20000, queries=3000)    # some never finish within the drain
+    assert not np.isfinite(over.latencies_s).all() and over.p99_s == math.inf
 
 
 def test_pipesim_handles_on_one_gpu_copies_across(dev):

@@ -43,6 +43,8 @@ from camelot.suite import MB, THREADS, Stage, batch_ops, input_mb
 
 from shim.devmodel import D2H, H2D, Device, Params, quota_sms, solo
 
+WINDOW_QOS = 10.0     # a run spans at least this many QoS targets of arrivals (run_length)
+MAX_QUERIES = 12000   # per run; loads past measurable_qps() are not judged
 HEADROOM = 0.1        # batching: a query is issued by arrival + (1 - HEADROOM) * qos - predicted rest
 HANDOFF_S = 60e-6      # host cost of passing and opening a handle (bench/handoff.py measures ours)
 
@@ -70,13 +72,15 @@ class Result:
     cross_gpu: int = 0                      # of which: handle mode, consumer on another GPU
     batches: int = 0
 
+    # nearest rank at or above (no interpolation): an unfinished query is an
+    # infinite latency, and interpolating with it would give NaN
     @property
     def p99_s(self) -> float:
-        return float(np.percentile(self.latencies_s, 99)) if len(self.latencies_s) else math.inf
+        return float(np.quantile(self.latencies_s, 0.99, method="higher")) if len(self.latencies_s) else math.inf
 
     @property
     def p50_s(self) -> float:
-        return float(np.percentile(self.latencies_s, 50)) if len(self.latencies_s) else math.inf
+        return float(np.quantile(self.latencies_s, 0.5, method="higher")) if len(self.latencies_s) else math.inf
 
     @property
     def throughput_qps(self) -> float:
@@ -246,23 +250,46 @@ def _solo_ops(params: Params, ops: list, sms: int) -> float:
     return sum(solo(params, k, b, THREADS, 0, 0, f, by, sms) for k, b, f, by in ops)
 
 
+def measurable_qps(qos_s: float, max_queries: int = MAX_QUERIES) -> float:
+    """The highest load a run of max_queries can judge: its arrivals must span
+    WINDOW_QOS targets (a steady state, not the first batches' transient)."""
+    return max_queries / (WINDOW_QOS * qos_s)
+
+
+def run_length(load_qps: float, qos_s: float, queries: int, max_queries: int = MAX_QUERIES) -> int:
+    """Queries for a run at load_qps: at least `queries`, and enough to span
+    WINDOW_QOS targets, at most max_queries."""
+    return int(min(max_queries, max(queries, load_qps * WINDOW_QOS * qos_s)))
+
+
 def peak_load(stages: Sequence[Stage], deployment: Sequence[Instance], params: Params, batch: int,
               qos_s: float, comm: str, hi_qps: float, queries: int = 1500, seed: int = 1,
               service: str = "", steps: int = 9) -> tuple[float, Result | None]:
-    """The highest Poisson load (by bisection up to hi_qps) whose p99 meets
-    qos_s, with that run's result (0, None when even a trickle misses)."""
-    lo, best = 0.0, None
-    lo_probe = simulate(stages, deployment, params, batch, qos_s, max(hi_qps * 0.01, 1e-3), comm,
-                        min(queries, 200), seed, service=service)
-    if lo_probe.p99_s > qos_s:
+    """The highest Poisson load whose p99 meets qos_s, by bisection below
+    hi_qps (doubled up to 4 times while it still meets the target, never
+    past measurable_qps), with that run's result; (0, None) when even a
+    trickle misses."""
+    def run(load: float, n: int | None = None) -> Result:
+        return simulate(stages, deployment, params, batch, qos_s, load, comm,
+                        n or run_length(load, qos_s, queries), seed, service=service)
+
+    if run(max(hi_qps * 0.01, 1e-3), min(queries, 200)).p99_s > qos_s:
         return 0.0, None
-    hi = hi_qps
-    top = simulate(stages, deployment, params, batch, qos_s, hi, comm, queries, seed, service=service)
-    if top.p99_s <= qos_s:
-        return hi, top
+    lo, best, hi = 0.0, None, min(hi_qps, measurable_qps(qos_s))
+    cap = measurable_qps(qos_s)
+    for _ in range(4):
+        top = run(hi)
+        if top.p99_s > qos_s:
+            break
+        lo, best = hi, top
+        if hi >= cap:
+            return lo, best           # as far as a run can judge: the caller flags it
+        hi = min(2 * hi, cap)
+    else:
+        return lo, best
     for _ in range(steps):
         mid = (lo + hi) / 2
-        r = simulate(stages, deployment, params, batch, qos_s, mid, comm, queries, seed, service=service)
+        r = run(mid)
         if r.p99_s <= qos_s:
             lo, best = mid, r
         else:
