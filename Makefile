@@ -104,6 +104,20 @@ bench/bin/test-%: tests/progs/%.c tests/progs/readfile.h
 	@mkdir -p bench/bin
 	$(CC) -O2 -Wall -I $(CUDA_HOME)/include -o $@ $< -ldl -lpthread
 
+# Camelot's artifact stages (bench/camelot, `colocate pipeline run`): a CUDA
+# library the stage workers load with ctypes, and its twins (found through
+# SIMGPU_TWINS: a library has no "<executable>.twins.so")
+CAMELOT := bench/bin/libcamelot-stage.so bench/bin/libcamelot-stage.twins.so
+progs: $(CAMELOT)
+
+bench/bin/libcamelot-stage.so: bench/camelot/stage.cu
+	@mkdir -p bench/bin
+	$(NVCC) $(NVCCFLAGS) -shared -Xcompiler -fPIC -o $@ $<
+
+bench/bin/libcamelot-stage.twins.so: bench/camelot/stage_twins.c shim/simgpu/simgpu_twin.h
+	@mkdir -p bench/bin
+	$(CC) $(TWINFLAGS) -O3 -ffp-contract=off -o $@ $<
+
 # the Tonic services (bench/tonic) add their own targets to `progs`
 -include bench/tonic/build.mk
 

@@ -593,6 +593,132 @@ def experiment(ctx: typer.Context) -> None:
     raise typer.Exit(subprocess.call([sys.executable, str(script), *ctx.args]))
 
 
+# --- pipeline ---------------------------------------------------------------
+
+pipeline_app = typer.Typer(help="Camelot's microservice pipelines, live: `run SPEC`, `ls` (the default).",
+                           invoke_without_command=True, add_completion=False)
+
+
+@pipeline_app.callback()
+def pipeline_main(ctx: typer.Context) -> None:
+    """Camelot's microservice pipelines, live: `colocate pipeline run SPEC` runs one
+    (bench/camelot/specs/ has examples); `colocate pipeline` alone lists the running ones."""
+    if ctx.invoked_subcommand is None:
+        pipeline_ls(as_json=False, runtime_dir=None)
+
+
+def _ms(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _p50_99(d: dict) -> str:
+    return "-" if d.get("p50") is None else f"{d['p50']:.1f}/{d['p99']:.1f}"
+
+
+def pipeline_tables(rep: dict) -> list[Table]:
+    """The report of a run: one row per stage and end to end, one per hop between stages."""
+    e2e = rep["e2e_ms"]
+    t = Table(title=f"pipeline {rep['pipeline']} ({rep['mode']}, {rep['device']}, scale {rep['scale']:g}): "
+                    f"{rep['queries']} queries at {rep['rate_qps']:g}/s, batch {rep['batch']}, "
+                    f"QoS {rep['qos_ms']:g} ms", box=box.SIMPLE_HEAD)
+    for c in ("stage", "inst", "quota%", "batches", "mean batch", "wait p50/p99 ms", "service p50/p99 ms",
+              "in ms", "work ms", "out ms"):
+        t.add_column(c, justify="left" if c == "stage" else "right")
+    for s in rep["stages"]:
+        t.add_row(f"{s['stage']} {s['kind']}", str(s["instances"]), str(s["quota"]), str(s["batches"]),
+                  _ms(s["mean_batch"]), _p50_99(s["wait_ms"]), _p50_99(s["service_ms"]),
+                  _ms(s["in_ms"], 2), _ms(s["work_ms"], 2), _ms(s["out_ms"], 2))
+    t.add_section()
+    thru = "-" if rep["throughput_qps"] is None else f"{rep['throughput_qps']:.1f} q/s"
+    t.add_row("end to end", "", "", "", "", f"{e2e['violations']} late", _p50_99(e2e), "", thru, "")
+    h = Table(title="hand-over between stages, per buffer (producer's export or D2H + transport + "
+                    "consumer's open or H2D)", box=box.SIMPLE_HEAD)
+    for c in ("hop", "buffers", "hand-offs", "copies", "mean bytes", "p50 ms", "p99 ms", "producer",
+              "transport", "consumer"):
+        h.add_column(c, justify="left" if c == "hop" else "right")
+    for hop in rep["hops"]:
+        parts = hop["parts_ms_p50"]
+        h.add_row(f"{hop['from']} -> {hop['to']}", str(hop["buffers"]), str(hop["handoffs"]), str(hop["copies"]),
+                  human_bytes(hop["bytes_mean"] or 0), _ms(hop["ms"]["p50"], 3), _ms(hop["ms"]["p99"], 3),
+                  _ms(parts["producer"], 3), _ms(parts["transport"], 3), _ms(parts["consumer"], 3))
+    return [t, h]
+
+
+@pipeline_app.command("run")
+def pipeline_run(spec: Path = typer.Argument(..., metavar="SPEC", help="The pipeline (TOML): name, qos_ms, "
+                                                                       "batch, [[stage]] kind/instances/quota."),
+                 copy: bool = typer.Option(False, "--copy", help="Hand each stage's output to the next "
+                                           "through the host (D2H, bytes, H2D) instead of by handle."),
+                 rate: float = typer.Option(20.0, help="Queries per second (Poisson arrivals)."),
+                 queries: int = typer.Option(100, help="Queries to send."),
+                 scale: Optional[float] = typer.Option(None, help="Work per query x the suite's (default: "
+                                                       "SPEC's scale, else 0.01 on sim, 1 on cuda)."),
+                 seed: int = typer.Option(1, help="Seed of the arrivals."),
+                 json_file: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
+                                                          help="Also write the report as JSON to FILE."),
+                 device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
+                 stage_timeout: float = typer.Option(60.0, help="Seconds a stage may take on one batch."),
+                 runtime_dir: Optional[Path] = RunDirOpt) -> None:
+    """Run a Camelot pipeline live (§V-B, §VI): each stage instance under the shim at its quota,
+    queries batched and sent through, outputs handed on by handle (or --copy); print per-stage
+    and end-to-end p50/p99, throughput and the hand-over time per buffer.
+
+    Exit 2 for a bad SPEC, 1 when a stage fails (the others are stopped), 130 on Ctrl-C."""
+    from controlplane import pipeline as pl
+    if scale is not None and not scale > 0:
+        raise ColocateError(f"--scale must be > 0 (got {scale:g})", 2)
+    s = pl.load_spec(spec)
+    rd = rundir.ensure(runtime_dir)
+    dev = run_device(device, rd)
+    plan = ", ".join(f"{st.kind} x{st.instances} @{st.quota}%" for st in s.stages)
+    print(f"colocate: pipeline {s.name} ({plan}) on {dev}, "
+          f"{'copies' if copy else 'handles'}: {queries} queries at {rate:g}/s", file=sys.stderr)
+    rep = pl.run(s, rd, dev, pl.Options(copy=copy, rate=rate, queries=queries, scale=scale, seed=seed,
+                                        stage_timeout_s=stage_timeout))
+    for table in pipeline_tables(rep):
+        out.print(table)
+    if json_file is not None:
+        try:
+            json_file.write_text(json.dumps(rep, indent=1) + "\n")
+        except OSError as e:
+            raise ColocateError(f"cannot write {json_file}: {e.strerror}") from None
+
+
+def pipeline_ls_table(states: list[dict]) -> Table:
+    t = Table(title=f"colocate: {len(states)} running pipeline(s)", box=box.SIMPLE_HEAD)
+    for c in ("pipeline", "pid", "mode", "stage", "quota%", "instances (pid)", "batches", "queries",
+              "p50/p99 ms", "QoS"):
+        t.add_column(c, justify="left" if c in ("pipeline", "mode", "stage", "instances (pid)") else "right")
+    for p in states:
+        for k, st in enumerate(p["stages"]):
+            first = k == 0
+            lat = "-" if p.get("p99_ms") is None else f"{p['p50_ms']:.1f}/{p['p99_ms']:.1f}"
+            t.add_row(p["name"] if first else "", str(p["pid"]) if first else "", p["mode"] if first else "",
+                      f"{k + 1} {st['kind']}", str(st["quota"]),
+                      " ".join(f"{i['name']}({i['pid']})" for i in st["instances"]),
+                      str(sum(i["batches"] for i in st["instances"])),
+                      f"{p['queries_done']}/{p['queries_total']}" if first else "",
+                      lat if first else "", f"{p['qos_ms']:g} ms" if first else "")
+        t.add_section()
+    return t
+
+
+@pipeline_app.command("ls")
+def pipeline_ls(as_json: bool = typer.Option(False, "--json", help="Print a JSON list of the pipelines' states."),
+                runtime_dir: Optional[Path] = RunDirOpt) -> None:
+    """The running pipelines: stages, instances and their pids, quotas, queries done, p50/p99
+    (each runner updates its state every second; those of runners gone are removed)."""
+    from controlplane import pipeline as pl
+    rd = rundir.ensure(runtime_dir)
+    states = list(pl.running(rd))
+    if as_json:
+        print(json.dumps(states))
+        return
+    out.print(pipeline_ls_table(states))
+
+
+app.add_typer(pipeline_app, name="pipeline")
+
 # the predictors' commands live with the predictors
 app.add_typer(predictors_app, name="predictors",
               help="Predictors: sample schema, synthetic samples, train, report.")

@@ -269,6 +269,8 @@ def exported_names() -> list[str]:
 def build_native() -> None:
     LIB.mkdir(exist_ok=True)
     headers = sorted(HERE.glob("*.h")) + sorted(PROTO.glob("*.h")) + sorted((HERE / "simgpu").glob("*.h"))
+    handoff_h = [h for h in headers if h.name.startswith("handoff")]
+    headers = [h for h in headers if h not in handoff_h]     # only libcolocate_handoff.so uses them
 
     # libcolocate.so: plain C, no Python, every symbol resolved at link time.
     shim_src = (sorted(HERE.glob("hook_*.c")) + sorted(HERE.glob("shim_*.c"))
@@ -278,6 +280,17 @@ def build_native() -> None:
     _link(LIB / "libcolocate.so", shim_src,
           ["-Wl,-z,defs", f"-Wl,--version-script={vs}", "-Wl,-soname,libcolocate.so", "-ldl", "-lpthread"],
           headers + [HERE / "exports.txt"])
+
+    # libcolocate_handoff.so: the pipeline hand-off API (include/colocate_handoff.h,
+    # shim/handoff.py over it).  A library of its own, not part of
+    # libcolocate.so: the preloaded shim goes into every app and must not
+    # change (no service thread, socket or exported name appears in an app
+    # that does not ask for hand-offs), and a stage may use hand-offs
+    # without the shim (natively, or Python with CuPy).  It finds
+    # libcudart at run time (handoff_cuda.c), so it links nothing of CUDA.
+    _link(LIB / "libcolocate_handoff.so", sorted(HERE.glob("handoff*.c")),
+          ["-Wl,-z,defs", "-Wl,-soname,libcolocate_handoff.so", "-ldl", "-lpthread"],
+          headers + handoff_h + [HERE / "include" / "colocate_handoff.h"])
 
     # the process-pool worker: linked against the toolkit's libcudart without
     # an rpath, so LD_LIBRARY_PATH picks simgpu's libcudart.so.13 or the real one.
