@@ -89,6 +89,17 @@ def test_pipesim_handles_on_one_gpu_copies_across(dev):
     assert cross.handoffs == 0 and cross.cross_gpu == cross.copies > 0
 
 
+def test_pipesim_two_instances_under_load_finish_every_batch(dev):
+    """Two identical instances on one GPU kept busy: every query finishes and
+    every batch is counted once (a lost or doubled op would leave a batch
+    unfinished or run one twice)."""
+    from camelot import pipesim
+    from camelot.suite import pipeline
+    dep = [pipesim.Instance(0, 0, 50), pipesim.Instance(0, 0, 50)]
+    r = pipesim.simulate(pipeline("text-to-img")[:1], dep, dev, 8, 0.5, 2000, "handle", 400, 1)
+    assert np.isfinite(r.latencies_s).all() and r.batches == 50
+
+
 def test_pipesim_refuses_a_stage_without_instances(dev):
     from camelot.pipesim import Instance
     with pytest.raises(ValueError, match="no instance"):

@@ -220,8 +220,10 @@ def simulate(stages: Sequence[Stage], deployment: Sequence[Instance], params: Pa
             break
         if t_dev <= t_ev:
             now, finished = devs[g].advance_to_next()
-            for d in finished:
-                submit(running.pop((g, d.entry)), d.end)
+            # claim every finished entry before submitting anything: collect()
+            # has freed them, so a submit may reuse one for a new task
+            for x, end in [(running.pop((g, d.entry)), d.end) for d in finished]:
+                submit(x, end)
             continue
         now, _, kind, val = heapq.heappop(events)
         if kind == "arrive":
