@@ -180,6 +180,18 @@ def test_predictors_experiment_quick(tmp_path):
         assert 0 < r["dt_predict_ms"] < 50
 
 
+def test_comm_experiment_quick_live(tmp_path):
+    """camelot-comm (Fig. 11): two stage processes on simgpu, the hand-off
+    against the copy it replaces; the data checks out on both paths, and at
+    4 MiB the handle beats D2H + H2D many times over."""
+    j = experiment(tmp_path, "camelot-comm")
+    rows = {r["size"]: r for r in j["rows"]}
+    assert set(rows) == {2, 65536, 4194304} and all(r["data_ok"] for r in rows.values())
+    big = rows[4194304]
+    assert big["copy_us_p50"] > 3 * big["handoff_us_p50"]
+    assert j["exporter"]["live_buffers"] == 0
+
+
 @pytest.mark.parametrize("name,pols", [("camelot-lowload", {"laius", "camelot"}),
                                        ("camelot-loads", {"camelot", "camelot-nc"})])
 def test_load_experiments_quick(tmp_path, name, pols):

@@ -39,36 +39,46 @@ above (its C-1..C-4; its C-1 is printed for one GPU, we use the per-GPU
 limit I on each of the y GPUs) and to carrying the load: min_i N_i f(p_i) >=
 load_qps (implicit in the paper: the policy serves "the low load").
 
-Search (§VII-C): simulated annealing over V = [N_1..N_n, p_1..p_n],
-deterministic for a seed (random.Random(seed)), DEFAULT_ITERS iterations:
-  - moves: 70 % of them change one coordinate of V by one step (N_i by 1,
-    p_i by one granularity step), as the paper describes; 30 % move along a
-    direction that keeps the resources about the same - a split or merge
-    (N_i +- 1 with p_i rescaled to keep N_i p_i) or one SM step from one
-    stage to another.  With one-coordinate moves only, a full GPU trades
-    SMs between stages through states that are worse or invalid, and the
-    chain needed ~10x the iterations to match the exhaustive optimum on
-    random 2-3 stage, 1-2 GPU instances (we measured, one-coordinate moves
-    only: 0/52 runs below the optimum at 20 000 iterations, 11/78 at 1 500;
-    with these moves, the polish and the start below: 1/78 at 1 500, that
-    one at 0.96 of the optimum);
+Search (§VII-C): simulated annealing over V = [N_1..N_n, p_1..p_n] in
+which the instance counts follow the quotas, deterministic for a seed
+(random.Random(seed)), DEFAULT_ITERS iterations:
+  - the chain's state is the quota levels (multiples of granularity); its
+    N is the best for them: Eq. 1, the least N_i carrying the greatest
+    min_i N_i f(p_i) that the global sums of C-1..C-4 allow (closed-form
+    bounds, then a few one-instance steps: _Problem.fill), lowered along
+    N(t) = ceil(t / f(p_i)) until Fig. 13 places it (galloping binary
+    search); Eq. 3, the least N_i with N_i f(p_i) >= the load.  Each quota
+    vector is evaluated once (cached).  Searching N by single steps as well
+    (the paper's moves on N_i) needed about 2x the iterations for the same
+    quality and wandered through states that are worse only for lack of an
+    instance;
+  - moves: half of them change one p_i by one granularity step (the paper's
+    move); a quarter move one step from stage j to stage i (about the same
+    SMs); a quarter set p_i to the level next to N_i p_i / (N_i +- 1) (a
+    split or merge that keeps the stage's SMs: from 1 x 60 % to 2 x 30 %);
   - acceptance of a worse state: exp(delta / T), T cooling geometrically from
     T0 = 0.3 to T1 = 0.01 over the iterations; the energy is relative to the
-    best valid value met so far (temperatures are fractions of it).  Eq. 1's
-    energy is a soft minimum of the stages' N_i f(p_i) (so raising one of two
-    tied stages counts) less EPS_RES of the resources used;
+    best valid value met so far (temperatures are fractions of it): Eq. 1,
+    throughput less EPS_RES of the resources used; Eq. 3, -sum N_i p_i;
   - the paper rejects an invalid V'; we let the chain cross invalid states
-    at a penalty lam * (0.05 + relative excess over the violated
-    constraints), lam growing from 1 to 20 over the run.  Only valid states
-    (every constraint and the placement of Fig. 13 succeeding) become the
-    result: the best is kept (Eq. 1: max throughput, then fewest
-    sum N_i p_i, then lowest latency; Eq. 3: fewest sum N_i p_i, then
-    throughput, then latency), then polished by steepest ascent over its
-    neighbours (all moves above) until none is better;
-  - the chain starts from one instance per stage at the least quotas that
-    meet QoS (raising, step by step, the stage that cuts the most latency
-    per percent) or, for Eq. 1, from Laius's allocation (below) when that
-    is valid and better; evaluations are cached per state.
+    (QoS missed, or not even one instance per stage fits) at a penalty
+    lam * (0.05 + relative excess over the violated constraints), lam
+    growing from 1 to 20 over the run.  Only valid states (every constraint
+    and the placement of Fig. 13 succeeding) become the result: the best is
+    kept (Eq. 1: max throughput, then fewest sum N_i p_i, then lowest
+    latency; Eq. 3: fewest sum N_i p_i, then throughput, then latency), then
+    polished by steepest ascent over its neighbours' quotas (one step of
+    one p_i, or one step from one stage to another) until none is better;
+  - Eq. 1's chain starts from the better of the greedy quotas (one step at a
+    time to the stage that cuts the most latency per percent, until QoS
+    holds) and Laius's split (below), and Laius's own allocation competes
+    for the result, so Camelot never ends below that baseline when it is
+    valid under Camelot's constraints.  Eq. 3's starts from the quotas of
+    the first state carrying the load that Eq. 1's search meets.
+On random 2-3 stage, 1-2 GPU instances (granularity 10, 102 instances x 2
+seeds) the result is the exhaustive optimum in 203 of 204 runs at 800
+iterations (0.993 of it in the other); the earlier search over N and p with
+single steps: 196 of 204 at 1 500 iterations (worst 0.898).
 
 Camelot-NC (§VIII-D) is bandwidth_cap=False: the same search without C-3.
 
@@ -113,11 +123,11 @@ _TOL = 1e-9
 T0, T1 = 0.3, 1e-2            # SA temperature, start and end (fractions of the best value)
 LAM0, LAM1 = 1.0, 20.0        # penalty weight on an invalid state, start and end
 PEN0 = 0.05                   # an invalid state's least penalty (times lam)
-SOFT_K = 10.0                 # Eq. 1's energy: soft minimum of N_i f(p_i), this sharp
-TRADE = 0.3                   # share of the moves that split / merge / trade SMs
+TRADE = 0.25                  # share of the moves that trade one quota step between stages
+SPLIT = 0.25                  # share of the moves that split / merge a stage's instances
 POLISH_ROUNDS = 20            # steepest-ascent rounds on the best state, at most
 EPS_RES = 0.01                # Eq. 1's energy prefers fewer resources at equal throughput
-DEFAULT_ITERS = 1500
+DEFAULT_ITERS = 800
 DEFAULT_MAX_GPUS = 16
 
 
@@ -291,6 +301,26 @@ class _Problem:
                 by_mem = int((gpu.mem_gb + _TOL) // self.mem[i]) if self.mem[i] > 0 else gpu.mps_clients
                 per_gpu = min(gpu.mps_clients, gpu.pct // self.levels[i][0], by_mem)
                 self.nmax[i] = max(1, min(per_gpu * n_gpus, n_gpus * gpu.mps_clients - (n - 1)))
+        # the global sums of C-1..C-4 (C-3 when capped): per instance of stage i at level k, and limits
+        self.coef: list[list[tuple[float, ...]]] = [
+            [(float(p), 1.0, m, b) if bandwidth_cap else (float(p), 1.0, m) for p, b in zip(lv, bb)]
+            for lv, bb, m in zip(self.levels, self.bw, self.mem)]
+        self.lims: tuple[float, ...] = (float(n_gpus * gpu.pct), float(n_gpus * gpu.mps_clients),
+                                        n_gpus * gpu.mem_gb + _TOL)
+        if bandwidth_cap:
+            self.lims += (n_gpus * gpu.bandwidth_gbs + _TOL,)
+        # N_i at level k is at most nmax_i and what C GPUs take of stage i alone (placement's bound)
+        self.cap_n = [[min(self.nmax[i], n_gpus * self._per_gpu(p, self.mem[i], b)) for p, b in zip(lv, bb)]
+                      for i, (lv, bb) in enumerate(zip(self.levels, self.bw))]
+
+    def _per_gpu(self, pct: int, mem: float, bw: float) -> int:
+        """How many instances of (pct, mem, bw) one GPU takes."""
+        gpu, k = self.gpu, min(self.gpu.mps_clients, self.gpu.pct // pct)
+        if mem > 0:
+            k = min(k, int((gpu.mem_gb + _TOL) // mem))
+        if self.cap and bw > 0:
+            k = min(k, int((gpu.bandwidth_gbs + _TOL) // bw))
+        return max(k, 1)
 
     def _preflight(self) -> str:
         """Why no state can be valid ("" when some may be)."""
@@ -375,12 +405,11 @@ class _Problem:
         }[code]
 
     def start(self) -> list[int]:
-        """The chain's start: one instance per stage, every stage at its least
-        quota, then, while the latency is over QoS, one step up for the stage
-        whose step cuts the most latency per percent (a valid state when one
-        instance per stage fits; else the state reached)."""
+        """The greedy start's quota levels: every stage at its least quota, then,
+        while the latency is over QoS, one step up for the stage whose step cuts
+        the most latency per percent."""
         k = len(self.stages)
-        ns, lv = [1] * k, [0] * k
+        lv = [0] * k
         while self.latency(lv) > self.qos * (1 + _TOL):
             gain = [((self.dur[i][lv[i]] - self.dur[i][lv[i] + 1])
                      / (self.levels[i][lv[i] + 1] - self.levels[i][lv[i]]), -i)
@@ -388,8 +417,83 @@ class _Problem:
             if not gain:
                 break
             lv[-max(gain)[1]] += 1
-        return ns + lv
+        return lv
 
+    def counts(self, lv: Sequence[int], t: float) -> list[int]:
+        """N(t) = ceil(t / f(p_i)): the least instance counts carrying t at levels lv."""
+        return [max(1, math.ceil(t / self.f[i][k] - 1e-9)) for i, k in enumerate(lv)]
+
+    def last(self, lv: Sequence[int], ts: list[float], ok: Callable[[list[int]], bool],
+             gallop: bool = False) -> list[int]:
+        """N(t) for the last t of the sorted ts with ok(N(t)) (ok falls as t
+        grows), by binary search - after probing 1, 2, 4, ... steps down from
+        the top when gallop (the answer is usually near it); one instance per
+        stage when none is ok."""
+        best, lo, hi = [1] * len(lv), 0, len(ts)          # the answer's index is in [lo - 1, hi)
+        step = 1
+        while gallop and step <= hi - lo:
+            ns = self.counts(lv, ts[hi - step])
+            if ok(ns):
+                best, lo = ns, hi - step + 1
+                break
+            hi, step = hi - step, 2 * step
+        while lo < hi:
+            mid = (lo + hi) // 2
+            ns = self.counts(lv, ts[mid])
+            if ok(ns):
+                best, lo = ns, mid + 1
+            else:
+                hi = mid
+        return best
+
+    def fill(self, lv: Sequence[int]) -> list[int]:
+        """Eq. 1's instance counts at quota levels lv: N(t) = ceil(t / f(p_i))
+        for the greatest t at which they fit the global sums of C-1..C-4 and
+        N_i <= nmax_i (QoS and the placement aside): the most throughput with
+        the fewest instances.  From N(lo), lo the continuous optimum less one
+        instance per stage (closed form, surely fits), the bottleneck stage
+        gets one more instance while that fits (a few steps; exact, as the
+        sums grow with every N_i), then the others drop what it does not
+        need.  One instance per stage when even that does not fit."""
+        n, lims = len(lv), self.lims
+        nmax = [self.cap_n[i][k] for i, k in enumerate(lv)]
+        f = [self.f[i][k] for i, k in enumerate(lv)]
+        a = [self.coef[i][k] for i, k in enumerate(lv)]
+        lo = min(nmax[i] * f[i] for i in range(n))
+        for r, lim in enumerate(lims):
+            w = sum(a[i][r] / f[i] for i in range(n))
+            if w > 0:
+                lo = min(lo, (lim - sum(x[r] for x in a)) / w)
+        ns = self.counts(lv, lo) if lo > 0 else [1] * n
+        used = [sum(x[r] * m for x, m in zip(a, ns)) for r in range(len(lims))]
+        if any(u > lim for u, lim in zip(used, lims)):
+            return [1] * n
+        while True:
+            i = min(range(n), key=lambda j: ns[j] * f[j])
+            ai = a[i]
+            if ns[i] >= nmax[i] or any(u + x > lim for u, x, lim in zip(used, ai, lims)):
+                break
+            ns[i] += 1
+            used = [u + x for u, x in zip(used, ai)]
+        thr = min(m * x for m, x in zip(ns, f))
+        return [max(1, math.ceil(thr / x - 1e-9)) if (m - 1) * x >= thr else m for m, x in zip(ns, f)]
+
+    def fill_placed(self, lv: Sequence[int]) -> list[int]:
+        """fill(lv), or, when Fig. 13 cannot place that, N(t) for the greatest
+        t below it that passes every check (galloping binary search on t).
+        On one GPU the global sums are the placement."""
+        ns = self.fill(lv)
+        if self.C == 1 or self.check(ns, lv)[1] != "place":
+            return ns
+        f = [self.f[i][k] for i, k in enumerate(lv)]
+        thr = min(m * x for m, x in zip(ns, f))
+        ts = sorted({k * x for x, m in zip(f, ns) for k in range(1, m + 1) if k * x < thr})
+        return self.last(lv, ts, lambda m: self.check(m, lv)[0] == 0, gallop=True)
+
+    def least(self, lv: Sequence[int], load: float) -> list[int]:
+        """Eq. 3's instance counts at quota levels lv: the least N_i with
+        N_i f(p_i) >= load (at most nmax_i)."""
+        return [min(self.nmax[i], max(1, math.ceil(load * (1 - _TOL) / self.f[i][k]))) for i, k in enumerate(lv)]
     def upper(self) -> float:
         """An upper bound of the objective: every stage alone with its most instances."""
         return min(max(nm * x for x in ff) for nm, ff in zip(self.nmax, self.f))
@@ -411,82 +515,133 @@ class _Problem:
 # --- simulated annealing (§VII-C) ------------------------------------------------------------
 
 Key = tuple[float, float, float]
+Eval = tuple[float, int, float, "Key | None", list[int], str]   # obj, resources, violation, key, N, code
+
+
+class _Chain:
+    """One search's states: quota levels -> their N and ranking (cached), and
+    the best valid V = N + levels met so far."""
+
+    def __init__(self, pb: _Problem, load: float | None):
+        self.pb, self.load, self.peak = pb, load, load is None
+        self.cache: dict[tuple[int, ...], Eval] = {}
+        self.scale = float(pb.C * pb.gpu.pct)
+        self.best: list[int] | None = None
+        self.best_key: Key | None = None
+        self.last_bad: list[int] | None = None
+
+    def visit(self, lv: tuple[int, ...]) -> Eval:
+        """The state at quota levels lv (evaluated once); keeps the best."""
+        h = self.cache.get(lv)
+        if h is None:
+            h = self.cache[lv] = self._eval(lv)
+            self.offer(h, h[4] + list(lv))
+        return h
+
+    def offer(self, h: Eval, v: list[int]) -> None:
+        if h[3] is None:
+            self.last_bad = v
+        elif self.best_key is None or h[3] > self.best_key:
+            self.best, self.best_key = v, h[3]
+
+    def _eval(self, lv: Sequence[int], ns: list[int] | None = None) -> Eval:
+        """The state at levels lv with counts ns (default: N following lv):
+        (objective, resources, violation, ranking key when valid, N, code)."""
+        pb, load = self.pb, self.load
+        if ns is None:
+            ns = pb.fill_placed(lv) if load is None else pb.least(lv, load)
+        viol, why, xs, res, lat = pb.check(ns, lv)
+        thr = min(xs)
+        if load is not None and thr < load * (1 - _TOL):
+            viol += 1.0 - thr / load
+            why = why or "load"
+        if load is None:
+            return thr, res, viol, None if viol else (thr, -res, -lat), ns, why
+        return -float(res), res, viol, None if viol else (-res, thr, -lat), ns, why
+
+    def energy(self, h: Eval, norm: float, lam: float) -> float:
+        """Higher is better: the objective relative to the best value, less
+        EPS_RES of the resources (Eq. 1), less lam * (PEN0 + violation)."""
+        e = h[0] / norm - EPS_RES * h[1] / self.scale if self.peak else h[0] / norm
+        return e - lam * (PEN0 + h[2]) if h[2] else e
+
+    def carries(self, load: float | None) -> bool:
+        return load is not None and self.best_key is not None and self.best_key[0] >= load * (1 - _TOL)
 
 
 def _anneal(pb: _Problem, seed: int, iters: int, load: float | None = None,
-            start: list[int] | None = None) -> tuple[list[int] | None, str]:
-    """SA over V = [N_1..N_n, level_1..level_n] (§VII-C).  load None: Eq. 1,
-    maximise min_i N_i f(p_i) (the energy uses a soft minimum, so that raising
-    one of two tied stages counts, less EPS_RES per resource used); else Eq. 3,
-    minimise sum_i N_i p_i with min_i N_i f(p_i) >= load as one more
-    constraint.  The energy is relative to the best valid value met so far,
-    so temperatures are fractions of it.  Returns the best valid state (None
-    if none was met) and the last invalid state's reason."""
-    rng = random.Random(seed)
-    n = len(pb.stages)
-    hi = pb.nmax + [len(lv) - 1 for lv in pb.levels]
-    lo = [1] * n + [0] * n
-    scale = float(pb.C * pb.gpu.pct)
-    peak = load is None
-    cache: dict[tuple[int, ...], tuple[float, int, float, Key | None, str]] = {}
+            starts: Sequence[Sequence[int]] = (), extra: Sequence[int] | None = None,
+            enough: float | None = None) -> tuple[list[int] | None, str]:
+    """SA over the quota levels, N following them (module docstring).  load
+    None: Eq. 1; else Eq. 3 at that load.  The chain starts from the best of
+    `starts` (default pb.start()); `extra`, a V, competes for the result;
+    `enough` (Eq. 1): stop at the first valid state carrying that load.
+    Returns the best valid V = N + levels (None if none was met) and, in
+    words, why the last invalid state met was invalid."""
+    ch = _Chain(pb, load)
+    n, rng = len(pb.stages), random.Random(seed)
+    top = [len(x) - 1 for x in pb.levels]
+    if extra is not None:
+        ch.offer(ch._eval(extra[n:], list(extra[:n])), list(extra))
+    cands = [tuple(s) for s in starts] or [tuple(pb.start())]
+    hs = [ch.visit(lv) for lv in cands]
+    h_cur, cur = max(zip(hs, cands), key=lambda hc: (hc[0][3] is not None, hc[0][3] or ()))
+    dims = [i for i in range(n) if top[i] > 0]
+    if dims and not ch.carries(enough):
+        cur = _walk(ch, cur, h_cur, rng, iters, dims, top, enough)
+        if not ch.carries(enough):
+            _polish(ch, n, top)
+    return ch.best, _explain(pb, ch.last_bad, load)
 
-    def look(v: list[int]) -> tuple[float, int, float, Key | None, str]:
-        viol, why, xs, res, lat = pb.check(v[:n], v[n:])
-        thr = min(xs)
-        if not peak and thr < load * (1 - _TOL):   # type: ignore[operator]
-            viol += 1.0 - thr / load                # type: ignore[operator]
-            why = why or "load"
-        if peak:
-            obj = thr
-            if SOFT_K > 0:
-                obj -= math.log(sum(math.exp(-SOFT_K * (x - thr) / thr) for x in xs)) * thr / SOFT_K if thr > 0 else 0
-            k: Key = (thr, -res, -lat)
-        else:
-            obj, k = -float(res), (-res, thr, -lat)
-        hit = cache[tuple(v)] = (obj, res, viol, None if viol else k, why)
-        return hit
 
-    def energy(h: tuple[float, int, float, Key | None, str], norm: float, lam: float) -> float:
-        e = h[0] / norm - EPS_RES * h[1] / scale if peak else h[0] / norm
-        return e - lam * (PEN0 + h[2]) if h[2] else e
-
-    cur = list(start) if start is not None else pb.start()
-    h_cur = look(cur)
-    last_bad = cur if h_cur[2] else None
-    best, best_key = (list(cur), h_cur[3]) if h_cur[3] is not None else (None, None)
-    norm = max(abs(h_cur[0]), 1e-12)
-    dims = [j for j in range(2 * n) if hi[j] > lo[j]]
-    if not dims:
-        return best, _explain(pb, last_bad, load)
+def _walk(ch: _Chain, cur: tuple[int, ...], h_cur: Eval, rng: random.Random, iters: int,
+          dims: list[int], top: list[int], enough: float | None) -> tuple[int, ...]:
+    """The annealing proper: iters moves, Metropolis acceptance, T and lam
+    geometric from (T0, LAM0) to (T1, LAM1); the energy is relative to the
+    best valid value met so far."""
     steps = max(iters, 1)
-    temp, t_mul = T0 / (T1 / T0) ** (1.0 / steps), (T1 / T0) ** (1.0 / steps)
-    lam, l_mul = LAM0 / (LAM1 / LAM0) ** (1.0 / steps), (LAM1 / LAM0) ** (1.0 / steps)
-    rnd, exp = rng.random, math.exp
+    t_mul, l_mul = (T1 / T0) ** (1.0 / steps), (LAM1 / LAM0) ** (1.0 / steps)
+    temp, lam = T0, LAM0
+    norm = max(abs(ch.best_key[0] if ch.best_key else h_cur[0]), 1e-12)
+    rnd, exp, energy, visit = rng.random, math.exp, ch.energy, ch.visit
+    n = len(top)
     for _ in range(iters):
         temp *= t_mul
         lam *= l_mul
-        cand = _trade(cur, pb, hi, rnd) if rnd() < TRADE else _axis(cur, dims, lo, hi, rnd)
+        r = rnd()
+        if r < TRADE:
+            cand = _trade(cur, n, top, rnd)
+        elif r < TRADE + SPLIT:
+            cand = _split(ch, cur, h_cur[4], rnd)
+        else:
+            cand = _axis(cur, dims, top, rnd)
         if cand is None:
             continue
-        h = cache.get(tuple(cand)) or look(cand)
-        if h[2]:
-            last_bad = cand
-        elif best_key is None or h[3] > best_key:   # type: ignore[operator]
-            best, best_key = cand, h[3]
-            norm = max(abs(h[0]), 1e-12)
-        e, e_cur = energy(h, norm, lam), energy(h_cur, norm, lam)
-        if e >= e_cur or rnd() < exp((e - e_cur) / temp):
-            h_cur, cur = h, cand
-    if best is not None:       # polish: steepest ascent over every neighbour of the best
-        for _ in range(POLISH_ROUNDS):
-            moved = False
-            for cand in _neighbours(best, pb, lo, hi):
-                h = cache.get(tuple(cand)) or look(cand)
-                if not h[2] and h[3] > best_key:       # type: ignore[operator]
-                    best, best_key, moved = cand, h[3], True
-            if not moved:
+        u, e_cur = rnd(), energy(h_cur, norm, lam)
+        key = ch.best_key
+        h = visit(cand)
+        if ch.best_key is not key:                   # a new best: the energy's scale follows it
+            if ch.carries(enough):
                 break
-    return best, _explain(pb, last_bad, load)
+            norm = max(abs(h[0]), 1e-12)
+            e_cur = energy(h_cur, norm, lam)
+        e = energy(h, norm, lam)
+        if e >= e_cur or u < exp((e - e_cur) / temp):
+            h_cur, cur = h, cand
+    return cur
+
+
+def _polish(ch: _Chain, n: int, top: list[int]) -> None:
+    """Steepest ascent from the best state over its neighbours' quota levels
+    (every move of _axis and _trade) until none is better."""
+    for _ in range(POLISH_ROUNDS):
+        if ch.best is None:
+            return
+        key = ch.best_key
+        for lv in _neighbours(tuple(ch.best[n:]), top):
+            ch.visit(lv)
+        if ch.best_key is key:
+            return
 
 
 def _explain(pb: _Problem, v: list[int] | None, load: float | None) -> str:
@@ -501,89 +656,68 @@ def _explain(pb: _Problem, v: list[int] | None, load: float | None) -> str:
     return why
 
 
-def _axis(cur: list[int], dims: list[int], lo: list[int], hi: list[int],
-          rnd: Callable[[], float]) -> list[int]:
-    """One coordinate of V one step up or down (§VII-C)."""
-    cand = cur[:]
+def _axis(cur: tuple[int, ...], dims: list[int], top: list[int], rnd: Callable[[], float]) -> tuple[int, ...]:
+    """One stage's quota one granularity step up or down (§VII-C's move on p_i)."""
     r = int(rnd() * 2 * len(dims))
     j = dims[r >> 1]
-    v = cand[j] + (1 if r & 1 else -1)
-    if v < lo[j] or v > hi[j]:
-        v = 2 * cand[j] - v
-    cand[j] = v
-    return cand
+    v = cur[j] + (1 if r & 1 else -1)
+    if v < 0 or v > top[j]:
+        v = 2 * cur[j] - v
+    return cur[:j] + (v,) + cur[j + 1:]
 
 
-def _split(cur: list[int], pb: _Problem, i: int, m: int, up: bool) -> list[int] | None:
-    """Stage i at m instances, each at the level just below (up=False) or above
-    the quota that keeps N_i p_i as it is: a split or a merge."""
-    n = len(pb.stages)
-    if not 1 <= m <= pb.nmax[i] or m == cur[i]:
+def _split(ch: _Chain, cur: tuple[int, ...], ns: Sequence[int], rnd: Callable[[], float]) -> tuple[int, ...] | None:
+    """Stage i's quota to the level just below or above N_i p_i / (N_i +- 1):
+    the quota at which one instance more (a split) or less (a merge) keeps
+    the stage's SMs; None when that is the current level."""
+    i = int(rnd() * len(cur))
+    m = ns[i] + (1 if rnd() < 0.5 else -1)
+    if m < 1:
         return None
-    lv = pb.levels[i]
-    want = cur[i] * lv[cur[n + i]] / m
-    k = bisect.bisect_left(lv, want)
-    if not up or k == len(lv):
-        k = max(k - (0 if k < len(lv) and lv[k] == want else 1), 0)
-    cand = cur[:]
-    cand[i], cand[n + i] = m, k
-    return cand
-
-
-def _trade(cur: list[int], pb: _Problem, hi: list[int], rnd: Callable[[], float]) -> list[int] | None:
-    """A move along a direction that keeps the resources about the same: a
-    split / merge of stage i's instances, or one SM step from stage j to i."""
-    n = len(pb.stages)
-    i = int(rnd() * n)
-    if rnd() < 0.5:
-        return _split(cur, pb, i, cur[i] + (1 if rnd() < 0.5 else -1), rnd() < 0.5)
-    j = int(rnd() * n)
-    if j == i or cur[n + i] >= hi[n + i] or cur[n + j] <= 0:
+    lv = ch.pb.levels[i]
+    k = bisect.bisect_left(lv, ns[i] * lv[cur[i]] / m)
+    if rnd() < 0.5 or k == len(lv):
+        k = max(k - 1, 0) if k == len(lv) or lv[k] != ns[i] * lv[cur[i]] / m else k
+    if k == cur[i]:
         return None
-    cand = cur[:]
-    cand[n + i] += 1
-    cand[n + j] -= 1
-    return cand
+    return cur[:i] + (k,) + cur[i + 1:]
 
 
-def _neighbours(v: list[int], pb: _Problem, lo: list[int], hi: list[int]) -> list[list[int]]:
-    """Every state one move of _axis or _trade away from v."""
-    n, out = len(pb.stages), []
-    for j in range(2 * n):
+def _trade(cur: tuple[int, ...], n: int, top: list[int], rnd: Callable[[], float]) -> tuple[int, ...] | None:
+    """One quota step from stage j to stage i (about the same SMs); None when
+    it leaves the levels."""
+    i, j = int(rnd() * n), int(rnd() * n)
+    if j == i or cur[i] >= top[i] or cur[j] <= 0:
+        return None
+    out = list(cur)
+    out[i] += 1
+    out[j] -= 1
+    return tuple(out)
+
+
+def _neighbours(lv: tuple[int, ...], top: list[int]) -> list[tuple[int, ...]]:
+    """Every quota-level vector one move of _axis or _trade away from lv."""
+    n, out = len(lv), []
+    for j in range(n):
         for d in (-1, 1):
-            if lo[j] <= v[j] + d <= hi[j]:
-                c = v[:]
-                c[j] += d
-                out.append(c)
-    for i in range(n):
-        for m in (v[i] - 1, v[i] + 1):
-            for up in (False, True):
-                c2 = _split(v, pb, i, m, up)
-                if c2 is not None:
-                    out.append(c2)
-        for j in range(n):
-            if j != i and v[n + i] < hi[n + i] and v[n + j] > 0:
-                c = v[:]
-                c[n + i] += 1
-                c[n + j] -= 1
-                out.append(c)
+            if 0 <= lv[j] + d <= top[j]:
+                out.append(lv[:j] + (lv[j] + d,) + lv[j + 1:])
+        for i in range(n):
+            if i != j and lv[i] < top[i] and lv[j] > 0:
+                c = list(lv)
+                c[i] += 1
+                c[j] -= 1
+                out.append(tuple(c))
     return out
 
 
-def _start(pb: _Problem) -> list[int]:
-    """Eq. 1's start: the greedy one (_Problem.start) or, when it is valid
-    here and better, Laius's per-GPU balanced split with N_i = C - so that
-    Camelot never ends below that baseline's allocation when it is valid
-    under Camelot's constraints."""
-    n, st = len(pb.stages), pb.start()
+def _laius_v(pb: _Problem) -> list[int] | None:
+    """Laius's allocation (every GPU: one instance per stage at its balanced
+    split) as a V, when its quotas are levels here."""
     la = laius_allocation(pb.stages, pb.gpu, pb.C, pb.s, pb.qos, granularity=pb.g, bandwidth_cap=pb.cap)
     if not la.feasible or any(q not in lv for q, lv in zip(la.quotas, pb.levels)):
-        return st
-    v = list(la.instances) + [lv.index(q) for q, lv in zip(la.quotas, pb.levels)]
-    a, b = pb.check(st[:n], st[n:]), pb.check(v[:n], v[n:])
-    if b[0] == 0 and (a[0] > 0 or min(b[2]) > min(a[2])):
-        return v
-    return st
+        return None
+    return list(la.instances) + [lv.index(q) for q, lv in zip(la.quotas, pb.levels)]
 
 
 def _norm_iters(iters: int) -> int:
@@ -603,7 +737,9 @@ def solve_peak(stages: Sequence[StageModel], gpu: GPUSpec, n_gpus: int, batch: i
     pb = _Problem(stages, gpu, n_gpus, batch, qos_s, bandwidth_cap, granularity)
     if pb.why:
         return pb.infeasible(pb.why)
-    best, why = _anneal(pb, seed, _norm_iters(iters), start=_start(pb))
+    la = _laius_v(pb)
+    starts = [pb.start()] + ([la[len(stages):]] if la else [])
+    best, why = _anneal(pb, seed, _norm_iters(iters), starts=starts, extra=la)
     if best is None:
         return pb.infeasible(f"no valid allocation found in {iters} SA iterations; last violated: {why}")
     return pb.allocation(best[:len(stages)], best[len(stages):])
@@ -624,10 +760,11 @@ def solve_min(stages: Sequence[StageModel], gpu: GPUSpec, load_qps: float, batch
               seed: int = 0, bandwidth_cap: bool = True, granularity: int = 5,
               max_gpus: int = DEFAULT_MAX_GPUS, iters: int = DEFAULT_ITERS) -> Allocation:
     """Eq. 2, then Eq. 3: on y = min_gpus(...) GPUs (then y + 1, ... up to
-    max_gpus while Eq. 1's peak there is below the load), the allocation with
-    the least sum_i N_i p_i that carries load_qps (min_i N_i f(p_i) >=
-    load_qps) under C-1..C-4 of Eq. 3, by simulated annealing started from
-    Eq. 1's peak allocation on those GPUs (which carries the load)."""
+    max_gpus while Eq. 1's search there finds no state carrying the load),
+    the allocation with the least sum_i N_i p_i that carries load_qps
+    (min_i N_i f(p_i) >= load_qps) under C-1..C-4 of Eq. 3, by simulated
+    annealing started from the quotas of the first state Eq. 1's search
+    met that carries the load (it stops there)."""
     _check_args(stages, gpu, batch, qos_s, 1, granularity)
     if not (isinstance(load_qps, (int, float)) and load_qps > 0 and math.isfinite(load_qps)):
         raise ValueError(f"solve_min: load_qps must be a finite number > 0, got {load_qps!r}")
@@ -643,12 +780,12 @@ def solve_min(stages: Sequence[StageModel], gpu: GPUSpec, load_qps: float, batch
         if pb.upper() < load_qps:
             why = f"load {load_qps:g} qps is above what {c} GPU(s) can carry (upper bound {pb.upper():.4g} qps)"
             continue
-        peak, last = _anneal(pb, seed, _norm_iters(iters))      # Eq. 1 on c GPUs: can they carry it?
+        peak, last = _anneal(pb, seed, _norm_iters(iters), enough=float(load_qps))   # can c GPUs carry it?
         if peak is None or min(peak[i] * pb.f[i][peak[n + i]] for i in range(n)) < load_qps * (1 - _TOL):
             why = f"load {load_qps:g} qps is above the peak Eq. 1 finds on {c} GPU(s)"
             why += f" ({last})" if peak is None else ""
             continue
-        best, last = _anneal(pb, seed, _norm_iters(iters), load=float(load_qps), start=peak)
+        best, last = _anneal(pb, seed, _norm_iters(iters), load=float(load_qps), starts=[peak[n:]])
         if best is not None:
             return pb.allocation(best[:n], best[n:])
     return Allocation((), (), batch, 0.0, math.inf, 0, 0, (), False, why)
@@ -758,6 +895,8 @@ def laius_allocation(stages: Sequence[StageModel], gpu: GPUSpec, n_gpus: int, ba
             lt, bd = lat + d[i][k], band + bw[i][k]
             if lt > qos_s * (1 + _TOL) or (bandwidth_cap and bd > gpu.bandwidth_gbs + _TOL):
                 continue
+            if best is not None and min(lo, f[i][k]) < best[0]:
+                continue                    # cannot reach the best's min_i f(p_i) any more
             walk(i + 1, used + p, lt, bd, min(lo, f[i][k]), chosen + [k])
 
     walk(0, 0, 0.0, 0.0, math.inf, [])

@@ -78,27 +78,30 @@ def _order(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bw
 
 def _best_fit(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
               gpu: GPUSpec, n_gpus: int, cap_bw: bool) -> list[list[int]] | None:
+    """Best fit, decreasing.  A GPU holding an instance has strictly less left
+    than an empty one (less memory, or as much and fewer SMs), so it ranks
+    first when it fits, and the empty GPUs, alike, are taken in index order:
+    the GPUs in use are always 0..used-1 and only GPU `used` among the empty
+    ones needs a look (the same choice as scanning them all)."""
     left = [[float(gpu.pct), float(gpu.mem_gb), float(gpu.bandwidth_gbs), float(gpu.mps_clients)]
             for _ in range(n_gpus)]
     on = [[0] * len(counts) for _ in range(n_gpus)]
+    used = 0            # GPUs 0..used-1 hold instances, the rest are empty (see below)
     for i in _order(counts, pcts, mems, bws, gpu):
         need, p, m, b = counts[i], pcts[i], mems[i], bws[i]
         while need > 0:
-            best, best_key, best_k = -1, None, 0
-            for g, lg in enumerate(left):
-                k = min(int(lg[3]), int(lg[0] // p))             # _fit_count, inlined
-                if m > 0:
-                    k = min(k, int((lg[1] + _TOL) // m))
-                if cap_bw and b > 0:
-                    k = min(k, int((lg[2] + _TOL) // b))
-                if k <= 0:
-                    continue
-                key = (lg[1], lg[0], lg[2], lg[3], g)
+            best, best_key = -1, None
+            for g in range(min(used + 1, n_gpus)):   # the empty GPUs rank alike: the first stands for all
+                lg = left[g]
+                if lg[3] < 1 or lg[0] < p or (m > 0 and lg[1] + _TOL < m) or (cap_bw and b > 0 and lg[2] + _TOL < b):
+                    continue                          # not even one more instance fits
+                key = (lg[1], lg[0], lg[2], lg[3])
                 if best_key is None or key < best_key:
-                    best, best_key, best_k = g, key, k
+                    best, best_key = g, key
             if best < 0:
                 return None
-            k = min(best_k, need)
+            k = min(_fit_count(left[best], p, m, b, cap_bw), need)
+            used = max(used, best + 1)
             _take(left[best], k, p, m, b)
             on[best][i] += k
             need -= k
