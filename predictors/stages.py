@@ -1,8 +1,10 @@
 """Per-stage performance models of a microservice pipeline (Camelot §VII-A,
 Fig. 12): a stage's duration, memory bandwidth and throughput from its batch
-size and SM quota, learned from profiled samples; its FLOPs and memory
-footprint by linear regression on the batch (the paper: "LR is able to
-precisely capture such linear relationship").
+size and SM quota, learned from profiled samples; its FLOPs, memory
+footprint and PCIe bytes per batch by linear regression on the batch (the
+paper: "LR is able to precisely capture such linear relationship"); its PCIe
+rate (the allocator's optional pcie_gbs) is those bytes over the predicted
+duration.
 
     samples = profile_stage(truth, batches=BATCHES, pcts=PCTS)   # solo runs
     model = StagePredictor("dt").fit(samples)                     # the paper's choice
@@ -10,7 +12,7 @@ precisely capture such linear relationship").
     errors = compare(samples)                                     # Fig. 12: DT / LR / RF
 
 `truth` is anything with the StageModel methods (duration_s, bandwidth_gbs,
-mem_gb, gflop): on simgpu, bench/camelot/suite.DevStage, whose numbers are
+mem_gb, gflop; pcie_gbs when it has one, else 0 bytes): on simgpu, bench/camelot/suite.DevStage, whose numbers are
 the device model's solo times, i.e. what profiling each (batch, quota) alone
 measures (§VII-A: "queries are executed in solo-run mode").  The split is
 70/30 by sample, seeded, as in the paper.
@@ -48,6 +50,7 @@ class Samples:
     y: dict[str, np.ndarray]      # TARGETS -> (n,)
     mem_gb: dict[int, float]      # batch -> footprint
     gflop: dict[int, float]       # batch -> work
+    pcie_gb: dict[int, float] = field(default_factory=dict)   # batch -> host<->device GB per batch (none: 0)
 
 
 def profile_stage(truth: Measured, batches: Sequence[int] = BATCHES, pcts: Sequence[int] = PCTS) -> Samples:
@@ -55,8 +58,12 @@ def profile_stage(truth: Measured, batches: Sequence[int] = BATCHES, pcts: Seque
     X = np.array([(b, p) for b in batches for p in pcts], dtype=float)
     dur = np.array([truth.duration_s(int(p), int(b)) for b, p in X])
     bw = np.array([truth.bandwidth_gbs(int(p), int(b)) for b, p in X])
+    pcie = getattr(truth, "pcie_gbs", None)
+    # bytes per batch: rate x duration (the copies do not depend on the quota; at the largest quota)
+    pcie_gb = {} if pcie is None else {b: float(pcie(max(pcts), b)) * truth.duration_s(max(pcts), b)
+                                       for b in batches}
     return Samples(truth.name, X, {"duration_s": dur, "bandwidth_gbs": bw, "throughput_qps": X[:, 0] / dur},
-                   {b: truth.mem_gb(b) for b in batches}, {b: truth.gflop(b) for b in batches})
+                   {b: truth.mem_gb(b) for b in batches}, {b: truth.gflop(b) for b in batches}, pcie_gb)
 
 
 def _estimator(kind: str, seed: int):
@@ -77,7 +84,7 @@ def _features(X: np.ndarray) -> np.ndarray:
 
 class StagePredictor:
     """One regressor per target on (log batch, log pct), log target; LR of
-    footprint and work on the batch.  A scikit-learn-style estimator."""
+    footprint, work and PCIe bytes on the batch.  A scikit-learn-style estimator."""
 
     def __init__(self, kind: str = "dt", seed: int = 0) -> None:
         _estimator(kind, seed)
@@ -91,6 +98,8 @@ class StagePredictor:
         b = np.array(sorted(s.mem_gb), dtype=float).reshape(-1, 1)
         self.mem_ = LinearRegression().fit(b, [s.mem_gb[int(x)] for x in b[:, 0]])
         self.work_ = LinearRegression().fit(b, [s.gflop[int(x)] for x in b[:, 0]])
+        pb = np.array(sorted(s.pcie_gb), dtype=float).reshape(-1, 1)
+        self.pcie_ = LinearRegression().fit(pb, [s.pcie_gb[int(x)] for x in pb[:, 0]]) if len(pb) else None
         return self
 
     def predict(self, target: str, X: Any) -> np.ndarray:
@@ -130,6 +139,14 @@ class PredictedStage:
 
     def gflop(self, batch: int) -> float:
         return float(self.model.work_.predict([[batch]])[0])
+
+    def pcie_gbs(self, pct: int, batch: int) -> float:
+        """PCIe rate while running: the LR's bytes per batch over the predicted
+        duration (0 when the profile had no PCIe traffic)."""
+        lr = getattr(self.model, "pcie_", None)
+        if lr is None:
+            return 0.0
+        return max(float(lr.predict([[batch]])[0]), 0.0) / self.duration_s(pct, batch)
 
 
 def split(n: int, seed: int = 0, test: float = 0.3) -> tuple[np.ndarray, np.ndarray]:

@@ -4,6 +4,7 @@ constraint checked independently, Camelot-NC, Eq. 2, placement, infeasible
 inputs and bad arguments.  Pure Python, no device."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -54,8 +55,8 @@ def pipeline3() -> list[ToyStage]:
 
 
 def assert_valid(a: Allocation, stages: list[ToyStage], gpu: GPUSpec, n_gpus: int, batch: int, qos_s: float,
-                 granularity: int | None = 5, bandwidth: bool = True) -> None:
-    """Every constraint of Eq. 1, recomputed here from the placement."""
+                 granularity: int | None = 5, bandwidth: bool = True, pcie: bool = True) -> None:
+    """Every constraint of Eq. 1 (and our C-P), recomputed here from the placement."""
     assert a.feasible and a.why == ""
     n = len(stages)
     assert len(a.instances) == len(a.quotas) == n and all(x >= 1 for x in a.instances)
@@ -70,6 +71,8 @@ def assert_valid(a: Allocation, stages: list[ToyStage], gpu: GPUSpec, n_gpus: in
         assert sum(stages[i].mem_gb(batch) for i, _ in on) <= gpu.mem_gb + 1e-9          # C-4, per GPU
         if bandwidth:
             assert sum(stages[i].bandwidth_gbs(p, batch) for i, p in on) <= gpu.bandwidth_gbs + 1e-9   # C-3
+        if pcie and gpu.pcie_gbs > 0:
+            assert pcie_on(on, stages, batch, gpu) <= gpu.pcie_gbs + 1e-9                         # C-P
         for i, p in on:
             assert p == a.quotas[i]
             placed[i] += 1
@@ -80,6 +83,11 @@ def assert_valid(a: Allocation, stages: list[ToyStage], gpu: GPUSpec, n_gpus: in
     thr = min(x * batch / s.duration_s(p, batch) for s, x, p in zip(stages, a.instances, a.quotas))
     assert a.throughput_qps == pytest.approx(thr)
     assert a.gpus == sum(1 for on in a.placement if on)
+
+
+def pcie_on(on, stages, batch: int, gpu: GPUSpec) -> float:
+    """One GPU's PCIe load: its instances' rates, each at most the link's."""
+    return sum(min(getattr(stages[i], "pcie_gbs", lambda p, b: 0.0)(p, batch), gpu.pcie_gbs) for i, p in on)
 
 
 # --- the search ------------------------------------------------------------------------------
@@ -348,8 +356,119 @@ def test_allocators_by_name():
 
 
 def test_presets():
-    assert gpu_preset("2080Ti") == GPUSpec()
+    assert dataclasses.replace(gpu_preset("2080Ti"), pcie_gbs=0.0) == GPUSpec()
+    assert gpu_preset("2080Ti").pcie_gbs == gpu_preset("v100").pcie_gbs == 12.16    # PCIe 3.0 x16, §VI-A
+    assert gpu_preset("h100").pcie_gbs > 50.0                                     # PCIe 5.0 x16
+    assert GPUSpec().pcie_gbs == 0.0                                              # not modelled by default
     v = gpu_preset("V100")
     assert (v.bandwidth_gbs, v.mem_gb, v.mps_clients) == (897.0, 32.0, 48)
     assert gpu_preset("h100").mem_gb == 80.0
     assert CM.DEFAULT_ITERS > 0
+
+
+# --- PCIe (C-P, our addition) ---------------------------------------------------------------
+
+def pcie_pipeline() -> list[ToyStage]:
+    """'p' is copy-bound: 4.1 ms a query at >= 10 % of the SMs, of which it
+    copies 40 MB (9.8 GB/s while it runs: one instance takes most of a
+    12.16 GB/s link); 'c' is compute-bound, faster, and copies nothing."""
+    return [ToyStage("p", ms_per_item=0.1, fixed_ms=4.0, knee=10, gb_per_item=0.001, model_gb=0.2,
+                     act_gb_per_item=0.0, pcie_gb_per_item=0.04),
+            ToyStage("c", ms_per_item=0.5, fixed_ms=0.1, knee=100, gb_per_item=0.01, model_gb=0.5)]
+
+
+def test_pcie_cap_keeps_each_gpu_within_its_link():
+    st = pcie_pipeline()
+    assert 9 < st[0].pcie_gbs(10, 1) < GPU.pcie_gbs < 2 * st[0].pcie_gbs(10, 1)
+    for c in (1, 2):
+        free = solve_peak(st, GPU, c, 1, 0.05, pcie_cap=False)
+        capped = solve_peak(st, GPU, c, 1, 0.05)
+        assert_valid(free, st, GPU, c, 1, 0.05, pcie=False)
+        assert_valid(capped, st, GPU, c, 1, 0.05)             # per GPU, from the placement
+        assert max(pcie_on(on, st, 1, GPU) for on in free.placement) > GPU.pcie_gbs   # over-subscribed
+        assert all(pcie_on(on, st, 1, GPU) <= GPU.pcie_gbs + 1e-9 for on in capped.placement)
+        assert capped.instances[0] <= c                        # one copy-bound instance per link
+        assert free.throughput_qps > capped.throughput_qps > 0
+        m = solve_min(st, GPU, 0.9 * capped.throughput_qps, 1, 0.05, max_gpus=c)
+        assert_valid(m, st, GPU, len(m.placement), 1, 0.05)
+        bf = brute_force_peak(st, GPU, c, 1, 0.05, granularity=10, max_instances=8)
+        sa = solve_peak(st, GPU, c, 1, 0.05, granularity=10)
+        assert_valid(bf, st, GPU, c, 1, 0.05, granularity=10)
+        assert sa.throughput_qps == pytest.approx(bf.throughput_qps, rel=1e-9)
+    # Camelot-NC drops C-3 only
+    nc = ALLOCATORS["camelot-nc"](st, GPU, 2, 1, 0.05)
+    assert all(pcie_on(on, st, 1, GPU) <= GPU.pcie_gbs + 1e-9 for on in nc.placement)
+
+
+def test_pcie_cap_off_or_unmodelled_is_the_printed_eq1():
+    """pcie_cap=False (or a GPU with pcie_gbs = 0) gives what the search gave
+    before C-P: the same allocation as for stages without PCIe traffic."""
+    no_link = dataclasses.replace(GPU, pcie_gbs=0.0)
+    for st, c, b, q in instances(8, seed=3):
+        hot = [dataclasses.replace(s, pcie_gb_per_item=0.02) for s in st]
+        old = solve_peak(st, GPU, c, b, q, granularity=10)
+        assert solve_peak(hot, GPU, c, b, q, granularity=10, pcie_cap=False) == old
+        assert solve_peak(hot, no_link, c, b, q, granularity=10) == old
+        assert brute_force_peak(hot, GPU, c, b, q, granularity=10, pcie_cap=False) == \
+            brute_force_peak(st, GPU, c, b, q, granularity=10)
+    st = pcie_pipeline()
+    bare = [dataclasses.replace(s, pcie_gb_per_item=0.0) for s in st]
+    assert solve_min(st, GPU, 500.0, 1, 0.05, pcie_cap=False) == solve_min(bare, GPU, 500.0, 1, 0.05)
+
+
+class Bare:
+    """A StageModel with the four required methods only (no pcie_gbs)."""
+
+    def __init__(self, s: ToyStage):
+        self.s, self.name = s, s.name
+
+    def duration_s(self, pct: int, batch: int) -> float:
+        return self.s.duration_s(pct, batch)
+
+    def bandwidth_gbs(self, pct: int, batch: int) -> float:
+        return self.s.bandwidth_gbs(pct, batch)
+
+    def mem_gb(self, batch: int) -> float:
+        return self.s.mem_gb(batch)
+
+    def gflop(self, batch: int) -> float:
+        return self.s.gflop(batch)
+
+
+def test_stages_without_pcie_still_work():
+    st = pipeline3()
+    bare = [Bare(s) for s in st]
+    assert solve_peak(bare, GPU, 2, 8, 0.2) == solve_peak(st, GPU, 2, 8, 0.2)
+    assert solve_min(bare, GPU, 300.0, 8, 0.2) == solve_min(st, GPU, 300.0, 8, 0.2)
+    assert brute_force_peak(bare, GPU, 1, 8, 0.2, granularity=20) == brute_force_peak(st, GPU, 1, 8, 0.2, granularity=20)
+    assert even_allocation(bare, GPU, 2, 8, 0.2) == even_allocation(st, GPU, 2, 8, 0.2)
+    assert laius_allocation(bare, GPU, 2, 8, 0.2) == laius_allocation(st, GPU, 2, 8, 0.2)
+    assert CM.laius_min(bare, GPU, 300.0, 8, 0.2) == CM.laius_min(st, GPU, 300.0, 8, 0.2)
+    a = solve_peak(st, GPU, 2, 8, 0.2)
+    assert place(a.instances, a.quotas, bare, GPU, 2, 8) == a.placement
+
+
+def test_baselines_ignore_pcie():
+    st = pcie_pipeline()
+    bare = [dataclasses.replace(s, pcie_gb_per_item=0.0) for s in st]
+    for c in (1, 2):
+        assert even_allocation(st, GPU, c, 1, 0.05) == even_allocation(bare, GPU, c, 1, 0.05)
+        assert laius_allocation(st, GPU, c, 1, 0.05) == laius_allocation(bare, GPU, c, 1, 0.05)
+    assert CM.laius_min(st, GPU, 500.0, 1, 0.05) == CM.laius_min(bare, GPU, 500.0, 1, 0.05)
+
+
+def test_place_refuses_a_gpu_over_its_pcie():
+    st = pcie_pipeline()
+    assert place([1, 1], [10, 50], st, GPU, 1, 1) is not None
+    assert place([2, 1], [10, 50], st, GPU, 1, 1) is None                 # 2 x 9.8 GB/s > 12.16
+    assert place([2, 1], [10, 50], st, GPU, 1, 1, pcie_cap=False) is not None
+    assert place([2, 1], [10, 50], st, dataclasses.replace(GPU, pcie_gbs=0.0), 1, 1) is not None
+    pl = place([2, 1], [10, 50], st, GPU, 2, 1)                             # one per GPU
+    assert pl is not None and all(sum(1 for i, _ in on if i == 0) == 1 for on in pl)
+    # an instance predicted above the link counts as the whole link (one per GPU), not as unplaceable
+    over = [ToyStage("o", ms_per_item=0.1, fixed_ms=0.1, pcie_gb_per_item=0.1)]
+    assert over[0].pcie_gbs(50, 1) > GPU.pcie_gbs
+    assert place([1], [50], over, GPU, 1, 1) is not None
+    assert place([2], [40], over, GPU, 1, 1) is None
+    with pytest.raises(ValueError, match="pcie_gbs"):
+        GPUSpec(pcie_gbs=-1.0)

@@ -71,7 +71,8 @@ class Setup:
     def spec(self) -> alloc.GPUSpec:
         p = self.params
         return alloc.GPUSpec(name=self.device, pct=100, mps_clients=48, bandwidth_gbs=p.bw / 1e9,
-                             mem_gb=device_mem_gb(self.device), gflops=p.sms * p.sm_flops / 1e9)
+                             mem_gb=device_mem_gb(self.device), gflops=p.sms * p.sm_flops / 1e9,
+                             pcie_gbs=p.pcie_h2d / 1e9)
 
 
 _models: dict[tuple[str, str], Any] = {}

@@ -21,7 +21,7 @@ Intensities (§VIII-E's naming: x_i is more intensive than x_j when i > j;
         light kernel over it
 
 `DevStage` turns a stage into the allocator's StageModel (§VII-A's
-predictions: duration, bandwidth, footprint, work) by asking the device
+predictions: duration, bandwidth, PCIe traffic, footprint, work) by asking the device
 model how long each kernel takes alone at a quota: the ground truth that
 the predictors of predict.py learn from samples.
 """
@@ -201,6 +201,14 @@ class DevStage:
     def bandwidth_gbs(self, pct: int, batch: int) -> float:
         """Device-memory traffic over the batch's duration (b(p) of Eq. 1)."""
         traffic = sum(o.bytes for o in batch_ops(self.stage, batch) if o.kind == KERNEL)
+        return traffic / self.duration_s(pct, batch) / GB
+
+    def pcie_gbs(self, pct: int, batch: int) -> float:
+        """Host-to-device traffic over the batch's duration (the allocator's
+        optional PCIe rate, its constraint C-P): the bytes the stage's own H2D
+        copies move per batch (the copies between stages are not the stage's:
+        pipesim adds those) over duration_s(pct, batch)."""
+        traffic = sum(o.bytes for o in batch_ops(self.stage, batch) if o.kind == H2D)
         return traffic / self.duration_s(pct, batch) / GB
 
     def mem_gb(self, batch: int) -> float:

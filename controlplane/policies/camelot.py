@@ -15,6 +15,8 @@ Eq. 1 (maximise the peak load, solve_peak), as implemented:
     C-3   per GPU: sum of b(p_i) over the instances placed there <= BW
     C-4   per GPU: sum of M(i, s) over the instances placed there <= F
     C-5   sum_i duration(p_i, s) <= QoS
+    C-P   per GPU: sum of pcie(p_i) over the instances placed there <= PCIe
+          (ours, not printed; pcie_cap=False drops it - see below)
 
 Our readings of the printed equation:
   - C-5 is printed with g(p_i) and Table II calls g the bandwidth; the text
@@ -82,6 +84,27 @@ single steps: 196 of 204 at 1 500 iterations (worst 0.898).
 
 Camelot-NC (§VIII-D) is bandwidth_cap=False: the same search without C-3.
 
+C-P, the PCIe constraint, is our addition (pcie_cap=True by default;
+pcie_cap=False is Eq. 1 as printed).  §VI-A / Fig. 9 measure the copy
+time growing once more than three PCIe-intensive instances share a GPU and
+explain it as this very sum: "if a GPU hosts more than floor(12160 / 3150)
+= 3 PCIe-intensive microservice instances, the microservices contend for
+the limited PCIe bandwidth" (12.16 GB/s effective link, 3.15 GB/s per
+memcpy); §VII-D / Fig. 13 list PCIe bandwidth among a GPU's resource
+dimensions, and §VIII-B says Camelot "schedules microservice instances
+considering the runtime shared resource contention (global memory
+bandwidth, and PCIe bandwidth)" - yet Eq. 1 has no PCIe term, so without it
+the search stacks instances of a copy-bound stage on a GPU, each predicted
+at its solo (whole-link) rate, and they share one link.  A stage may offer
+pcie_gbs(pct, batch), its host<->device traffic rate while it runs (an
+OPTIONAL StageModel method, read with getattr; a stage without it moves 0
+GB/s); GPUSpec.pcie_gbs is the link's effective rate (0: not modelled, no
+check).  Checked like C-3: globally in the search's sums and per GPU in the
+placement of Fig. 13.  One instance's rate is clamped to the link's (one
+copy can use all of it, not more: a prediction above it is an error of the
+predictor, not a reason to refuse the stage).  Camelot-NC keeps C-P.  EA and
+Laius are not PCIe-aware, as they are not bandwidth-aware.
+
 Baselines (§VIII-A):
   - EA, even_allocation: "EA evenly allocates all the GPU resources to the
     microservices".  We read it per GPU: every GPU runs one instance of each
@@ -114,6 +137,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from controlplane.policies.camelot_place import Placement, counts_on, pack, place
+from controlplane.policies.camelot_place import stage_pcie_gbs as _pcie
 
 __all__ = ["ALLOCATORS", "Allocation", "GPUSpec", "StageModel", "ToyStage", "allocate", "brute_force_peak",
            "even_allocation", "gpu_preset", "laius_allocation", "laius_min", "min_gpus", "place", "solve_min",
@@ -143,6 +167,9 @@ class StageModel(Protocol):
 
     def gflop(self, batch: int) -> float: ...                     # C(i, s): work of one batch
 
+    # Optional (not part of the Protocol; read with getattr, absent = 0):
+    #   def pcie_gbs(self, pct: int, batch: int) -> float   # host<->device GB/s while running (C-P)
+
 
 @dataclass(frozen=True)
 class GPUSpec:
@@ -153,23 +180,29 @@ class GPUSpec:
     bandwidth_gbs: float = 616.0     # BW
     mem_gb: float = 11.0             # F
     gflops: float = 13450.0          # G
+    pcie_gbs: float = 0.0            # effective host<->device GB/s of the GPU's link; 0: not modelled (no C-P)
 
     def __post_init__(self) -> None:
         if self.pct < 1 or self.mps_clients < 1:
             raise ValueError(f"GPUSpec {self.name}: pct and mps_clients must be >= 1")
         if not (self.bandwidth_gbs > 0 and self.mem_gb > 0 and self.gflops > 0):
             raise ValueError(f"GPUSpec {self.name}: bandwidth_gbs, mem_gb and gflops must be > 0")
+        if not (self.pcie_gbs >= 0 and math.isfinite(self.pcie_gbs)):
+            raise ValueError(f"GPUSpec {self.name}: pcie_gbs must be a finite number >= 0 (0: not modelled)")
 
 
 _PRESETS: dict[str, GPUSpec] = {
     # RTX 2080 Ti: 616 GB/s (Camelot §VIII-A, from its ref. [55]); 11 GB GDDR6 and
     # 13.45 TFLOPS FP32 at the reference boost clock (NVIDIA's Turing specs).
-    "2080ti": GPUSpec("2080Ti", 100, 48, 616.0, 11.0, 13450.0),
+    # PCIe (all presets: C-P, our addition): 2080Ti and V100 systems are PCIe 3.0 x16,
+    # 12.16 GB/s effective as Camelot §VI-A cites; H100 SXM5 is PCIe 5.0 x16, 54.8 GB/s
+    # measured pinned H2D (bench/RESULTS.md, shim/simgpu/config.c's default).
+    "2080ti": GPUSpec("2080Ti", 100, 48, 616.0, 11.0, 13450.0, 12.16),
     # V100 of the DGX-2: 897 GB/s (Camelot §VIII-A); 32 GB HBM2 (DGX-2 datasheet: 16 x V100
     # 32 GB); 15.7 TFLOPS FP32 (V100 SXM2 datasheet; the DGX-2's SXM3 parts clock a bit higher).
-    "v100": GPUSpec("V100", 100, 48, 897.0, 32.0, 15700.0),
+    "v100": GPUSpec("V100", 100, 48, 897.0, 32.0, 15700.0, 12.16),
     # H100 SXM5 80 GB: 3.35 TB/s, 80 GB HBM3, 67 TFLOPS FP32 (NVIDIA H100 datasheet).
-    "h100": GPUSpec("H100", 100, 48, 3350.0, 80.0, 67000.0),
+    "h100": GPUSpec("H100", 100, 48, 3350.0, 80.0, 67000.0, 54.8),
 }
 # I = 48: "Volta MPS server supports 48 client CUDA contexts per-device" (NVIDIA MPS
 # docs, CUDA <= 13.0; later releases raise it to 60 - pass mps_clients=60 for those).
@@ -205,7 +238,8 @@ class ToyStage:
     after a fixed per-batch overhead:
         duration(p, s) = fixed_ms + ms_per_item * s * knee / min(p, knee)   [ms]
     bandwidth = gb_per_item * s / duration (its bytes over its time), memory =
-    model_gb + act_gb_per_item * s, work = gflop_per_item * s."""
+    model_gb + act_gb_per_item * s, work = gflop_per_item * s, PCIe traffic
+    (the optional pcie_gbs) = pcie_gb_per_item * s / duration."""
     name: str
     ms_per_item: float = 1.0
     fixed_ms: float = 1.0
@@ -214,6 +248,7 @@ class ToyStage:
     model_gb: float = 1.0
     act_gb_per_item: float = 0.05
     gflop_per_item: float = 5.0
+    pcie_gb_per_item: float = 0.0
 
     def duration_s(self, pct: int, batch: int) -> float:
         return (self.fixed_ms + self.ms_per_item * batch * self.knee / min(pct, self.knee)) / 1000.0
@@ -226,6 +261,9 @@ class ToyStage:
 
     def gflop(self, batch: int) -> float:
         return self.gflop_per_item * batch
+
+    def pcie_gbs(self, pct: int, batch: int) -> float:
+        return self.pcie_gb_per_item * batch / self.duration_s(pct, batch)
 
 
 # --- arguments and precomputed tables ----------------------------------------------------
@@ -269,17 +307,19 @@ class _Problem:
     Eq. 1 / Eq. 3 on a state (N, level indices)."""
 
     def __init__(self, stages: Sequence[StageModel], gpu: GPUSpec, n_gpus: int, batch: int,
-                 qos_s: float, bandwidth_cap: bool, granularity: int):
+                 qos_s: float, bandwidth_cap: bool, granularity: int, pcie_cap: bool = True):
         self.stages, self.gpu, self.C, self.s = stages, gpu, n_gpus, batch
         self.qos, self.cap, self.g = float(qos_s), bandwidth_cap, granularity
+        self.pcap = bool(pcie_cap) and gpu.pcie_gbs > 0          # C-P checked (ours)
         self.levels: list[list[int]] = []
         self.dur: list[list[float]] = []
         self.f: list[list[float]] = []
         self.bw: list[list[float]] = []
+        self.pc: list[list[float]] = []           # PCIe GB/s per instance, clamped to the link (C-P)
         self.mem = [float(st.mem_gb(batch)) for st in stages]
         self.why = ""
         for st in stages:
-            lv, du, ff, bb = [], [], [], []
+            lv, du, ff, bb, pp = [], [], [], [], []
             for p in range(granularity, gpu.pct + 1, granularity):
                 d = float(st.duration_s(p, batch))
                 b = float(st.bandwidth_gbs(p, batch))
@@ -289,6 +329,8 @@ class _Problem:
                 du.append(d)
                 ff.append(batch / d)
                 bb.append(max(b, 0.0) if math.isfinite(b) else math.inf)
+                pp.append(min(_pcie(st, p, batch), gpu.pcie_gbs) if self.pcap else 0.0)
+            self.pc.append(pp)
             self.levels.append(lv)
             self.dur.append(du)
             self.f.append(ff)
@@ -301,25 +343,32 @@ class _Problem:
                 by_mem = int((gpu.mem_gb + _TOL) // self.mem[i]) if self.mem[i] > 0 else gpu.mps_clients
                 per_gpu = min(gpu.mps_clients, gpu.pct // self.levels[i][0], by_mem)
                 self.nmax[i] = max(1, min(per_gpu * n_gpus, n_gpus * gpu.mps_clients - (n - 1)))
-        # the global sums of C-1..C-4 (C-3 when capped): per instance of stage i at level k, and limits
+        # the global sums of C-1..C-4 (C-3 when capped) and C-P (when checked): per
+        # instance of stage i at level k, and limits
         self.coef: list[list[tuple[float, ...]]] = [
-            [(float(p), 1.0, m, b) if bandwidth_cap else (float(p), 1.0, m) for p, b in zip(lv, bb)]
-            for lv, bb, m in zip(self.levels, self.bw, self.mem)]
+            [(float(p), 1.0, m) + ((b,) if bandwidth_cap else ()) + ((c,) if self.pcap else ())
+             for p, b, c in zip(lv, bb, pp)]
+            for lv, bb, pp, m in zip(self.levels, self.bw, self.pc, self.mem)]
         self.lims: tuple[float, ...] = (float(n_gpus * gpu.pct), float(n_gpus * gpu.mps_clients),
                                         n_gpus * gpu.mem_gb + _TOL)
         if bandwidth_cap:
             self.lims += (n_gpus * gpu.bandwidth_gbs + _TOL,)
+        if self.pcap:
+            self.lims += (n_gpus * gpu.pcie_gbs + _TOL,)
         # N_i at level k is at most nmax_i and what C GPUs take of stage i alone (placement's bound)
-        self.cap_n = [[min(self.nmax[i], n_gpus * self._per_gpu(p, self.mem[i], b)) for p, b in zip(lv, bb)]
-                      for i, (lv, bb) in enumerate(zip(self.levels, self.bw))]
+        self.cap_n = [[min(self.nmax[i], n_gpus * self._per_gpu(p, self.mem[i], b, c))
+                       for p, b, c in zip(lv, bb, pp)]
+                      for i, (lv, bb, pp) in enumerate(zip(self.levels, self.bw, self.pc))]
 
-    def _per_gpu(self, pct: int, mem: float, bw: float) -> int:
-        """How many instances of (pct, mem, bw) one GPU takes."""
+    def _per_gpu(self, pct: int, mem: float, bw: float, pcie: float = 0.0) -> int:
+        """How many instances of (pct, mem, bw, pcie) one GPU takes."""
         gpu, k = self.gpu, min(self.gpu.mps_clients, self.gpu.pct // pct)
         if mem > 0:
             k = min(k, int((gpu.mem_gb + _TOL) // mem))
         if self.cap and bw > 0:
             k = min(k, int((gpu.bandwidth_gbs + _TOL) // bw))
+        if self.pcap and pcie > 0:
+            k = min(k, int((gpu.pcie_gbs + _TOL) // pcie))
         return max(k, 1)
 
     def _preflight(self) -> str:
@@ -354,20 +403,22 @@ class _Problem:
         else the summed relative excess (placement failure: 0.05); code names
         the first violated constraint (explain() puts it in words)."""
         gpu, C = self.gpu, self.C
-        lat = mem = bw = 0.0
+        lat = mem = bw = pc = 0.0
         res = cl = 0
-        xs, pcts, bws = [], [], []
+        xs, pcts, bws, pcs = [], [], [], []
         for i, m in enumerate(n):
             k = lv[i]
-            p, b = self.levels[i][k], self.bw[i][k]
+            p, b, c = self.levels[i][k], self.bw[i][k], self.pc[i][k]
             lat += self.dur[i][k]
             xs.append(m * self.f[i][k])
             pcts.append(p)
             bws.append(b)
+            pcs.append(c)
             res += m * p
             cl += m
             mem += m * self.mem[i]
             bw += m * b
+            pc += m * c
         viol, why = 0.0, ""
         if lat > self.qos * (1 + _TOL):
             viol += lat / self.qos - 1 if self.qos > 0 else 1.0
@@ -384,7 +435,11 @@ class _Problem:
         if self.cap and bw > C * gpu.bandwidth_gbs + _TOL:
             viol += bw / (C * gpu.bandwidth_gbs) - 1
             why = why or "C-3"
-        if viol == 0 and C > 1 and counts_on(n, pcts, self.mem, bws, gpu, C, self.cap) is None:   # 1 GPU: as above
+        if self.pcap and pc > C * gpu.pcie_gbs + _TOL:
+            viol += pc / (C * gpu.pcie_gbs) - 1
+            why = why or "C-P"
+        if viol == 0 and C > 1 and counts_on(n, pcts, self.mem, bws, gpu, C, self.cap,
+                                             pcs, self.pcap) is None:   # 1 GPU: as above
             viol, why = PEN0, "place"
         return viol, why, xs, res, lat
 
@@ -394,6 +449,7 @@ class _Problem:
         viol, code, xs, res, lat = self.check(n, lv)
         mem = sum(m * x for m, x in zip(n, self.mem))
         bw = sum(m * self.bw[i][lv[i]] for i, m in enumerate(n))
+        pc = sum(m * self.pc[i][lv[i]] for i, m in enumerate(n))
         return {
             "": "",
             "C-5": f"QoS (C-5): latency {lat * 1e3:.4g} ms > {self.qos * 1e3:.4g} ms",
@@ -401,7 +457,8 @@ class _Problem:
             "C-2": f"MPS clients (C-2): {sum(n)} > C * I = {C * gpu.mps_clients}",
             "C-4": f"memory (C-4): {mem:.3g} GB > C * F = {C * gpu.mem_gb:g} GB",
             "C-3": f"bandwidth (C-3): {bw:.4g} GB/s > C * BW = {C * gpu.bandwidth_gbs:g} GB/s",
-            "place": "placement (Fig. 13): the instances do not fit the GPUs one by one (R, F, BW, I per GPU)",
+            "C-P": f"PCIe (C-P, ours): {pc:.4g} GB/s > C * PCIe = {C * gpu.pcie_gbs:g} GB/s",
+            "place": "placement (Fig. 13): the instances do not fit the GPUs one by one (R, F, BW, PCIe, I per GPU)",
         }[code]
 
     def start(self) -> list[int]:
@@ -502,7 +559,8 @@ class _Problem:
         """The Allocation of a valid state (placed by Fig. 13)."""
         pcts = [self.levels[i][lv[i]] for i in range(len(n))]
         bws = [self.bw[i][lv[i]] for i in range(len(n))]
-        pl = pack(list(n), pcts, self.mem, bws, self.gpu, self.C, self.cap)
+        pcs = [self.pc[i][lv[i]] for i in range(len(n))]
+        pl = pack(list(n), pcts, self.mem, bws, self.gpu, self.C, self.cap, pcs, self.pcap)
         assert pl is not None, "a valid state is placed"
         return Allocation(tuple(n), tuple(pcts), self.s, throughput(self.stages, n, pcts, self.s),
                           self.latency(lv), sum(1 for g in pl if g), sum(a * b for a, b in zip(n, pcts)),
@@ -728,13 +786,14 @@ def _norm_iters(iters: int) -> int:
 
 def solve_peak(stages: Sequence[StageModel], gpu: GPUSpec, n_gpus: int, batch: int, qos_s: float, *,
                seed: int = 0, bandwidth_cap: bool = True, granularity: int = 5,
-               iters: int = DEFAULT_ITERS) -> Allocation:
+               iters: int = DEFAULT_ITERS, pcie_cap: bool = True) -> Allocation:
     """Eq. 1: the N_i and p_i that maximise min_i N_i f(p_i) on n_gpus GPUs
     under C-1..C-5 (C-3, C-4 per GPU on the Fig. 13 placement), by simulated
     annealing (§VII-C; see the module docstring).  bandwidth_cap=False is
-    Camelot-NC (§VIII-D).  Infeasible: feasible=False and why."""
+    Camelot-NC (§VIII-D); pcie_cap=False drops our PCIe constraint C-P (Eq. 1
+    as printed).  Infeasible: feasible=False and why."""
     _check_args(stages, gpu, batch, qos_s, n_gpus, granularity)
-    pb = _Problem(stages, gpu, n_gpus, batch, qos_s, bandwidth_cap, granularity)
+    pb = _Problem(stages, gpu, n_gpus, batch, qos_s, bandwidth_cap, granularity, pcie_cap)
     if pb.why:
         return pb.infeasible(pb.why)
     la = _laius_v(pb)
@@ -758,13 +817,13 @@ def min_gpus(stages: Sequence[StageModel], gpu: GPUSpec, batch: int, load_qps: f
 
 def solve_min(stages: Sequence[StageModel], gpu: GPUSpec, load_qps: float, batch: int, qos_s: float, *,
               seed: int = 0, bandwidth_cap: bool = True, granularity: int = 5,
-              max_gpus: int = DEFAULT_MAX_GPUS, iters: int = DEFAULT_ITERS) -> Allocation:
+              max_gpus: int = DEFAULT_MAX_GPUS, iters: int = DEFAULT_ITERS, pcie_cap: bool = True) -> Allocation:
     """Eq. 2, then Eq. 3: on y = min_gpus(...) GPUs (then y + 1, ... up to
     max_gpus while Eq. 1's search there finds no state carrying the load),
     the allocation with the least sum_i N_i p_i that carries load_qps
     (min_i N_i f(p_i) >= load_qps) under C-1..C-4 of Eq. 3, by simulated
     annealing started from the quotas of the first state Eq. 1's search
-    met that carries the load (it stops there)."""
+    met that carries the load (it stops there).  pcie_cap as solve_peak."""
     _check_args(stages, gpu, batch, qos_s, 1, granularity)
     if not (isinstance(load_qps, (int, float)) and load_qps > 0 and math.isfinite(load_qps)):
         raise ValueError(f"solve_min: load_qps must be a finite number > 0, got {load_qps!r}")
@@ -774,7 +833,7 @@ def solve_min(stages: Sequence[StageModel], gpu: GPUSpec, load_qps: float, batch
     why = f"Eq. 2 needs {y} GPUs > max_gpus = {max_gpus}"
     n = len(stages)
     for c in range(y, max_gpus + 1):
-        pb = _Problem(stages, gpu, c, batch, qos_s, bandwidth_cap, granularity)
+        pb = _Problem(stages, gpu, c, batch, qos_s, bandwidth_cap, granularity, pcie_cap)
         if pb.why:
             return pb.infeasible(pb.why)
         if pb.upper() < load_qps:
@@ -795,13 +854,13 @@ def solve_min(stages: Sequence[StageModel], gpu: GPUSpec, load_qps: float, batch
 
 def brute_force_peak(stages: Sequence[StageModel], gpu: GPUSpec, n_gpus: int, batch: int, qos_s: float, *,
                      bandwidth_cap: bool = True, granularity: int = 5,
-                     max_instances: int | None = None) -> Allocation:
+                     max_instances: int | None = None, pcie_cap: bool = True) -> Allocation:
     """Eq. 1 exhaustively: every V with N_i <= the bound the constraints
     imply (or max_instances), the same validity test as solve_peak (the
     constraints, then Fig. 13's placement) and the same ranking.  For tests
-    on small instances."""
+    on small instances (pcie_cap: C-P, as solve_peak)."""
     _check_args(stages, gpu, batch, qos_s, n_gpus, granularity)
-    pb = _Problem(stages, gpu, n_gpus, batch, qos_s, bandwidth_cap, granularity)
+    pb = _Problem(stages, gpu, n_gpus, batch, qos_s, bandwidth_cap, granularity, pcie_cap)
     if pb.why:
         return pb.infeasible(pb.why)
     n = len(stages)
@@ -962,7 +1021,7 @@ def _camelot_nc(stages: Sequence[StageModel], gpu: GPUSpec, n_gpus: int, batch: 
 
 ALLOCATORS: dict[str, Allocator] = {
     "camelot": solve_peak,            # Eq. 1 with the bandwidth cap
-    "camelot-nc": _camelot_nc,        # Eq. 1 without C-3 (§VIII-D)
+    "camelot-nc": _camelot_nc,        # Eq. 1 without C-3 (§VIII-D); C-P kept
     "ea": even_allocation,            # §VIII-A
     "laius": laius_allocation,        # §VIII-A, Laius per GPU
 }
