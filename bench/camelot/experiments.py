@@ -46,8 +46,8 @@ POLICIES = ("ea", "laius", "camelot")
 COMM = {"ea": "copy", "laius": "copy", "camelot": "handle", "camelot-nc": "handle"}
 PAPER = {  # the paper's headline figures, for the side-by-side table
     "camelot-peak": "Camelot +12..73.9 % over EA, +10..64.5 % over Laius (Fig. 14)",
-    "camelot-lowload": "Camelot -46.5 % resources vs one GPU per stage, -35 % vs Laius; Laius +20.2 % "
-                       "over Camelot's savings missing, 3/4 services slightly late (Fig. 16)",
+    "camelot-lowload": "resources vs one GPU per stage: Camelot -46.5 %, Laius -20.2 %; Camelot -35 % vs "
+                       "Laius, and Laius slightly late for 3 of 4 services (Fig. 16)",
     "camelot-loads": "Camelot-NC misses the target in 10/16 cases, up to 1.55x (Fig. 17)",
     "camelot-artifact": "Camelot +44.91 % over EA, +39.72 % over Laius on average (Fig. 18)",
     "camelot-multigpu": "Camelot +50.1 % over EA on average on a DGX-2 (Fig. 19)",
