@@ -314,11 +314,14 @@ def plot(path: Path, name: str, rows: list[dict], pols: Sequence[str]) -> None:
     peak = "load_frac" not in (rows[0] if rows else {})
     series = pols if peak else [p for p in rows[0] if isinstance(rows[0][p], dict)]
     w = 0.8 / max(1, len(series))
+    base = "laius" if peak and "laius" in series else None     # services differ by 100x: normalise
     for k, p in enumerate(series):
-        vals = [(r[p]["peak_qps"] if peak else (r[p]["resources_norm"] or 0)) for r in rows]
+        vals = [(r[p]["peak_qps"] / r[base]["peak_qps"] if base and r[base]["peak_qps"] > 0 else 0.0)
+                if peak else (r[p]["resources_norm"] or 0) for r in rows]
         ax.bar([i + k * w for i in range(len(rows))], vals, w, label=p)
     ax.set_xticks([i + w * (len(series) - 1) / 2 for i in range(len(rows))], labels, fontsize=7, rotation=45)
-    ax.set_ylabel("peak load (queries/s)" if peak else "resources (x one GPU per stage)")
+    ax.set_ylabel(f"peak load / {base}'s" if base else "peak load (queries/s)" if peak
+                  else "resources (x one GPU per stage)")
     ax.set_title(f"{name} (simulated, simgpu's device model)")
     ax.legend()
     fig.tight_layout()
