@@ -143,15 +143,17 @@ def launches_per_s(text: str) -> float | None:
     return int(n[-1]) / float(t[-1][1]) if t and n and float(t[-1][1]) > 0 else None
 
 
-def solo(s: Setup, work: Path, log) -> tuple[dict[str, float], dict[str, float]]:
-    """Each batch app alone at 100 %, natively on the same device settings:
-    its iterations/s, and its launches/s (what the controller normalises to)."""
+def solo(s: Setup, work: Path, log, seconds: float | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """Each batch app alone at 100 %, natively on the same device settings,
+    for `seconds` (default: a policy's duration): its iterations/s, and its
+    launches/s (what the controller normalises to)."""
     out, rates = {}, {}
+    secs = seconds or s.duration
     for name in s.batch:
         env = device_env(s, Path(tempfile.mkdtemp(prefix="dev-", dir=work)))
         env["LD_LIBRARY_PATH"] = str(ROOT / "shim" / "lib" / "simgpu")
-        p = subprocess.run(batch_cmd(name, s.duration), env=env, capture_output=True, text=True,
-                           timeout=s.duration * 10 + 60)
+        p = subprocess.run(batch_cmd(name, secs), env=env, capture_output=True, text=True,
+                           timeout=secs * 10 + 60)
         ips = iters_per_s(p.stdout)
         if p.returncode not in (0, 1) or ips is None:     # 1: its self-check fails, timing only
             raise ColocateError(f"solo {name} failed (exit {p.returncode}):\n{p.stdout[-800:]}{p.stderr[-800:]}")
@@ -369,6 +371,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", default=",".join(d.batch), help="Rodinia apps (fixed control flow: "
                    "hotspot lud pathfinder nw lavamd myocyte; not bfs/btree in timing-only mode)")
     p.add_argument("--duration", type=float, default=d.duration, help="seconds of load per policy")
+    p.add_argument("--solo-seconds", type=float, metavar="S",
+                   help="seconds of each batch app's solo run (default: --duration); shorter makes the "
+                        "normalised throughputs noisier, not the policies' order")
     p.add_argument("--warmup", type=int, default=d.warmup, help="first queries left out of the figures")
     p.add_argument("--slowdown", type=float, default=d.slowdown, help="simgpu slower by this factor")
     p.add_argument("--pool", default=d.pool, help="process pool (QUOTA:N,...)")
@@ -394,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     s = Setup(a.service, a.service_args, a.sizes, a.rate, a.arrivals, a.qos_ms,
               [b for b in a.batch.split(",") if b], a.duration, a.slowdown, a.pool,
               warmup=a.warmup, model=a.model, model_off=a.model_off, route=a.route)
+    if a.solo_seconds is not None and not a.solo_seconds > 0:
+        print(f"colocation: --solo-seconds {a.solo_seconds:g}: want a positive number of seconds", file=sys.stderr)
+        return 2
     bad = set(m for m in a.model_off.split(",") if m) - set(MECHS)
     if bad:
         print(f"colocation: --model-off: unknown {', '.join(sorted(bad))} "
@@ -408,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     a.work.mkdir(parents=True, exist_ok=True)
     try:
         model_dir = models(s, a.work, log) if any(p.split(",")[0] in PREDICTING for p in policies) else None
-        solo_ips, solo_rates = solo(s, a.work, log)
+        solo_ips, solo_rates = solo(s, a.work, log, a.solo_seconds)
         results = []
         for pol in policies:
             log(f"policy {pol}: {s.duration:g} s")

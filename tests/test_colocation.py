@@ -36,6 +36,7 @@ def run(tmp_path: Path, policies: str, name: str, model: str = "full", route: st
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "colocation.py"), "--model", model,
                         "--policies", policies, "--duration", "12", "--rate", "10",
                         "--qos-ms", "80", "--slowdown", "1000", "--work", str(tmp_path / "work"),
+                        "--solo-seconds", "4",      # normalises both policies alike: the order holds
                         "--route", route, "--json", str(out), "--quiet"], cwd=ROOT, capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
