@@ -27,6 +27,19 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The exporter's shared table, locks and struct (the service thread is
+ * stopped, or never started). */
+static void exporter_release(struct colocate_handoff_exporter *ex)
+{
+	if (ex->tab) {
+		munmap(ex->tab, sizeof(*ex->tab));
+		close(ex->tab_fd);
+	}
+	pthread_mutex_destroy(&ex->mu);
+	pthread_cond_destroy(&ex->cv);
+	free(ex);
+}
+
 HF_API int colocate_handoff_exporter_new(const char *dir, struct colocate_handoff_exporter **out)
 {
 	static uint32_t serial;             /* several exporters in one process */
@@ -81,13 +94,7 @@ HF_API int colocate_handoff_exporter_new(const char *dir, struct colocate_handof
 	pthread_cond_init(&ex->cv, NULL);
 	rc = hf_service_start(ex);
 	if (rc) {
-		if (ex->tab) {
-			munmap(ex->tab, sizeof(*ex->tab));
-			close(ex->tab_fd);
-		}
-		pthread_mutex_destroy(&ex->mu);
-		pthread_cond_destroy(&ex->cv);
-		free(ex);
+		exporter_release(ex);
 		return rc;
 	}
 	*out = ex;
@@ -153,13 +160,7 @@ HF_API int colocate_handoff_exporter_free(struct colocate_handoff_exporter *ex, 
 		if (ex->bufs[i].used && !must_keep(&ex->bufs[i]))
 			hf_buf_free(&ex->bufs[i]);
 	free(ex->bufs);
-	if (ex->tab) {
-		munmap(ex->tab, sizeof(*ex->tab));
-		close(ex->tab_fd);
-	}
-	pthread_mutex_destroy(&ex->mu);
-	pthread_cond_destroy(&ex->cv);
-	free(ex);
+	exporter_release(ex);
 	if (late)
 		return hf_err(COLOCATE_HANDOFF_E_TIMEOUT, "exporter_free: importers still held buffers "
 			      "after %d ms; they were cut off", wait_ms);

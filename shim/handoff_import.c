@@ -241,12 +241,8 @@ static int conn_hello(struct hf_iconn *ic)
 	if (hf_send(ic->fd, &q, -1) < 0)
 		return hf_err(COLOCATE_HANDOFF_E_GONE, "exporter gone (send: %s)", strerror(errno));
 	n = hf_recvv(ic->fd, &r, fds, 2);
-	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-		return hf_err(COLOCATE_HANDOFF_E_TIMEOUT, "exporter did not answer in %d ms",
-			      HF_TIMEOUT_MS);
 	if (n <= 0)
-		return hf_err(COLOCATE_HANDOFF_E_GONE, "exporter gone (%s)",
-			      n == 0 ? "connection closed" : strerror(errno));
+		return hf_recv_failed(n);
 	if (n != (ssize_t)sizeof(r) || r.magic != HF_MSG_MAGIC || r.op != HF_REPLY)
 		rc = hf_err(COLOCATE_HANDOFF_E_PROTO, "exporter's reply is not a hand-off reply");
 	else if (!r.status && fds[0] >= 0 && fds[1] >= 0) {

@@ -188,6 +188,9 @@ int hf_post(int fd, const struct hf_msg *q);
 /* Receive one message: its length (0 at EOF), or -1 with errno; *got_fd
  * is a received fd (close-on-exec) or -1.  got_fd NULL: any fd is closed. */
 ssize_t hf_recv(int fd, struct hf_msg *m, int *got_fd);
+/* A receive that returned n <= 0 as an error code (errno still its own):
+ * E_TIMEOUT when it timed out, else E_GONE (closed, or the errno). */
+int hf_recv_failed(ssize_t n);
 /* A message to the exporter and its reply: OK with *r (and *got_fd), or
  * E_GONE / E_TIMEOUT / E_PROTO; a reply's own status is left to the caller. */
 int hf_call(int fd, const struct hf_msg *q, struct hf_msg *r, int *got_fd);

@@ -124,6 +124,15 @@ int hf_post(int fd, const struct hf_msg *q)
 	return hf_err(COLOCATE_HANDOFF_E_GONE, "exporter gone (send: %s)", strerror(errno));
 }
 
+int hf_recv_failed(ssize_t n)
+{
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		return hf_err(COLOCATE_HANDOFF_E_TIMEOUT, "exporter did not answer in %d ms",
+			      HF_TIMEOUT_MS);
+	return hf_err(COLOCATE_HANDOFF_E_GONE, "exporter gone (%s)",
+		      n == 0 ? "connection closed" : strerror(errno));
+}
+
 int hf_call(int fd, const struct hf_msg *q, struct hf_msg *r, int *got_fd)
 {
 	ssize_t n;
@@ -137,12 +146,8 @@ int hf_call(int fd, const struct hf_msg *q, struct hf_msg *r, int *got_fd)
 		return hf_err(COLOCATE_HANDOFF_E_GONE, "exporter gone (send: %s)", strerror(errno));
 	}
 	n = hf_recv(fd, r, got_fd);
-	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-		return hf_err(COLOCATE_HANDOFF_E_TIMEOUT, "exporter did not answer in %d ms",
-			      HF_TIMEOUT_MS);
 	if (n <= 0)
-		return hf_err(COLOCATE_HANDOFF_E_GONE, "exporter gone (%s)",
-			      n == 0 ? "connection closed" : strerror(errno));
+		return hf_recv_failed(n);
 	if (n != (ssize_t)sizeof(*r) || r->magic != HF_MSG_MAGIC || r->version != HF_MSG_VERSION ||
 	    r->op != HF_REPLY) {
 		if (got_fd && *got_fd >= 0) {
