@@ -600,11 +600,13 @@ pipeline_app = typer.Typer(help="Camelot's microservice pipelines, live: `run SP
 
 
 @pipeline_app.callback()
-def pipeline_main(ctx: typer.Context) -> None:
+def pipeline_main(ctx: typer.Context,
+                  as_json: bool = typer.Option(False, "--json", help="Alone: as `ls --json`."),
+                  runtime_dir: Optional[Path] = RunDirOpt) -> None:
     """Camelot's microservice pipelines, live: `colocate pipeline run SPEC` runs one
     (bench/camelot/specs/ has examples); `colocate pipeline` alone lists the running ones."""
     if ctx.invoked_subcommand is None:
-        pipeline_ls(as_json=False, runtime_dir=None)
+        pipeline_ls(as_json=as_json, runtime_dir=runtime_dir)
 
 
 def _ms(v: float | None, digits: int = 1) -> str:

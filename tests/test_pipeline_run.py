@@ -338,6 +338,8 @@ def test_ls_shows_a_running_pipeline_and_forgets_it(place):
     assert rc == 143, err
     assert ls_json(place) == []
     assert "0 running pipeline(s)" in colocate("pipeline", "ls", env=place[2]).stdout
+    alone = colocate("pipeline", "--json", "--runtime-dir", str(rd), env=place[2])   # `pipeline` alone is ls
+    assert alone.returncode == 0 and json.loads(alone.stdout) == []
 
 
 # --- batching (§V-B step 2) and placement, without processes ---------------------------
