@@ -41,6 +41,10 @@
 #           green.jsonl (written afresh), tagged (--tag), and a summary of the
 #           hold runs in green.log.  Without MPS the probes get an empty
 #           CUDA_MPS_PIPE_DIRECTORY, as in bench/gpu_pool.py
+#   camelot a 3-stage Camelot pipeline with handles and with --copy (the
+#           checksums must be equal, the handle run must hand off and not
+#           copy: pipeline_{handle,copy}.json), then bench/handoff.py
+#           --device cuda (Fig. 11 on the GPU: handoff/table.md)
 # Not yet run on a GPU: read session.log first.
 set -u
 OUT=${OUT:-bench/out/gpu}
@@ -48,6 +52,7 @@ mkdir -p "$OUT"
 JOBS=$(nproc 2>/dev/null || echo 4)
 PY=.venv/bin/python
 DEV=${DEV:-cuda}          # sim: try the steps that allow it on simgpu
+QUERIES=${QUERIES:-200}   # queries per pipeline run in the camelot step
 SECS=${SECS:-5}           # how long hotspot runs in the vmmapp step (the
                           # route must land while it runs; its CHECK does not
                           # depend on how many times it repeated)
@@ -134,6 +139,29 @@ apis() {
 	.venv/bin/colocate quotas --runtime-dir "$rd" --all --json >"$OUT/apis_quotas.json" || rc=1
 	.venv/bin/colocate quotas --runtime-dir "$rd" --all || true
 	.venv/bin/colocate stop --runtime-dir "$rd"
+	return $rc
+}
+
+camelot() {
+	# issue 17 on the GPU: a 3-stage pipeline with handles (legacy CUDA IPC
+	# between MPS-less processes) and with --copy must give the same
+	# checksum for every query; then the hand-off against the copy by size
+	local rd rc=0
+	rd=$(mktemp -d /tmp/cgpu-XXXXXX)
+	for m in handle copy; do
+		.venv/bin/colocate pipeline run bench/camelot/specs/p1-c2-m1.toml --device "$DEV" --queries "$QUERIES" \
+			--rate 40 --runtime-dir "$rd" --json "$OUT/pipeline_$m.json" $([ $m = copy ] && echo --copy) || rc=1
+	done
+	$PY - "$OUT" <<'PYEOF' || rc=1
+import json, sys
+h, c = (json.load(open(f"{sys.argv[1]}/pipeline_{m}.json")) for m in ("handle", "copy"))
+same = h["checksums"] == c["checksums"]
+print(f"checksums {'equal' if same else 'DIFFER'} over {len(h['checksums'])} queries; "
+      f"handle run: {h['handoffs']} hand-offs, {h['copies']} copies; copy run: {c['handoffs']}, {c['copies']}")
+sys.exit(0 if same and h["handoffs"] > 0 and h["copies"] == 0 else 1)
+PYEOF
+	$PY bench/handoff.py --device "$DEV" $([ "$DEV" = sim ] && echo --quick) --out "$OUT/handoff" || rc=1
+	rm -rf "$rd"
 	return $rc
 }
 
@@ -235,8 +263,8 @@ PY
 	return $rc
 }
 
-export -f build vmmapp calib apis green
-export OUT JOBS PY DEV SECS
+export -f build vmmapp calib apis green camelot
+export OUT JOBS PY DEV SECS QUERIES
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 echo "session $(date -u +%FT%TZ) on $(head -n 12 "$OUT/nvidia-smi.txt" | grep -m1 -o 'NVIDIA [A-Z0-9][^|]*' || echo 'no GPU')" \
 	>>"$OUT/session.log"
@@ -250,6 +278,7 @@ for s in "$@"; do
 	calib) step calib 580 calib ;;
 	apis) step apis 240 apis ;;
 	green) step green 240 green ;;
-	*) echo "unknown step $s (build pool fwd demo vmmapp calib apis green)" | tee -a "$OUT/session.log"; exit 2 ;;
+	camelot) step camelot 300 camelot ;;
+	*) echo "unknown step $s (build pool fwd demo vmmapp calib apis green camelot)" | tee -a "$OUT/session.log"; exit 2 ;;
 	esac
 done

@@ -80,6 +80,7 @@ def sender(addr: str, rundir: str, sizes: list[int], seconds: float) -> None:
     from shim import handoff as H
     rt = _cudart()
     sock = zmq.Context.instance().socket(zmq.PAIR)
+    sock.setsockopt(zmq.RCVTIMEO, PEER_TIMEOUT_MS)     # a dead receiver ends this stage, not hangs it
     sock.connect(addr)
     ex = H.Exporter(rundir)
     frame = bytes(H.HANDLE_BYTES)
@@ -153,6 +154,7 @@ def receiver(addr: str) -> None:
     from shim import handoff as H
     rt = _cudart()
     sock = zmq.Context.instance().socket(zmq.PAIR)
+    sock.setsockopt(zmq.RCVTIMEO, PEER_TIMEOUT_MS)
     sock.bind(addr)
     imp = H.Importer()
     while True:
@@ -208,6 +210,9 @@ def receiver(addr: str) -> None:
     print(json.dumps({"importer": st, "importer_cache": cst}))
 
 
+PEER_TIMEOUT_MS = 60_000    # a stage waiting longer on the other has lost it
+
+
 def quantile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
@@ -226,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="three sizes (2 B, 64 KiB, 4 MiB), 0.2 s each")
     ap.add_argument("--out", type=Path, help="also write rows.json and table.md there (colocate experiment)")
     ap.add_argument("--timescale", default="1", help="SIMGPU_TIMESCALE (1: modelled PCIe time, live)")
+    ap.add_argument("--device", choices=("sim", "cuda"), default="sim",
+                    help="sim (default): simgpu; cuda: the real GPU's driver (no simgpu libraries)")
     ap.add_argument("--seconds", type=float, default=0.5, help="rough time budget per size and path")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--slow", action="store_true",
@@ -249,15 +256,20 @@ def main(argv: list[str] | None = None) -> int:
         receiver(args.addr)
         return 0
 
-    from shim import paths
+    from shim import launcher, paths
     from shim.build import build_native
+    if args.device == "cuda" and not launcher.cuda_usable():
+        print("handoff: --device cuda: no NVIDIA driver answers here (use --device sim)", file=sys.stderr)
+        return 2
     build_native()
     simdir = tempfile.mkdtemp(prefix="simgpu-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
     rundir = tempfile.mkdtemp(prefix="hfb-", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COLOCATE_", "SIMGPU_")) and k != "LD_PRELOAD"}
-    env.update(SIMGPU_DIR=simdir, SIMGPU_TIMESCALE=args.timescale, PYTHONPATH=str(ROOT),
-               LD_LIBRARY_PATH=os.pathsep.join([str(paths.SIMGPU_DIR)] + [p for p in env.get(
-                   "LD_LIBRARY_PATH", "").split(os.pathsep) if p]))
+    env["PYTHONPATH"] = str(ROOT)
+    if args.device == "sim":
+        env.update(SIMGPU_DIR=simdir, SIMGPU_TIMESCALE=args.timescale,
+                   LD_LIBRARY_PATH=os.pathsep.join([str(paths.SIMGPU_DIR)] + [p for p in env.get(
+                       "LD_LIBRARY_PATH", "").split(os.pathsep) if p]))
     if args.slow:
         env["COLOCATE_HANDOFF_SLOW"] = "1"
     addr = f"ipc://{rundir}/pipe.sock"
@@ -298,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                           "importer_cache": res["importer_cache"]}, indent=1))
         return 0
     lines = []
-    lines.append(f"Camelot Fig. 11 on simgpu (SIMGPU_TIMESCALE={args.timescale}"
+    where = f"simgpu (SIMGPU_TIMESCALE={args.timescale}" if args.device == "sim" else "the GPU ("
+    lines.append(f"Camelot Fig. 11 on {where}"
                  f"{', COLOCATE_HANDOFF_SLOW=1' if args.slow else ''}): per buffer, medians (p90), us")
     lines.append("  ping:      a bare ZeroMQ round trip of a handle-sized frame (the transport's share)")
     lines.append("  hand-off:  export + send + open + release + ack, the stage's buffer reused batch after batch;"
@@ -329,11 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "table.md").write_text("# camelot-comm (simgpu, live)\n\n```\n" + "\n".join(lines) + "\n```\n")
+        dev = "simgpu, live" if args.device == "sim" else "GPU"
+        (args.out / "table.md").write_text(f"# camelot-comm ({dev})\n\n```\n" + "\n".join(lines) + "\n```\n")
         (args.out / "rows.json").write_text(json.dumps({"meta": {"experiment": "camelot-comm",
                                                                   "timescale": args.timescale,
                                                                   "slow": args.slow,
-                                                                  "device": "simgpu (live)"},
+                                                                  "device": "simgpu (live)" if args.device == "sim"
+                                                                  else "cuda"},
                                                          "rows": rows, "exporter": res["exporter"],
                                                          "importer": res["importer"],
                                                          "importer_cache": res["importer_cache"]}, indent=1))

@@ -15,7 +15,7 @@ SCRIPT = REPO / "bench" / "gpu_session.sh"
 
 
 def session(tmp_path: Path, *steps: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DEV": "sim", "SECS": "3", "OUT": str(tmp_path)}
+    env = {**os.environ, "DEV": "sim", "SECS": "3", "QUERIES": "40", "OUT": str(tmp_path)}
     env = {k: v for k, v in env.items() if not k.startswith(("COLOCATE_", "SIMGPU_"))}
     return subprocess.run(["bash", str(SCRIPT), *steps], cwd=REPO, env=env, text=True,
                           capture_output=True, timeout=240)
@@ -33,6 +33,19 @@ def test_vmm_app_forwarded_through_the_controller(tmp_path):
     assert re.search(r"^worker ran [1-9][0-9]* launches$", log, re.M), log
     workers = json.loads(log[log.index("[\n"):log.index("\n]\n") + 2])
     assert workers[0]["quota_pct"] == 50 and workers[0]["forwarded"] > 0, workers
+
+
+def test_camelot_step_compares_handles_with_copies(tmp_path):
+    """The camelot step: one pipeline with handles and with --copy (same
+    checksums, hand-offs only in the first), then Fig. 11's benchmark."""
+    r = session(tmp_path, "camelot")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^camelot rc=0 ", (tmp_path / "session.log").read_text(), re.M)
+    log = (tmp_path / "camelot.log").read_text()
+    assert re.search(r"^checksums equal over 40 queries; handle run: [1-9][0-9]* hand-offs, 0 copies", log, re.M), log
+    h, c = (json.loads((tmp_path / f"pipeline_{m}.json").read_text()) for m in ("handle", "copy"))
+    assert h["digest"] == c["digest"] and c["handoffs"] == 0 < c["copies"]
+    assert json.loads((tmp_path / "handoff" / "rows.json").read_text())["rows"]
 
 
 def test_unknown_step_is_refused(tmp_path):
