@@ -153,15 +153,6 @@ int hf_cur_device(int *dev, uint8_t uuid[16])
 	return COLOCATE_HANDOFF_OK;
 }
 
-static void prop_of(CUmemAllocationProp *p, int dev)
-{
-	memset(p, 0, sizeof(*p));
-	p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-	p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	p->location.id = dev;
-}
-
 /* Map h over a fresh reservation, read-write for dev. */
 static int map_rw(int dev, uint64_t n, CUmemGenericAllocationHandle h, void **ptr)
 {
@@ -178,10 +169,7 @@ static int map_rw(int dev, uint64_t n, CUmemGenericAllocationHandle h, void **pt
 		rt.addr_free(va, n);
 		return hf_err(COLOCATE_HANDOFF_E_CUDA, "cuMemMap: CUresult %d", (int)r);
 	}
-	memset(&acc, 0, sizeof(acc));
-	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	acc.location.id = dev;
-	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	vmm_rw_access(&acc, dev);
 	r = rt.access(va, n, &acc, 1);
 	if (r != CUDA_SUCCESS) {
 		rt.unmap(va, n);
@@ -216,7 +204,7 @@ int hf_vmm_alloc(int dev, uint64_t size, void **ptr, uint64_t *alloc_size,
 
 	if (rc)
 		return rc;
-	prop_of(&prop, dev);
+	vmm_alloc_prop(&prop, dev);
 	r = rt.gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
 	if (r != CUDA_SUCCESS || !g)
 		return hf_err(COLOCATE_HANDOFF_E_CUDA, "cuMemGetAllocationGranularity: CUresult %d",

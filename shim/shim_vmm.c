@@ -172,15 +172,6 @@ static int cur_device(void)
 	return d;
 }
 
-static void prop_of(CUmemAllocationProp *p, int dev)
-{
-	memset(p, 0, sizeof(*p));
-	p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-	p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	p->location.id = dev;
-}
-
 /* The state to publish: 1 with base and granularity set, or -1.  vm_mu
  * held; `state` is not touched here (see its comment). */
 /*
@@ -223,7 +214,7 @@ static int setup(void)
 		return -1;
 	}
 	primary_context();
-	prop_of(&prop, cur_device());
+	vmm_alloc_prop(&prop, cur_device());
 	r = D.gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
 	if (r != CUDA_SUCCESS || !g || g % FWD_MEM_ALIGN || FWD_MEM_SLOT_SPAN % g) {
 		shim_log("COLOCATE_MEM=vmm: allocation granularity %zu (CUresult %d) does not fit "
@@ -469,7 +460,7 @@ int shim_vmm_malloc(void **p, size_t n)
 		shim_log("COLOCATE_MEM=vmm: the 64 GiB slot is full; a native allocation");
 		goto fail;
 	}
-	prop_of(&prop, dev);
+	vmm_alloc_prop(&prop, dev);
 	r = D.create(&v.h, v.size, &prop, 0);
 	if (r != CUDA_SUCCESS) {
 		shim_log("COLOCATE_MEM=vmm: cuMemCreate(%llu): CUresult %d; a native allocation",
@@ -482,10 +473,7 @@ int shim_vmm_malloc(void **p, size_t n)
 		D.release(v.h);
 		goto fail;
 	}
-	memset(&acc, 0, sizeof(acc));
-	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	acc.location.id = dev;
-	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	vmm_rw_access(&acc, dev);
 	r = D.access(base + v.off, v.size, &acc, 1);
 	if (r != CUDA_SUCCESS) {
 		shim_log("COLOCATE_MEM=vmm: cuMemSetAccess: CUresult %d; a native allocation", (int)r);

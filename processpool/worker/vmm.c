@@ -236,10 +236,7 @@ static CUresult place(uint64_t addr, uint64_t size, CUmemGenericAllocationHandle
 		}
 		*own = at;
 	}
-	memset(&acc, 0, sizeof(acc));
-	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	acc.location.id = device;
-	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	vmm_rw_access(&acc, device);
 	r = D.access(at, size, &acc, 1);
 	if (r != CUDA_SUCCESS) {
 		D.unmap(at, size);

@@ -47,4 +47,24 @@ static inline int vmm_entry_points(vmm_entry_fn get, const struct vmm_sym *syms,
 	return 0;
 }
 
+/* The allocation every VMM buffer of ours is: pinned device memory on dev,
+ * shareable as a POSIX fd (sent over a Unix socket). */
+static inline void vmm_alloc_prop(CUmemAllocationProp *p, int dev)
+{
+	memset(p, 0, sizeof(*p));
+	p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	p->location.id = dev;
+}
+
+/* Read-write access to a mapping for device dev (cuMemSetAccess). */
+static inline void vmm_rw_access(CUmemAccessDesc *a, int dev)
+{
+	memset(a, 0, sizeof(*a));
+	a->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	a->location.id = dev;
+	a->flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
 #endif
