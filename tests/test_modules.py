@@ -115,7 +115,10 @@ class FakeApp:
         the ring was found empty), or until it refused one."""
         app, end = self.ring, time.monotonic() + 5
         while not app.refused():
-            if app.idle():
+            # a refused launcher sleeps too (waiting for the app to leave):
+            # a refusal that lands between the two reads shows as idle, so
+            # read the code again once idle (it is stored before it sleeps)
+            if app.idle() and not app.refused():
                 return []
             assert time.monotonic() < end, "worker did not run the ring's frames"
             time.sleep(0.002)
