@@ -92,13 +92,14 @@ def pcie_on(on, stages, batch: int, gpu: GPUSpec) -> float:
 
 # --- the search ------------------------------------------------------------------------------
 
-def test_deterministic_for_a_seed():
+@pytest.mark.parametrize("method", ["sa", "exact"])
+def test_deterministic_for_a_seed(method):
     st = pipeline3()
     for c in (1, 2):
-        a = [solve_peak(st, GPU, c, 8, 0.2, seed=s) for s in (3, 3, 4)]
+        a = [solve_peak(st, GPU, c, 8, 0.2, seed=s, method=method) for s in (3, 3, 4)]
         assert a[0] == a[1]
         assert a[2].feasible
-    m = [solve_min(st, GPU, 150.0, 8, 0.2, seed=5) for _ in range(2)]
+    m = [solve_min(st, GPU, 150.0, 8, 0.2, seed=5, method=method) for _ in range(2)]
     assert m[0] == m[1]
 
 
@@ -107,7 +108,7 @@ def test_sa_matches_brute_force():
     for st, c, b, q in instances(14):
         bf = brute_force_peak(st, GPU, c, b, q, granularity=10)
         for seed in (0, 1):
-            sa = solve_peak(st, GPU, c, b, q, seed=seed, granularity=10)
+            sa = solve_peak(st, GPU, c, b, q, seed=seed, granularity=10, method="sa")
             assert sa.feasible == bf.feasible, (sa.why, bf.why)
             if bf.feasible:
                 assert sa.throughput_qps == pytest.approx(bf.throughput_qps, rel=1e-9), (sa, bf)
@@ -122,7 +123,7 @@ def test_sa_near_brute_force_on_many_instances():
     for st, c, b, q in instances(40):
         bf = brute_force_peak(st, GPU, c, b, q, granularity=10)
         for seed in (0, 1):
-            sa = solve_peak(st, GPU, c, b, q, seed=seed, granularity=10)
+            sa = solve_peak(st, GPU, c, b, q, seed=seed, granularity=10, method="sa")
             assert sa.feasible == bf.feasible
             if bf.feasible:
                 ratios.append(sa.throughput_qps / bf.throughput_qps)
@@ -138,9 +139,87 @@ def test_the_search_matters():
     for st, c, b, q in instances(14):
         bf = brute_force_peak(st, GPU, c, b, q, granularity=10)
         if bf.feasible:
-            a = solve_peak(st, GPU, c, b, q, granularity=10, iters=0)
+            a = solve_peak(st, GPU, c, b, q, granularity=10, iters=0, method="sa")
             worse += a.throughput_qps < bf.throughput_qps * (1 - 1e-9)
     assert worse >= 1
+
+
+def test_exact_equals_brute_force_and_never_loses_to_sa():
+    """The branch and bound over quota vectors reaches the exhaustive optimum
+    over N and p on every random instance, and Eq. 3's least resources are
+    never more than the annealing's at the same load."""
+    checked = 0
+    for st, c, b, q in instances(40):
+        bf = brute_force_peak(st, GPU, c, b, q, granularity=10)
+        ex = solve_peak(st, GPU, c, b, q, granularity=10, method="exact")
+        assert ex.feasible == bf.feasible, (ex.why, bf.why)
+        if not bf.feasible:
+            continue
+        checked += 1
+        assert ex.throughput_qps == pytest.approx(bf.throughput_qps, rel=1e-9), (ex, bf)
+        assert_valid(ex, st, GPU, c, b, q, granularity=10)
+        load = 0.5 * bf.throughput_qps
+        mx = solve_min(st, GPU, load, b, q, granularity=10, max_gpus=c, method="exact")
+        ms = solve_min(st, GPU, load, b, q, granularity=10, max_gpus=c, method="sa")
+        assert mx.feasible and mx.throughput_qps >= load * (1 - 1e-9)
+        assert_valid(mx, st, GPU, len(mx.placement), b, q, granularity=10)
+        assert (len(mx.placement), mx.resources_pct) <= (len(ms.placement), ms.resources_pct), (mx, ms)
+    assert checked >= 20
+
+
+def test_grid_gives_fills_throughput_for_every_quota_vector():
+    """_Problem.grid's vectorised bound is fill()'s throughput exactly, and
+    it drops only vectors at which no N is valid (QoS, or one instance per
+    stage over a global sum)."""
+    for st, c, b, q in instances(12, seed=3):
+        for cap in (True, False):
+            pb = CM._Problem(st, GPU, c, b, q, cap, 10)
+            if pb.why:
+                continue
+            idx, thr = pb.grid()
+            got = {tuple(int(x) for x in v): t for v, t in zip(idx, thr)}
+            for lv in itertools.product(*[range(len(x)) for x in pb.levels]):
+                ns = pb.fill(lv)
+                viol, _, xs, _, _ = pb.check(ns, lv)
+                if lv not in got:
+                    assert viol > 0 and all(pb.check(m, lv)[0] > 0 for m in ([1] * len(lv), ns)), lv
+                elif got[lv] == -math.inf:
+                    assert viol > 0, lv
+                else:
+                    assert got[lv] == pytest.approx(min(xs), rel=1e-9), (lv, ns)
+
+
+def test_sa_skips_only_states_it_would_reject(monkeypatch):
+    """The annealing skips evaluating a state when bounds show it would be
+    rejected and is no new best (_Chain.hopeless): the same results as
+    evaluating every state, for Eq. 1 and Eq. 3."""
+    runs = [(st, c, b, q, seed) for (st, c, b, q), seed in zip(instances(16, seed=5), itertools.cycle((0, 1)))]
+
+    def solve_all() -> list[tuple[Allocation, Allocation | None]]:
+        out = []
+        for st, c, b, q, seed in runs:
+            a = solve_peak(st, GPU, c, b, q, seed=seed, granularity=10, method="sa")
+            m = solve_min(st, GPU, 0.4 * a.throughput_qps, b, q, seed=seed, granularity=10, max_gpus=c,
+                          method="sa") if a.feasible else None
+            out.append((a, m))
+        return out
+
+    skipped = []
+    real = CM._Chain.hopeless
+    monkeypatch.setattr(CM._Chain, "hopeless", lambda *a: skipped.append(real(*a)) or skipped[-1])
+    with_skips = solve_all()
+    monkeypatch.setattr(CM._Chain, "hopeless", lambda *a: False)
+    assert sum(skipped) > 100                       # it does skip
+    assert solve_all() == with_skips
+
+
+def test_auto_is_exact_on_small_spaces_and_sa_on_large(monkeypatch):
+    st = pipeline3()
+    for c in (1, 2):
+        assert solve_peak(st, GPU, c, 8, 0.2) == solve_peak(st, GPU, c, 8, 0.2, method="exact")
+        assert solve_min(st, GPU, 150.0, 8, 0.2) == solve_min(st, GPU, 150.0, 8, 0.2, method="exact")
+    monkeypatch.setattr(CM, "EXACT_STATES", 100)        # 3 stages x 20 levels = 8 000 > 100
+    assert solve_peak(st, GPU, 2, 8, 0.2, seed=4) == solve_peak(st, GPU, 2, 8, 0.2, seed=4, method="sa")
 
 
 def test_every_returned_allocation_meets_eq1():
@@ -273,6 +352,47 @@ def test_place_keeps_same_stage_instances_together():
     assert sorted(len(on) for on in pl)[0] == 0
 
 
+def test_crossing_counts_the_hops_the_shares_force():
+    from controlplane.policies.camelot_place import crossing
+    assert crossing([[2, 2], [0, 0]], [2, 2]) == 0.0                 # one GPU holds both stages
+    assert crossing([[2, 0], [0, 2]], [2, 2]) == 1.0                 # every result crosses
+    assert crossing([[2, 1], [0, 1]], [2, 2]) == pytest.approx(0.5)  # a: all on 0; b: half there
+    assert crossing([[1, 1, 0], [1, 0, 1]], [2, 1, 1]) == pytest.approx(0.5 + 1.0)
+
+
+def test_affinity_places_consecutive_stages_together():
+    """Fig. 13 keeps a stage's instances together (a on GPU 0, b on GPU 1:
+    every hand-off crosses); with affinity each GPU holds half of each."""
+    from controlplane.policies.camelot_place import crossing
+    st = [ToyStage("a", model_gb=1.0, gb_per_item=0.01), ToyStage("b", model_gb=1.0, gb_per_item=0.01)]
+    counts = lambda pl: [[sum(1 for i, _ in on if i == k) for k in range(2)] for on in pl]  # noqa: E731
+    plain = place([2, 2], [50, 50], st, GPU, 2, 1)
+    aff = place([2, 2], [50, 50], st, GPU, 2, 1, affinity=True)
+    assert plain is not None and aff is not None
+    assert crossing(counts(plain), [2, 2]) == 1.0 and counts(aff) == [[1, 1], [1, 1]]
+    # 3 of a and 5 of b at 10 % on 4 GPUs: aligned puts them on the same first GPUs
+    aff = place([3, 5], [10, 10], st, GPU, 4, 1, affinity=True)
+    assert aff is not None and crossing(counts(aff), [3, 5]) <= crossing(counts(place([3, 5], [10, 10], st, GPU, 4, 1)), [3, 5])
+    # one GPU, or a layout without crossings: the same as Fig. 13
+    assert place([2, 1], [30, 30], st, GPU, 1, 1, affinity=True) == place([2, 1], [30, 30], st, GPU, 1, 1)
+
+
+def test_affinity_search_is_the_same_and_never_refuses_what_fig13_places():
+    from controlplane.policies.camelot_place import crossing
+    for st, c, b, q in instances(24, seed=13):
+        c = c + 1                                       # 2-3 GPUs
+        a = solve_peak(st, GPU, c, b, q, granularity=10)
+        f = solve_peak(st, GPU, c, b, q, granularity=10, affinity=True)
+        assert f.feasible >= a.feasible
+        if not a.feasible:
+            continue
+        assert f.throughput_qps >= a.throughput_qps * (1 - 1e-9)
+        assert_valid(f, st, GPU, c, b, q, granularity=10)
+        if (f.instances, f.quotas) == (a.instances, a.quotas):
+            on = lambda x: [[sum(1 for i, _ in g if i == k) for k in range(len(st))] for g in x.placement]  # noqa: E731
+            assert crossing(on(f), f.instances) <= crossing(on(a), a.instances) + 1e-12
+
+
 def test_place_fills_the_fullest_gpu_first():
     st = [ToyStage("a", model_gb=4.0, act_gb_per_item=0.0, gb_per_item=0.01),
           ToyStage("b", model_gb=1.0, act_gb_per_item=0.0, gb_per_item=0.01)]
@@ -330,6 +450,9 @@ def test_infeasible_inputs_say_why():
     (lambda st: solve_peak(st, GPU, 1, 8, 0.1, granularity=0), "granularity"),
     (lambda st: solve_peak([], GPU, 1, 8, 0.1), "no stages"),
     (lambda st: solve_min(st, GPU, -1.0, 8, 0.1), "load_qps"),
+    (lambda st: solve_peak(st, GPU, 1, 8, 0.1, method="milp"), "method"),
+    (lambda st: solve_min(st, GPU, 10.0, 8, 0.1, method="SA"), "method"),
+    (lambda st: solve_peak(st, GPU, 1, 8, 0.1, iters=-1, method="exact"), "iters"),
     (lambda st: solve_min(st, GPU, 10.0, 0, 0.1), "batch"),
     (lambda st: even_allocation(st, GPU, 0, 8, 0.1), "n_gpus"),
     (lambda st: laius_allocation(st, GPU, 1, 8, -1.0), "qos_s"),
@@ -348,7 +471,7 @@ def test_bad_arguments_raise(call, msg):
 # --- names and presets -------------------------------------------------------------------------
 
 def test_allocators_by_name():
-    assert set(ALLOCATORS) == {"camelot", "camelot-nc", "ea", "laius"}
+    assert set(ALLOCATORS) == {"camelot", "camelot-nc", "camelot-aff", "ea", "laius"}
     st = pipeline3()
     assert allocate("camelot", st, GPU, 1, 8, 0.2, seed=1) == solve_peak(st, GPU, 1, 8, 0.2, seed=1)
     assert allocate("ea", st, GPU, 1, 8, 0.2) == even_allocation(st, GPU, 1, 8, 0.2)

@@ -12,6 +12,11 @@ simgpu's device model, rescaled to the paper's GPUs (suite.DEVICES).
   camelot-multigpu  Fig. 19: peak loads on 2 and 16 GPUs (DGX-2-like, V100)
   camelot-predictors Fig. 12: DT / LR / RF errors of the per-stage models
 
+Policies: ea, laius (§VIII-A), camelot (Eq. 1, Fig. 13's placement) and
+camelot-aff, ours: the same allocation placed for the fewest cross-GPU hops
+(controlplane/policies/camelot_place.py, affinity), since a hand-off to
+another GPU is a copy; camelot-nc (§VIII-D) in camelot-loads.
+
 How a policy is judged: its allocator sees the stages through the DT
 predictors trained on solo profiles (predictors/stages.py), as the paper's
 runtime does; the simulator runs the ground truth (the device model, with
@@ -42,8 +47,8 @@ from predictors.stages import StagePredictor, profile_stage
 QOS_X = 2.0
 UTILIZATION = 0.8       # Eq. 3 / Laius at a load: provision for load / this (both policies alike)
 BATCHES = (8, 16, 32)
-POLICIES = ("ea", "laius", "camelot")
-COMM = {"ea": "copy", "laius": "copy", "camelot": "handle", "camelot-nc": "handle"}
+POLICIES = ("ea", "laius", "camelot", "camelot-aff")
+COMM = {"ea": "copy", "laius": "copy", "camelot": "handle", "camelot-nc": "handle", "camelot-aff": "handle"}
 PAPER = {  # the paper's headline figures, for the side-by-side table
     "camelot-peak": "Camelot +12..73.9 % over EA, +10..64.5 % over Laius (Fig. 14)",
     "camelot-lowload": "resources vs one GPU per stage: Camelot -46.5 %, Laius -20.2 %; Camelot -35 % vs "
@@ -111,12 +116,13 @@ def allocate(policy: str, stages: Sequence[Stage], setup: Setup, batch: int, qos
     qos = qos * (1 - pipesim.HEADROOM)    # the share the runtime's batching keeps back (pipesim)
     if load_qps is not None:
         load_qps = load_qps / UTILIZATION
-    if policy in ("camelot", "camelot-nc"):
-        cap = policy == "camelot"
+    if policy in ("camelot", "camelot-nc", "camelot-aff"):
+        cap, aff = policy != "camelot-nc", policy == "camelot-aff"
         if load_qps is None:
-            return alloc.solve_peak(pred, spec, setup.gpus, batch, qos, seed=setup.seed, bandwidth_cap=cap)
+            return alloc.solve_peak(pred, spec, setup.gpus, batch, qos, seed=setup.seed, bandwidth_cap=cap,
+                                    affinity=aff)
         return alloc.solve_min(pred, spec, load_qps, batch, qos, seed=setup.seed, bandwidth_cap=cap,
-                               max_gpus=setup.gpus)
+                               max_gpus=setup.gpus, affinity=aff)
     if policy == "ea":
         return alloc.even_allocation(pred, spec, setup.gpus, batch, qos)
     if policy == "laius":
@@ -148,10 +154,11 @@ def peak_row(name: str, stages: Sequence[Stage], setup: Setup, batch: int, polic
                   "p99_norm": (res.p99_s / qos) if res else None,
                   "handoffs": res.handoffs if res else 0, "copies": res.copies if res else 0,
                   "instances": list(a.instances), "quotas": list(a.quotas), "resources_pct": a.resources_pct}
-    for base in ("ea", "laius"):
-        if base in row and "camelot" in row and row[base]["peak_qps"] > 0 and not (
-                row[base]["capped"] or row["camelot"]["capped"]):
-            row[f"gain_vs_{base}"] = row["camelot"]["peak_qps"] / row[base]["peak_qps"] - 1
+    for pol, pre in (("camelot", ""), ("camelot-aff", "aff_")):
+        for base in ("ea", "laius"):
+            if base in row and pol in row and row[base]["peak_qps"] > 0 and not (
+                    row[base]["capped"] or row[pol]["capped"]):
+                row[f"{pre}gain_vs_{base}"] = row[pol]["peak_qps"] / row[base]["peak_qps"] - 1
     return row
 
 
@@ -282,11 +289,12 @@ def table(name: str, rows: list[dict], pols: Sequence[str]) -> str:
         if any(r[p].get("capped") for r in rows for p in pols):
             md.append("\n+: at the highest load a run of the simulator can judge (its arrivals must span "
                       f"{pipesim.WINDOW_QOS:g} targets in {pipesim.MAX_QUERIES} queries); left out of the means")
-        gains = {b: [r[f"gain_vs_{b}"] for r in rows if f"gain_vs_{b}" in r] for b in ("ea", "laius")}
-        for b, g in gains.items():
-            if g:
-                md.append(f"\nCamelot vs {b}: mean {_pct(sum(g) / len(g))}, min {_pct(min(g))}, "
-                          f"max {_pct(max(g))} over {len(g)} cases")
+        for who, pre in (("Camelot", ""), ("Camelot-aff (ours: placed for the fewest cross-GPU hops)", "aff_")):
+            for b in ("ea", "laius"):
+                g = [r[f"{pre}gain_vs_{b}"] for r in rows if f"{pre}gain_vs_{b}" in r]
+                if g:
+                    md.append(f"\n{who} vs {b}: mean {_pct(sum(g) / len(g))}, min {_pct(min(g))}, "
+                              f"max {_pct(max(g))} over {len(g)} cases")
         return "\n".join(md) + "\n"
     lp = [p for p in rows[0] if isinstance(rows[0][p], dict)] if rows else []
     md += ["| service | batch | load | qps | " + " | ".join(f"{p} resources | {p} p99/QoS" for p in lp) + " |",

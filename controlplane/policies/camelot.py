@@ -82,6 +82,24 @@ seeds) the result is the exhaustive optimum in 203 of 204 runs at 800
 iterations (0.993 of it in the other); the earlier search over N and p with
 single steps: 196 of 204 at 1 500 iterations (worst 0.898).
 
+Exact search (method "exact"; "auto", the default, uses it when there are
+at most EXACT_STATES quota vectors - a 3-stage pipeline at 5 % steps has
+8 000 - and the annealing above beyond): the annealing's state space is the
+quota vectors, N following them, and for the paper's 2-3 stage pipelines it
+is small enough to bound as a whole.  _Problem.grid computes, with NumPy,
+for every quota vector at once, whether it can be valid at all (latency,
+one instance per stage within the global sums) and Eq. 1's throughput of
+fill() (the global sums with integer N; the placement aside, so an upper
+bound of the state's value); the vectors are then evaluated exactly
+(fill_placed, every check, Fig. 13) in decreasing order of that bound until
+the next bound is below the best throughput found: branch and bound.  Eq. 3
+the same in increasing order of resources (exact: N is least()).  The
+result is the optimum the annealing searches for (it can only be better:
+on the random instances of tests/test_camelot_alloc.py it equals the
+exhaustive search over N and p), in 1-6 ms instead of 6-28 ms on 1-2 GPUs
+(bench/camelot_solve.py).  §VII-C's annealing stays for larger spaces and
+is what method="sa" runs.
+
 Camelot-NC (§VIII-D) is bandwidth_cap=False: the same search without C-3.
 
 C-P, the PCIe constraint, is our addition (pcie_cap=True by default;
@@ -136,7 +154,9 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from controlplane.policies.camelot_place import Placement, counts_on, pack, place
+import numpy as np
+
+from controlplane.policies.camelot_place import Placement, fits, pack, place
 from controlplane.policies.camelot_place import stage_pcie_gbs as _pcie
 
 __all__ = ["ALLOCATORS", "Allocation", "GPUSpec", "StageModel", "ToyStage", "allocate", "brute_force_peak",
@@ -152,6 +172,9 @@ SPLIT = 0.25                  # share of the moves that split / merge a stage's 
 POLISH_ROUNDS = 20            # steepest-ascent rounds on the best state, at most
 EPS_RES = 0.01                # Eq. 1's energy prefers fewer resources at equal throughput
 DEFAULT_ITERS = 800
+FILL_STEPS = 64               # _Problem.grid's steps down to fill's throughput, at most
+EXACT_STATES = 20_000         # method "auto": enumerate the quota vectors when there are at most this many
+METHODS = ("auto", "exact", "sa")
 DEFAULT_MAX_GPUS = 16
 
 
@@ -302,13 +325,18 @@ def throughput(stages: Sequence[StageModel], instances: Sequence[int], quotas: S
     return min(n * _rate(s, p, batch) for s, n, p in zip(stages, instances, quotas))
 
 
+Checked = tuple[float, str, list[float], int, float]   # violation, code, N_i f(p_i), resources, latency
+
+
 class _Problem:
     """The stages' predictions per allowed quota, and the constraint checks of
     Eq. 1 / Eq. 3 on a state (N, level indices)."""
 
     def __init__(self, stages: Sequence[StageModel], gpu: GPUSpec, n_gpus: int, batch: int,
-                 qos_s: float, bandwidth_cap: bool, granularity: int, pcie_cap: bool = True):
+                 qos_s: float, bandwidth_cap: bool, granularity: int, pcie_cap: bool = True,
+                 affinity: bool = False):
         self.stages, self.gpu, self.C, self.s = stages, gpu, n_gpus, batch
+        self.aff = affinity                                        # camelot_place's affinity (ours)
         self.qos, self.cap, self.g = float(qos_s), bandwidth_cap, granularity
         self.pcap = bool(pcie_cap) and gpu.pcie_gbs > 0          # C-P checked (ours)
         self.levels: list[list[int]] = []
@@ -397,7 +425,7 @@ class _Problem:
     def latency(self, lv: Sequence[int]) -> float:
         return sum(d[k] for d, k in zip(self.dur, lv))
 
-    def check(self, n: Sequence[int], lv: Sequence[int]) -> tuple[float, str, list[float], int, float]:
+    def check(self, n: Sequence[int], lv: Sequence[int]) -> Checked:
         """(violation, code, stage throughputs N_i f(p_i), resources, latency) of state (n, lv):
         violation 0 when every constraint of Eq. 1 holds and Fig. 13 places it;
         else the summed relative excess (placement failure: 0.05); code names
@@ -438,8 +466,8 @@ class _Problem:
         if self.pcap and pc > C * gpu.pcie_gbs + _TOL:
             viol += pc / (C * gpu.pcie_gbs) - 1
             why = why or "C-P"
-        if viol == 0 and C > 1 and counts_on(n, pcts, self.mem, bws, gpu, C, self.cap,
-                                             pcs, self.pcap) is None:   # 1 GPU: as above
+        if viol == 0 and C > 1 and not fits(n, pcts, self.mem, bws, gpu, C, self.cap,
+                                            pcs, self.pcap, self.aff):   # 1 GPU: as above
             viol, why = PEN0, "place"
         return viol, why, xs, res, lat
 
@@ -535,17 +563,112 @@ class _Problem:
         thr = min(m * x for m, x in zip(ns, f))
         return [max(1, math.ceil(thr / x - 1e-9)) if (m - 1) * x >= thr else m for m, x in zip(ns, f)]
 
-    def fill_placed(self, lv: Sequence[int]) -> list[int]:
+    def fill_placed(self, lv: Sequence[int]) -> tuple[list[int], Checked | None]:
         """fill(lv), or, when Fig. 13 cannot place that, N(t) for the greatest
         t below it that passes every check (galloping binary search on t).
-        On one GPU the global sums are the placement."""
+        On one GPU the global sums are the placement.  Also check(N, lv)
+        when it was made here (None when not: the caller checks)."""
         ns = self.fill(lv)
-        if self.C == 1 or self.check(ns, lv)[1] != "place":
-            return ns
+        if self.C == 1:
+            return ns, None
+        chk = self.check(ns, lv)
+        if chk[1] != "place":
+            return ns, chk
         f = [self.f[i][k] for i, k in enumerate(lv)]
         thr = min(m * x for m, x in zip(ns, f))
         ts = sorted({k * x for x, m in zip(f, ns) for k in range(1, m + 1) if k * x < thr})
-        return self.last(lv, ts, lambda m: self.check(m, lv)[0] == 0, gallop=True)
+        return self.last(lv, ts, lambda m: self.check(m, lv)[0] == 0, gallop=True), None
+
+    def ceiling(self, lv: Sequence[int]) -> tuple[float, float, int]:
+        """Without filling or placing: (an upper bound of Eq. 1's throughput
+        at levels lv, a lower bound of the violation, a lower bound of the
+        resources).  With one instance per stage within the global sums,
+        fill's N carries t only if sum_i a_ir N_i <= lim_r for every sum r
+        while N_i >= t / f_i, so t <= lim_r / sum_i (a_ir / f_i); and N_i <=
+        cap_n.  Without: fill gives one instance per stage (throughput
+        min_i f_i), invalid.  The latency (C-5) is exact."""
+        f = [self.f[i][k] for i, k in enumerate(lv)]
+        a = [self.coef[i][k] for i, k in enumerate(lv)]
+        lat = sum(self.dur[i][k] for i, k in enumerate(lv))
+        viol = 0.0
+        if lat > self.qos * (1 + _TOL):
+            viol = lat / self.qos - 1 if self.qos > 0 else 1.0
+        res = sum(self.levels[i][k] for i, k in enumerate(lv))
+        ones = [sum(x[r] for x in a) for r in range(len(self.lims))]
+        if any(u > lim for u, lim in zip(ones, self.lims)):
+            return min(f), max(viol, _TOL), res
+        t = min(self.cap_n[i][k] * f[i] for i, k in enumerate(lv))
+        for r, lim in enumerate(self.lims):
+            w = sum(x[r] / y for x, y in zip(a, f))
+            if w > 0:
+                t = min(t, lim / w)
+        return t * (1 + 1e-9), viol, res          # (slack for rounding in the sums)
+
+    def states(self) -> int:
+        """How many quota-level vectors there are (the search space of V's p part)."""
+        return math.prod(len(x) for x in self.levels)
+
+    def _tables(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per stage, by level: f, cap_n, coef (L x R) and duration, as arrays (once)."""
+        if not hasattr(self, "_tab"):
+            self._tab = [(np.asarray(self.f[i]), np.asarray(self.cap_n[i], dtype=float),
+                          np.asarray(self.coef[i]).reshape(len(self.levels[i]), len(self.lims)),
+                          np.asarray(self.dur[i])) for i in range(len(self.stages))]
+        return self._tab
+
+    def grid(self, floor: float = 0.0, fill: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """The quota-level vectors that may be valid (latency within QoS, one
+        instance per stage within the global sums; k x n), with the
+        throughput of fill() at each when fill (else the continuous ceiling
+        of ceiling()), all at once; when floor > 0, only those whose ceiling
+        is at least floor.  fill's throughput is the greatest t in {k f_i}
+        with N(t) = ceil(t / f_i) <= cap_n within the global sums: from
+        ceiling()'s t, rounded down to that set, each step goes to the next
+        t below (max_i (N_i(t) - 1) f_i) on the vectors where N(t) does not
+        fit yet (-inf when even one instance per stage... cannot).  After
+        FILL_STEPS steps the vectors still unresolved keep their (larger) t:
+        an upper bound either way."""
+        n, tab, lims = len(self.stages), self._tables(), np.asarray(self.lims)
+        shape = tuple(len(x) for x in self.levels)
+
+        def outer(vals: list[np.ndarray]) -> np.ndarray:      # sum over stages, on the whole grid
+            tot = np.zeros(shape)
+            for i, v in enumerate(vals):
+                tot = tot + v.reshape([-1 if j == i else 1 for j in range(n)])
+            return tot.ravel()
+
+        live = outer([d for *_, d in tab]) <= self.qos * (1 + _TOL)
+        for r, lim in enumerate(self.lims):
+            live &= outer([c[:, r] for _, _, c, _ in tab]) <= lim
+        rows = np.flatnonzero(live)
+        idx = np.stack(np.unravel_index(rows, shape), axis=1)
+        f = np.stack([tab[i][0][idx[:, i]] for i in range(n)], axis=1)
+        cap = np.stack([tab[i][1][idx[:, i]] for i in range(n)], axis=1)
+        a = np.stack([tab[i][2][idx[:, i]] for i in range(n)], axis=1)        # k x n x R
+        t = np.min(cap * f, axis=1)
+        w = (a / f[:, :, None]).sum(axis=1)
+        with np.errstate(divide="ignore"):
+            t = np.minimum(t, np.min(np.where(w > 0, lims / np.where(w > 0, w, 1.0), np.inf), axis=1))
+        t *= 1 + 1e-9
+        keep = t >= floor
+        idx, t, f, cap, a = idx[keep], t[keep], f[keep], cap[keep], a[keep]
+        if not fill:
+            return idx, t
+        out = np.full(len(idx), -np.inf)
+        at = np.arange(len(idx))
+        t = np.max(np.floor(t[:, None] / f * (1 + 1e-12)) * f, axis=1)     # the set's largest <= t
+        for _ in range(FILL_STEPS):
+            ns = np.maximum(1.0, np.ceil(t[:, None] / f - 1e-9))
+            fits = np.all(ns <= cap, axis=1) & np.all((ns[:, :, None] * a).sum(axis=1) <= lims, axis=1)
+            out[at[fits]] = t[fits]
+            at, t, f, cap, a, ns = at[~fits], t[~fits], f[~fits], cap[~fits], a[~fits], ns[~fits]
+            if not len(at):
+                break
+            t = np.max((ns - 1) * f, axis=1)
+            low = t <= 0                     # not even one instance each: fill gives ones, invalid
+            at, t, f, cap, a = at[~low], t[~low], f[~low], cap[~low], a[~low]
+        out[at] = t
+        return idx, out
 
     def least(self, lv: Sequence[int], load: float) -> list[int]:
         """Eq. 3's instance counts at quota levels lv: the least N_i with
@@ -560,7 +683,7 @@ class _Problem:
         pcts = [self.levels[i][lv[i]] for i in range(len(n))]
         bws = [self.bw[i][lv[i]] for i in range(len(n))]
         pcs = [self.pc[i][lv[i]] for i in range(len(n))]
-        pl = pack(list(n), pcts, self.mem, bws, self.gpu, self.C, self.cap, pcs, self.pcap)
+        pl = pack(list(n), pcts, self.mem, bws, self.gpu, self.C, self.cap, pcs, self.pcap, self.aff)
         assert pl is not None, "a valid state is placed"
         return Allocation(tuple(n), tuple(pcts), self.s, throughput(self.stages, n, pcts, self.s),
                           self.latency(lv), sum(1 for g in pl if g), sum(a * b for a, b in zip(n, pcts)),
@@ -605,10 +728,10 @@ class _Chain:
     def _eval(self, lv: Sequence[int], ns: list[int] | None = None) -> Eval:
         """The state at levels lv with counts ns (default: N following lv):
         (objective, resources, violation, ranking key when valid, N, code)."""
-        pb, load = self.pb, self.load
+        pb, load, chk = self.pb, self.load, None
         if ns is None:
-            ns = pb.fill_placed(lv) if load is None else pb.least(lv, load)
-        viol, why, xs, res, lat = pb.check(ns, lv)
+            ns, chk = pb.fill_placed(lv) if load is None else (pb.least(lv, load), None)
+        viol, why, xs, res, lat = chk or pb.check(ns, lv)
         thr = min(xs)
         if load is not None and thr < load * (1 - _TOL):
             viol += 1.0 - thr / load
@@ -616,6 +739,31 @@ class _Chain:
         if load is None:
             return thr, res, viol, None if viol else (thr, -res, -lat), ns, why
         return -float(res), res, viol, None if viol else (-res, thr, -lat), ns, why
+
+    def hopeless(self, lv: tuple[int, ...], floor: float, norm: float, lam: float) -> bool:
+        """Whether the unvisited state lv surely has energy < floor and surely
+        is not a new best, from bounds alone (_Problem.ceiling; Eq. 3's
+        counts and resources are exact and cheap): then the walk rejects it
+        and the best stays, as if it had been evaluated, so skipping it
+        changes nothing but the time.  Never before a valid state was met."""
+        if self.best_key is None or lv in self.cache:
+            return False
+        pb = self.pb
+        if self.load is None:
+            thr, viol, res = pb.ceiling(lv)
+            e = thr / norm - EPS_RES * res / self.scale
+            obj = thr
+        else:
+            ns = pb.least(lv, self.load)
+            res = sum(m * pb.levels[i][k] for i, (m, k) in enumerate(zip(ns, lv)))
+            lat = pb.latency(lv)
+            viol = lat / pb.qos - 1 if lat > pb.qos * (1 + _TOL) and pb.qos > 0 else 0.0
+            e = obj = -float(res)
+            e /= norm
+        if viol > 0:
+            e -= lam * (PEN0 + viol)
+        best = self.best_key[0]
+        return e < floor and (viol > 0 or obj < best - 1e-9 * abs(best) - 1e-12)
 
     def energy(self, h: Eval, norm: float, lam: float) -> float:
         """Higher is better: the objective relative to the best value, less
@@ -652,6 +800,58 @@ def _anneal(pb: _Problem, seed: int, iters: int, load: float | None = None,
     return ch.best, _explain(pb, ch.last_bad, load)
 
 
+def _exact(pb: _Problem, load: float | None = None,
+           extra: Sequence[int] | None = None) -> tuple[list[int] | None, str]:
+    """The best valid V over every quota-level vector, N following the quotas
+    as in the annealing (fill_placed for Eq. 1, least for Eq. 3): branch and
+    bound.  Eq. 1: the vectors in decreasing order of their throughput
+    ceiling (_Problem.grid), evaluated until the next ceiling is below the
+    best throughput found.  Eq. 3: in increasing order of their resources
+    sum_i N_i p_i (exact and cheap: N is least(lv, load)), until the next
+    needs more than the best.  Vectors that cannot be valid (latency over
+    QoS, one instance per stage over a global sum, the load not carried with
+    the most instances) are never evaluated.  Same result as the annealing
+    would reach with unlimited iterations; deterministic."""
+    ch, n = _Chain(pb, load), len(pb.stages)
+    if extra is not None:
+        ch.offer(ch._eval(extra[n:], list(extra[:n])), list(extra))
+    if load is None:
+        idx, ceil = pb.grid(ch.best_key[0] * (1 - 1e-9) if ch.best_key else 0.0)
+        for j in np.argsort(-ceil, kind="stable"):
+            c = float(ceil[j])
+            if c == -np.inf or (ch.best_key is not None and c < ch.best_key[0] * (1 - 1e-9)):
+                break
+            ch.visit(tuple(int(x) for x in idx[j]))
+    else:
+        idx, _ = pb.grid(fill=False)
+        tab = pb._tables()
+        f = np.stack([tab[i][0][idx[:, i]] for i in range(n)], axis=1)
+        a = np.stack([tab[i][2][idx[:, i]] for i in range(n)], axis=1)        # k x n x R
+        ns = np.minimum(np.maximum(1, np.ceil(load * (1 - _TOL) / f)), np.asarray(pb.nmax))
+        res = (ns * np.stack([np.asarray(pb.levels[i])[idx[:, i]] for i in range(n)], axis=1)).sum(axis=1)
+        ok = ((ns * f).min(axis=1) >= load * (1 - _TOL)) & \
+            np.all((ns[:, :, None] * a).sum(axis=1) <= np.asarray(pb.lims), axis=1)
+        for j in np.argsort(np.where(ok, res, np.inf), kind="stable"):
+            if not ok[j] or (ch.best_key is not None and -res[j] < ch.best_key[0]):
+                break
+            ch.visit(tuple(int(x) for x in idx[j]))
+    if ch.best is None and ch.last_bad is None:
+        ch.visit(tuple(pb.start()))          # for the words of why none is valid
+    return ch.best, _explain(pb, ch.last_bad, load)
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"camelot: method must be one of {', '.join(METHODS)}, got {method!r}")
+
+
+def _method(method: str, pb: _Problem) -> str:
+    """"exact" or "sa": method, with "auto" resolved by the size of the space."""
+    if method == "auto":
+        return "exact" if pb.states() <= EXACT_STATES else "sa"
+    return method
+
+
 def _walk(ch: _Chain, cur: tuple[int, ...], h_cur: Eval, rng: random.Random, iters: int,
           dims: list[int], top: list[int], enough: float | None) -> tuple[int, ...]:
     """The annealing proper: iters moves, Metropolis acceptance, T and lam
@@ -676,6 +876,9 @@ def _walk(ch: _Chain, cur: tuple[int, ...], h_cur: Eval, rng: random.Random, ite
         if cand is None:
             continue
         u, e_cur = rnd(), energy(h_cur, norm, lam)
+        # rejected whatever it is (e < e_cur + temp ln u) and not a new best: skip its evaluation
+        if u > 0 and ch.hopeless(cand, e_cur + temp * math.log(u) - 1e-12, norm, lam):
+            continue
         key = ch.best_key
         h = visit(cand)
         if ch.best_key is not key:                   # a new best: the energy's scale follows it
@@ -697,7 +900,8 @@ def _polish(ch: _Chain, n: int, top: list[int]) -> None:
             return
         key = ch.best_key
         for lv in _neighbours(tuple(ch.best[n:]), top):
-            ch.visit(lv)
+            if not ch.hopeless(lv, math.inf, 1.0, 0.0):
+                ch.visit(lv)
         if ch.best_key is key:
             return
 
@@ -786,17 +990,31 @@ def _norm_iters(iters: int) -> int:
 
 def solve_peak(stages: Sequence[StageModel], gpu: GPUSpec, n_gpus: int, batch: int, qos_s: float, *,
                seed: int = 0, bandwidth_cap: bool = True, granularity: int = 5,
-               iters: int = DEFAULT_ITERS, pcie_cap: bool = True) -> Allocation:
+               iters: int = DEFAULT_ITERS, pcie_cap: bool = True, method: str = "auto",
+               affinity: bool = False) -> Allocation:
     """Eq. 1: the N_i and p_i that maximise min_i N_i f(p_i) on n_gpus GPUs
     under C-1..C-5 (C-3, C-4 per GPU on the Fig. 13 placement), by simulated
-    annealing (§VII-C; see the module docstring).  bandwidth_cap=False is
+    annealing (§VII-C; see the module docstring) - method "sa" - or by
+    branch and bound over every quota vector (_exact) - method "exact", the
+    optimum the annealing looks for, in less time when there are few
+    vectors; "auto" (default): exact up to EXACT_STATES vectors (3 stages at
+    5 % steps: 8 000), else the annealing.  affinity=True (ours) places the
+    result with the fewest cross-GPU hops (camelot_place.counts_on) instead
+    of Fig. 13's best fit; the search is the same.  bandwidth_cap=False is
     Camelot-NC (§VIII-D); pcie_cap=False drops our PCIe constraint C-P (Eq. 1
     as printed).  Infeasible: feasible=False and why."""
     _check_args(stages, gpu, batch, qos_s, n_gpus, granularity)
-    pb = _Problem(stages, gpu, n_gpus, batch, qos_s, bandwidth_cap, granularity, pcie_cap)
+    _check_method(method)
+    _norm_iters(iters)
+    pb = _Problem(stages, gpu, n_gpus, batch, qos_s, bandwidth_cap, granularity, pcie_cap, affinity)
     if pb.why:
         return pb.infeasible(pb.why)
     la = _laius_v(pb)
+    if _method(method, pb) == "exact":
+        best, why = _exact(pb, extra=la)
+        if best is None:
+            return pb.infeasible(f"no valid allocation; for example: {why}")
+        return pb.allocation(best[:len(stages)], best[len(stages):])
     starts = [pb.start()] + ([la[len(stages):]] if la else [])
     best, why = _anneal(pb, seed, _norm_iters(iters), starts=starts, extra=la)
     if best is None:
@@ -817,14 +1035,19 @@ def min_gpus(stages: Sequence[StageModel], gpu: GPUSpec, batch: int, load_qps: f
 
 def solve_min(stages: Sequence[StageModel], gpu: GPUSpec, load_qps: float, batch: int, qos_s: float, *,
               seed: int = 0, bandwidth_cap: bool = True, granularity: int = 5,
-              max_gpus: int = DEFAULT_MAX_GPUS, iters: int = DEFAULT_ITERS, pcie_cap: bool = True) -> Allocation:
+              max_gpus: int = DEFAULT_MAX_GPUS, iters: int = DEFAULT_ITERS, pcie_cap: bool = True,
+              method: str = "auto", affinity: bool = False) -> Allocation:
     """Eq. 2, then Eq. 3: on y = min_gpus(...) GPUs (then y + 1, ... up to
     max_gpus while Eq. 1's search there finds no state carrying the load),
     the allocation with the least sum_i N_i p_i that carries load_qps
     (min_i N_i f(p_i) >= load_qps) under C-1..C-4 of Eq. 3, by simulated
     annealing started from the quotas of the first state Eq. 1's search
-    met that carries the load (it stops there).  pcie_cap as solve_peak."""
+    met that carries the load (it stops there).  pcie_cap, affinity and method as
+    solve_peak (method "exact": branch and bound over the quota vectors in
+    increasing order of resources, no Eq. 1 search first)."""
     _check_args(stages, gpu, batch, qos_s, 1, granularity)
+    _check_method(method)
+    _norm_iters(iters)
     if not (isinstance(load_qps, (int, float)) and load_qps > 0 and math.isfinite(load_qps)):
         raise ValueError(f"solve_min: load_qps must be a finite number > 0, got {load_qps!r}")
     if not isinstance(max_gpus, int) or max_gpus < 1:
@@ -833,11 +1056,17 @@ def solve_min(stages: Sequence[StageModel], gpu: GPUSpec, load_qps: float, batch
     why = f"Eq. 2 needs {y} GPUs > max_gpus = {max_gpus}"
     n = len(stages)
     for c in range(y, max_gpus + 1):
-        pb = _Problem(stages, gpu, c, batch, qos_s, bandwidth_cap, granularity, pcie_cap)
+        pb = _Problem(stages, gpu, c, batch, qos_s, bandwidth_cap, granularity, pcie_cap, affinity)
         if pb.why:
             return pb.infeasible(pb.why)
         if pb.upper() < load_qps:
             why = f"load {load_qps:g} qps is above what {c} GPU(s) can carry (upper bound {pb.upper():.4g} qps)"
+            continue
+        if _method(method, pb) == "exact":
+            best, last = _exact(pb, load=float(load_qps))
+            if best is not None:
+                return pb.allocation(best[:n], best[n:])
+            why = f"load {load_qps:g} qps: no valid allocation on {c} GPU(s) carries it ({last})"
             continue
         peak, last = _anneal(pb, seed, _norm_iters(iters), enough=float(load_qps))   # can c GPUs carry it?
         if peak is None or min(peak[i] * pb.f[i][peak[n + i]] for i in range(n)) < load_qps * (1 - _TOL):
@@ -1019,9 +1248,15 @@ def _camelot_nc(stages: Sequence[StageModel], gpu: GPUSpec, n_gpus: int, batch: 
     return solve_peak(stages, gpu, n_gpus, batch, qos_s, bandwidth_cap=False, **kw)  # type: ignore[arg-type]
 
 
+def _camelot_aff(stages: Sequence[StageModel], gpu: GPUSpec, n_gpus: int, batch: int, qos_s: float,
+                 **kw: object) -> Allocation:
+    return solve_peak(stages, gpu, n_gpus, batch, qos_s, affinity=True, **kw)  # type: ignore[arg-type]
+
+
 ALLOCATORS: dict[str, Allocator] = {
     "camelot": solve_peak,            # Eq. 1 with the bandwidth cap
     "camelot-nc": _camelot_nc,        # Eq. 1 without C-3 (§VIII-D); C-P kept
+    "camelot-aff": _camelot_aff,      # Eq. 1, placed for the fewest cross-GPU hops (ours)
     "ea": even_allocation,            # §VIII-A
     "laius": laius_allocation,        # §VIII-A, Laius per GPU
 }

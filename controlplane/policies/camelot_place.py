@@ -24,6 +24,18 @@ evenly as possible over the GPUs, the most room first: the layout EA and
 Laius use) is tried before the allocation is declared unplaceable, so that
 a layout the baselines can use is never refused to Camelot.
 
+Affinity (ours, affinity=True): Fig. 13 keeps a stage's instances together,
+so on several GPUs a query's result usually goes to the next stage on
+another GPU, where a handle does not work and the hand-off is a copy (§VI-B;
+our simulator shows it costing most of Camelot's loss to Laius on 16 GPUs,
+bench/RESULTS.md).  With affinity the layout is chosen among three - the best
+fit above, the spread layout below, and the aligned layout (every GPU g gets
+floor(N_i / C) instances of each stage, and GPUs 0..r_i-1 one more, so
+stages with fewer instances than GPUs share the same first GPUs) - as the
+one with the fewest expected cross-GPU hops per query (crossing()), ties
+in that order.  Which layouts fit does not change with it: the search's
+constraints are the same.
+
 PCIe (our constraint C-P, see camelot.py): the instances' host<->device
 rates on a GPU add up to at most GPUSpec.pcie_gbs, when pcie_cap and the GPU
 models it (pcie_gbs > 0); pcs None counts every instance as 0.
@@ -86,19 +98,55 @@ def _pcs(pcs: Sequence[float] | None, n: int) -> list[float]:
 
 def counts_on(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
               gpu: GPUSpec, n_gpus: int, bandwidth_cap: bool = True,
-              pcs: Sequence[float] | None = None, pcie_cap: bool = True) -> list[list[int]] | None:
+              pcs: Sequence[float] | None = None, pcie_cap: bool = True,
+              affinity: bool = False) -> list[list[int]] | None:
     """Fig. 13 on numbers: how many instances of each stage each GPU gets
     (on[g][i]), or None.  Best fit first (see the module docstring); when it
     fails, the spread layout (each stage's instances as evenly as possible
     over the GPUs, the one EA and Laius use) is tried before giving up.
-    pcs: each stage's PCIe GB/s per instance (None: 0), checked against
-    gpu.pcie_gbs when pcie_cap and gpu.pcie_gbs > 0."""
+    affinity: of the layouts that fit (best fit, spread, aligned), the one
+    with the fewest expected cross-GPU hops (crossing()).  pcs: each stage's
+    PCIe GB/s per instance (None: 0), checked against gpu.pcie_gbs when
+    pcie_cap and gpu.pcie_gbs > 0."""
     pc = _pcs(pcs, len(counts))
     cap_pc = bool(pcie_cap) and gpu.pcie_gbs > 0
     on = _best_fit(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc)
-    if on is None and n_gpus > 1:
-        on = _spread(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc)
-    return on
+    if n_gpus == 1 or (on is not None and not affinity):
+        return on
+    if on is not None and crossing(on, counts) == 0.0:
+        return on
+    layouts = [x for x in (on, _spread(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc),
+                           _aligned(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc)
+                           if affinity else None) if x is not None]
+    if not layouts:
+        return None
+    return min(layouts, key=lambda x: crossing(x, counts)) if affinity else layouts[0]
+
+
+def fits(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
+         gpu: GPUSpec, n_gpus: int, bandwidth_cap: bool = True,
+         pcs: Sequence[float] | None = None, pcie_cap: bool = True, affinity: bool = False) -> bool:
+    """Whether counts_on places them (without choosing among the layouts)."""
+    if counts_on(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pcs, pcie_cap) is not None:
+        return True
+    cap_pc = bool(pcie_cap) and gpu.pcie_gbs > 0
+    return affinity and n_gpus > 1 and _aligned(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap,
+                                                _pcs(pcs, len(counts)), cap_pc) is not None
+
+
+def crossing(on: Sequence[Sequence[int]], counts: Sequence[int]) -> float:
+    """Expected cross-GPU hops of a query through the pipeline when every
+    stage's work spreads over its instances evenly and a result goes to an
+    instance of the next stage on its own GPU whenever the shares allow:
+    sum over consecutive stages i, i+1 of 1 - sum_g min(on[g][i] / N_i,
+    on[g][i+1] / N_{i+1}) (the share of stage i's output that the next
+    stage's share on the same GPU cannot take)."""
+    hops = 0.0
+    for i in range(len(counts) - 1):
+        a, b = counts[i], counts[i + 1]
+        if a > 0 and b > 0:
+            hops += 1.0 - sum(min(g[i] / a, g[i + 1] / b) for g in on)
+    return max(hops, 0.0)
 
 
 def _order(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
@@ -167,6 +215,25 @@ def _spread(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], b
     return on
 
 
+def _aligned(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
+             gpu: GPUSpec, n_gpus: int, cap_bw: bool, pcs: Sequence[float] | None = None,
+             cap_pc: bool = False) -> list[list[int]] | None:
+    """Every stage's instances split over the GPUs in index order: GPU g gets
+    N_i // C, and one more when g < N_i % C; None when a GPU cannot take its share."""
+    left = _left(gpu, n_gpus)
+    pc = _pcs(pcs, len(counts))
+    on = [[0] * len(counts) for _ in range(n_gpus)]
+    for i in _order(counts, pcts, mems, bws, gpu, pc, cap_pc):
+        q, r = divmod(counts[i], n_gpus)
+        for g in range(n_gpus):
+            k = q + (1 if g < r else 0)
+            if k and _fit_count(left[g], pcts[i], mems[i], bws[i], cap_bw, pc[i], cap_pc) < k:
+                return None
+            _take(left[g], k, pcts[i], mems[i], bws[i], pc[i])
+            on[g][i] += k
+    return on
+
+
 def _take(lg: list[float], k: int, pct: int, mem: float, bw: float, pc: float = 0.0) -> None:
     lg[0] -= k * pct
     lg[1] -= k * mem
@@ -177,12 +244,13 @@ def _take(lg: list[float], k: int, pct: int, mem: float, bw: float, pc: float = 
 
 def pack(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
          gpu: GPUSpec, n_gpus: int, bandwidth_cap: bool = True,
-         pcs: Sequence[float] | None = None, pcie_cap: bool = True) -> Placement | None:
+         pcs: Sequence[float] | None = None, pcie_cap: bool = True, affinity: bool = False) -> Placement | None:
     """Fig. 13 on numbers: counts[i] instances of stage i, each taking pcts[i]
     percent of the SMs, mems[i] GB, bws[i] GB/s and pcs[i] GB/s of PCIe (None:
     0), onto n_gpus GPUs of `gpu`.  Returns, per GPU, the (stage, pct) of each
-    instance placed there (stage order), or None when one does not fit."""
-    on = counts_on(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pcs, pcie_cap)
+    instance placed there (stage order), or None when one does not fit.
+    affinity: as counts_on."""
+    on = counts_on(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pcs, pcie_cap, affinity)
     if on is None:
         return None
     return tuple(tuple((i, pcts[i]) for i in range(len(counts)) for _ in range(on[g][i]))
@@ -190,13 +258,15 @@ def pack(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws:
 
 
 def place(instances: Sequence[int], quotas: Sequence[int], stages: Sequence[StageModel], gpu: GPUSpec,
-          n_gpus: int, batch: int, *, bandwidth_cap: bool = True, pcie_cap: bool = True) -> Placement | None:
+          n_gpus: int, batch: int, *, bandwidth_cap: bool = True, pcie_cap: bool = True,
+          affinity: bool = False) -> Placement | None:
     """Fig. 13 / §VII-D: deploy instances[i] instances of stage i at quotas[i]
     percent each on n_gpus GPUs (footprint M(i, s) = stage.mem_gb(batch),
     bandwidth b(p) = stage.bandwidth_gbs(p, batch); bandwidth_cap=False
     ignores BW, as Camelot-NC; PCIe = the optional stage.pcie_gbs(p, batch),
-    clamped to the link, against gpu.pcie_gbs unless pcie_cap=False).  None
-    when some instance fits no GPU (over R, F, BW, PCIe or I there)."""
+    clamped to the link, against gpu.pcie_gbs unless pcie_cap=False;
+    affinity: the layout with the fewest cross-GPU hops, see counts_on).
+    None when some instance fits no GPU (over R, F, BW, PCIe or I there)."""
     if len(instances) != len(stages) or len(quotas) != len(stages):
         raise ValueError(f"place: {len(stages)} stages but {len(instances)} instance counts "
                          f"and {len(quotas)} quotas")
@@ -212,4 +282,4 @@ def place(instances: Sequence[int], quotas: Sequence[int], stages: Sequence[Stag
     bws = [float(s.bandwidth_gbs(p, batch)) if n else 0.0 for s, n, p in zip(stages, instances, quotas)]
     pcs = [min(stage_pcie_gbs(s, p, batch), gpu.pcie_gbs) if n and gpu.pcie_gbs > 0 else 0.0
            for s, n, p in zip(stages, instances, quotas)]
-    return pack(list(instances), list(quotas), mems, bws, gpu, n_gpus, bandwidth_cap, pcs, pcie_cap)
+    return pack(list(instances), list(quotas), mems, bws, gpu, n_gpus, bandwidth_cap, pcs, pcie_cap, affinity)
