@@ -121,6 +121,22 @@ bench/bin/libcamelot-stage.twins.so: bench/camelot/stage_twins.c shim/simgpu/sim
 # the Tonic services (bench/tonic) add their own targets to `progs`
 -include bench/tonic/build.mk
 
+# Camelot's Table I services (bench/camelot/tonic_stage.cu): Tonic networks as
+# pipeline stages, a library the stage workers load with ctypes (cuDNN and
+# cuBLAS resolved at run time, as tonic-service), and its adapt kernel's twin
+CAMELOT_TONIC := bench/bin/libcamelot-tonic.so bench/bin/libcamelot-tonic.twins.so
+progs: $(CAMELOT_TONIC)
+
+bench/bin/libcamelot-tonic.so: bench/camelot/tonic_stage.cu $(filter-out bench/tonic/service.c,$(TONIC_SRC)) \
+		bench/tonic/ref.c $(TONIC_DEPS) | native
+	@mkdir -p bench/bin
+	$(NVCC) $(NVCCFLAGS) -shared -Xcompiler -fPIC -o $@ bench/camelot/tonic_stage.cu \
+		$(filter-out bench/tonic/service.c,$(TONIC_SRC)) -L shim/lib/simgpu -lcudnn -lcublas
+
+bench/bin/libcamelot-tonic.twins.so: bench/camelot/tonic_stage_twins.c shim/simgpu/simgpu_twin.h
+	@mkdir -p bench/bin
+	$(CC) $(TWINFLAGS) -o $@ $<
+
 # ruff (pyproject.toml's [tool.ruff]) over every Python folder, mypy over the packages
 lint: $(VENV)/.installed
 	$(BIN)/ruff check controlplane predictors processpool shim bench tests

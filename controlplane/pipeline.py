@@ -12,7 +12,10 @@ is Camelot's front end (§V-B, Fig. 7):
      recent batch time; unknown before a stage's first batch: issue at once);
   3-5. the allocation (instances, quotas, devices) is the SPEC's: this runs
      what a policy decided (controlplane/policies/camelot.py decides it).
-A batch goes through the stages as one unit.  At each stage it waits for a
+Stages are either the artifact stages of §III-B (our own kernels) or the
+stages of Table I's four services (§III-A), each a Tonic network of cuDNN
+and cuBLAS layers (bench/camelot/stage_worker.py, suite.NETS); the two do
+not mix in one pipeline.  A batch goes through the stages as one unit.  At each stage it waits for a
 free instance, preferring one on the device of the instance that produced
 its input, and the output is handed to the next stage as a device-buffer
 handle (§VI-B, Fig. 10: shim/handoff.py) or, with --copy, through the host
@@ -26,7 +29,8 @@ SPEC (TOML):
     batch = 4                 # queries per batch (the most)
     scale = 0.01              # optional: work per query, x suite.ARTIFACT
     [[stage]]
-    kind = "p1"               # c1..c3, m1..m3, p1..p3 (bench/camelot/suite.py)
+    kind = "p1"               # c1..c3, m1..m3, p1..p3 (bench/camelot/suite.py), or a stage
+                              # of Table I's services (suite.NETS: face-recognition, ...)
     instances = 1
     quota = 30                # SM %, 1..100
     devices = [0]             # optional: instance i on devices[i % len]
@@ -62,6 +66,8 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "bench" / "camelot" / "stage_worker.py"
 STAGE_LIB = ROOT / "bench" / "bin" / "libcamelot-stage.so"
 STAGE_TWINS = ROOT / "bench" / "bin" / "libcamelot-stage.twins.so"
+TONIC_LIB = ROOT / "bench" / "bin" / "libcamelot-tonic.so"
+TONIC_TWINS = (ROOT / "bench" / "bin" / "libcamelot-tonic.twins.so", ROOT / "bench" / "bin" / "tonic-service.twins.so")
 HEADROOM = 0.1          # step 2: issue by arrival + (1 - HEADROOM) * target - predicted time
 EWMA = 0.3              # weight of a stage's newest batch time in its prediction
 STATE_EVERY_S = 1.0
@@ -129,7 +135,7 @@ def _unknown(d: dict, allowed: set[str], where: str) -> None:
 
 def parse_stage(d: Any, i: int, where: str) -> StageSpec:
     """One [[stage]] table, checked."""
-    kinds = suite().ARTIFACT
+    kinds = {**suite().ARTIFACT, **suite().NETS}
     at = f"{where}: stage {i + 1}"
     if not isinstance(d, dict):
         raise SpecError(f"{at}: must be a table ([[stage]])")
@@ -168,8 +174,12 @@ def parse_spec(d: dict, where: str = "SPEC") -> PipelineSpec:
     stages = _field(d, "stage", (list,), where)
     if not stages:
         raise SpecError(f"{where}: no [[stage]] tables")
-    return PipelineSpec(name, qos, batch, tuple(parse_stage(s, i, where) for i, s in enumerate(stages)),
-                        None if scale is None else float(scale))
+    parsed = tuple(parse_stage(s, i, where) for i, s in enumerate(stages))
+    nets = [st.kind in suite().NETS for st in parsed]
+    if any(nets) and not all(nets):
+        raise SpecError(f"{where}: artifact stages ({', '.join(suite().ARTIFACT)}) and Table I stages "
+                        f"({', '.join(suite().NETS)}) do not mix in one pipeline")
+    return PipelineSpec(name, qos, batch, parsed, None if scale is None else float(scale))
 
 
 def load_spec(path: Path) -> PipelineSpec:
@@ -327,24 +337,36 @@ class Pipeline:
 
     # --- start / stop --------------------------------------------------------
 
+    @property
+    def nets(self) -> bool:
+        """Table I stages (Tonic networks), not artifact stages."""
+        return self.spec.stages[0].kind in suite().NETS
+
     def check_built(self) -> None:
-        for p in (WORKER, STAGE_LIB, STAGE_TWINS):
+        for p in (WORKER, STAGE_LIB, STAGE_TWINS) + ((TONIC_LIB,) + TONIC_TWINS if self.nets else ()):
             if not p.exists():
                 raise ColocateError(f"{p} is missing: run `make build` in a source checkout of colocate")
 
     def in_n(self, stage: int) -> int:
-        """Floats per query a stage receives: the service input, or the previous stage's out_mb."""
+        """Floats per query a stage receives: the service input, or the previous
+        stage's output (an artifact's out_mb; a network's out_n from its ready
+        message, 0 before: the worker takes it from each batch)."""
         s = suite()
+        kinds = [st.kind for st in self.spec.stages]
         if stage == 0:
-            return max(1, round(s.input_mb("+".join(st.kind for st in self.spec.stages)) * s.MB / F32))
-        return max(1, round(s.ARTIFACT[self.spec.stages[stage - 1].kind].out_mb * s.MB / F32))
+            svc = next((k for k, v in s.SERVICES.items() if v[0].name == kinds[0]), "+".join(kinds))
+            return max(1, round(s.input_mb(svc) * s.MB / F32))
+        if self.nets:
+            return next((int(i.info["out_n"]) for i in self.insts if i.stage == stage - 1 and i.info), 0)
+        return max(1, round(s.ARTIFACT[kinds[stage - 1]].out_mb * s.MB / F32))
 
     def env_for(self, st: StageSpec, device: int) -> dict[str, str]:
         """An instance's environment on top of launcher.app_env's."""
         env = dict(os.environ, COLOCATE_QUIET="1", PYTHONUNBUFFERED="1",
                    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(st.quota))
         if self.device == "sim":
-            twins = [str(STAGE_TWINS)] + [p for p in env.get("SIMGPU_TWINS", "").split(":") if p]
+            ours = [STAGE_TWINS] + (list(TONIC_TWINS) if self.nets else [])
+            twins = [str(p) for p in ours] + [p for p in env.get("SIMGPU_TWINS", "").split(":") if p]
             env["SIMGPU_TWINS"] = ":".join(dict.fromkeys(twins))
             base = env.get("SIMGPU_DIR") or str(self.rd.simgpu)
             if device:

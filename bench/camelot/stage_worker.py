@@ -1,6 +1,15 @@
-"""One instance of a Camelot artifact stage (§III-B: c1-c3, m1-m3, p1-p3),
-live: the process `colocate pipeline run` (controlplane/pipeline.py) starts
-under the shim, one per instance, and drives over ZeroMQ.
+"""One instance of a Camelot stage, live: an artifact stage (§III-B: c1-c3,
+m1-m3, p1-p3) or a stage of the four services of Table I (§III-A:
+face-recognition, image-enhancement, ...), the process `colocate pipeline
+run` (controlplane/pipeline.py) starts under the shim, one per instance, and
+drives over ZeroMQ.
+
+Table I stages run a Tonic network (bench/tonic: cuDNN and cuBLAS layers)
+through bench/bin/libcamelot-tonic.so (tonic_stage.cu): suite.NETS names the
+network and the units (images or words) of a query; --scale sets its width
+(channels and hidden units x sqrt(scale): about scale x its FLOPs); its
+input is the previous stage's output, whatever its size (--in-n 0: taken
+from each batch), adapted to the network's input units.
 
     python bench/camelot/stage_worker.py --kind c2 --name c2.0 --endpoint ipc://... \
         --in-n 125000 --batch-max 4 --scale 0.01 --parent PID
@@ -31,6 +40,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import signal
 import sys
@@ -48,12 +58,16 @@ ROOT = HERE.parent.parent
 for _p in (str(ROOT), str(ROOT / "bench")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
-from camelot.suite import ARTIFACT, GB, MB  # noqa: E402
+from camelot.suite import ARTIFACT, GB, MB, NETS  # noqa: E402
 
 LIB = ROOT / "bench" / "bin" / "libcamelot-stage.so"
 TWINS = ROOT / "bench" / "bin" / "libcamelot-stage.twins.so"
+TONIC_LIB = ROOT / "bench" / "bin" / "libcamelot-tonic.so"
+TONIC_TWINS = [ROOT / "bench" / "bin" / "libcamelot-tonic.twins.so", ROOT / "bench" / "bin" / "tonic-service.twins.so"]
 ABI = 1
+TONIC_ABI = 1
 F32 = 4
+KINDS = tuple(ARTIFACT) + tuple(NETS)
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,30 @@ def aux_pattern(n: int) -> np.ndarray:
 
 class StageError(RuntimeError):
     pass
+
+
+def net_width(scale: float) -> float:
+    """A Table I stage's network width at `scale` of its work: sqrt(scale)
+    (convolutions and GEMMs scale with in x out channels), within [1/64, 1]."""
+    return min(1.0, max(1.0 / 64, math.sqrt(scale)))
+
+
+def load_tonic(path: Path = TONIC_LIB) -> Any:
+    """libcamelot-tonic.so, with its functions' C types."""
+    if not path.exists():
+        raise StageError(f"{path} is not built: run `make build`")
+    lib = ctypes.CDLL(str(path))
+    if lib.camelot_tonic_abi() != TONIC_ABI:
+        raise StageError(f"{path} speaks ABI {lib.camelot_tonic_abi()}, this worker {TONIC_ABI}: rebuild")
+    vp, ll, i, cp, sz = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t
+    lib.camelot_tonic_open.restype = vp
+    lib.camelot_tonic_open.argtypes = [cp, ctypes.c_double, i, i, i, ctypes.c_ulonglong, cp, sz]
+    lib.camelot_tonic_close.argtypes = lib.camelot_tonic_out_n.argtypes = [vp]
+    lib.camelot_tonic_in_units.argtypes = [vp]
+    lib.camelot_tonic_out_n.restype = lib.camelot_tonic_in_units.restype = ll
+    lib.camelot_tonic_run.argtypes = [vp, vp, ll, i, vp, ctypes.POINTER(ctypes.c_double), cp, sz]
+    lib.camelot_tonic_reference.argtypes = [vp, vp, ll, i, vp, cp, sz]
+    return lib
 
 
 def load_lib(path: Path = LIB) -> Any:
@@ -241,6 +279,51 @@ class Stage:
             self.exporter.close(wait_s=0.2)
 
 
+class NetStage(Stage):
+    """A Table I stage: a Tonic network between the instance's buffers.  Its
+    input size per query is the producer's (--in-n 0: from each batch)."""
+
+    def __init__(self, lib: Any, tlib: Any, kind: str, scale: float, in_n: int, batch_max: int, seed: int = 1):
+        net, units = NETS[kind]
+        err = ctypes.create_string_buffer(512)
+        self.tlib, self.net = tlib, net
+        self.h = tlib.camelot_tonic_open(net.encode(), net_width(scale), 0, units, batch_max, seed, err, len(err))
+        if not self.h:
+            raise StageError(f"{kind} (net {net}): {err.value.decode(errors='replace')}")
+        self.cur_in_n = max(in_n, 1)
+        super().__init__(lib, Work(kind, in_n, int(tlib.camelot_tonic_out_n(self.h))), batch_max)
+        self.in_cap = batch_max * max(in_n, 1) * F32
+
+    def _input(self, kind: str, payload: bytes, b: int) -> tuple[int, Any, str]:
+        if kind == "handle":
+            view = self.handoff().open_handle(payload, expect_size=b * self.w.in_n * F32 if self.w.in_n else 0)
+            n, ptr, how = view.size, view.ptr, view.how
+        else:
+            if self.w.in_n and len(payload) != b * self.w.in_n * F32:
+                raise StageError(f"input of {len(payload)} bytes, expected {b * self.w.in_n * F32}")
+            n, view, how = len(payload), None, "host"
+            if n > self.in_cap:
+                self._check(self.lib.camelot_free(self.in_dev), "cudaFree (input)")
+                self.in_dev, self.in_cap = self._malloc(n), n
+            self._check(self.lib.camelot_h2d(self.in_dev, payload, n), "cudaMemcpy H2D (input)")
+            ptr = self.in_dev
+        if n == 0 or n % (b * F32):
+            if view is not None:
+                view.release()
+            raise StageError(f"input of {n} bytes is not {b} queries of floats")
+        self.cur_in_n = n // (b * F32)
+        return ptr, view, how
+
+    def _kernels(self, in_ptr: int, out_ptr: int, b: int) -> None:
+        err, dev_s = ctypes.create_string_buffer(512), ctypes.c_double()
+        if self.tlib.camelot_tonic_run(self.h, in_ptr, self.cur_in_n, b, out_ptr, ctypes.byref(dev_s), err, len(err)):
+            raise StageError(f"{self.w.kind} (net {self.net}): {err.value.decode(errors='replace')}")
+
+    def close(self) -> None:
+        super().close()
+        self.tlib.camelot_tonic_close(self.h)
+
+
 # --- the process -------------------------------------------------------------
 
 def die_with_parent(parent: int) -> None:
@@ -281,7 +364,7 @@ def serve(sock: Any, stage: Stage, parent: int) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kind", required=True, choices=sorted(ARTIFACT))
+    ap.add_argument("--kind", required=True, choices=KINDS)
     ap.add_argument("--name", required=True)
     ap.add_argument("--endpoint", required=True)
     ap.add_argument("--in-n", type=int, required=True)
@@ -297,9 +380,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     die_with_parent(args.parent)
-    work = stage_work(args.kind, args.scale, args.in_n)
-    stage = Stage(load_lib(), work, args.batch_max)
+    if args.kind in NETS:
+        stage: Stage = NetStage(load_lib(), load_tonic(), args.kind, args.scale, args.in_n, args.batch_max)
+    else:
+        stage = Stage(load_lib(), stage_work(args.kind, args.scale, args.in_n), args.batch_max)
     stage.warm_up(args.handles)
+    work = stage.w
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 1000)

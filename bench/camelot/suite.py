@@ -112,6 +112,19 @@ def _services() -> dict[str, tuple[Stage, ...]]:
 # what each service's first stage receives from the client, per query
 SERVICE_INPUT_MB = {"img-to-img": 0.6, "img-to-text": 0.6, "text-to-img": 0.001, "text-to-text": 0.004}
 
+# The same stages live (`colocate pipeline run`, bench/camelot/tonic_stage.cu):
+# each a Tonic network of cuDNN / cuBLAS layers (bench/tonic/nets/<net>.c,
+# whose headers say how each approximates the named model), and the units of
+# one query - images of an image net, words of a word net (BERT's 128-token
+# input; 30-step LSTM and decoder as in the layers above).  Their FLOPs per
+# query are within about 2x of the layers above (bench/tonic/README.md).
+NETS: dict[str, tuple[str, int]] = {
+    "face-recognition": ("face", 1), "image-enhancement": ("fsr", 1),
+    "image-features": ("vgg", 1), "image-caption": ("cap", 1),
+    "semantic-understanding": ("sem", 30), "image-generation": ("gan", 1),
+    "text-summarization": ("bert", 128), "text-translation": ("nmt", 30),
+}
+
 
 # --- the artifact stages (§III-B) -----------------------------------------------------
 

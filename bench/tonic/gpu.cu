@@ -461,6 +461,32 @@ extern "C" int gpu_net_run(struct gpu_net *g, int n, double *device_s, char *err
 	return 0;
 }
 
+extern "C" int gpu_net_run_dev(struct gpu_net *g, int n, const void *in, float *out,
+			       double *device_s, char *err, size_t errlen)
+{
+	const struct net_plan *p = g->p;
+	struct oprange r = { 0, 0, p->nops };
+	const float *y = NULL;
+	float ms = 0;
+
+	if (n < 1 || n > p->max_size)
+		return failf(err, errlen, "size %d is not in 1..%d", n, p->max_size);
+	if (set_batch(g, n, 0, err, errlen))
+		return -1;
+	CUDA_OK(cudaEventRecord(g->ev[0], g->stream));
+	CUDA_OK(cudaMemcpyAsync(g->din, in, (size_t)n * p->unit_bytes, cudaMemcpyDeviceToDevice,
+				g->stream));
+	if (forward(g, n, &r, &y, err, errlen))
+		return -1;
+	CUDA_OK(cudaMemcpyAsync(out, y, (size_t)n * p->out_per * sizeof(float),
+				cudaMemcpyDeviceToDevice, g->stream));
+	CUDA_OK(cudaEventRecord(g->ev[1], g->stream));
+	CUDA_OK(cudaStreamSynchronize(g->stream));
+	CUDA_OK(cudaEventElapsedTime(&ms, g->ev[0], g->ev[1]));
+	*device_s = ms * 1e-3;
+	return 0;
+}
+
 extern "C" int gpu_net_run_range(struct gpu_net *g, int size, int start, int end,
 				 double *device_s, uint64_t *start_ns, char *err, size_t errlen)
 {

@@ -36,6 +36,16 @@ float *gpu_net_output(struct gpu_net *g);
 int gpu_net_run(struct gpu_net *g, int size, double *device_s, char *err, size_t errlen);
 
 /*
+ * As gpu_net_run, with the input already on the device at `in` (size units
+ * of unit_bytes, copied device-to-device) and the result copied
+ * device-to-device to `out` (size * out_per floats): for callers that keep
+ * their own device buffers (Camelot's pipeline stages hand them over as
+ * IPC handles).  The caller's work on `in` must be complete (synchronised).
+ */
+int gpu_net_run_dev(struct gpu_net *g, int size, const void *in, float *out, double *device_s,
+		    char *err, size_t errlen);
+
+/*
  * Operators [start, end) of the forward pass for `size` images / words
  * (net.h: net_layer_ops numbers them), without the copies: they read
  * whatever the device buffers hold.  *device_s is their device time between

@@ -101,8 +101,10 @@ struct net_plan {
 	int               nops;       /* operators of one forward pass          */
 };
 
-/* The six services. */
+/* The six Tonic services, and the stages of Camelot's four end-to-end
+ * services (Table I) but face recognition, which is face. */
 extern const struct net_def net_face, net_dig, net_imc, net_pos, net_chk, net_ner;
+extern const struct net_def net_fsr, net_vgg, net_cap, net_sem, net_gan, net_bert, net_nmt;
 
 /* The definition called `name`, or NULL. */
 const struct net_def *net_find(const char *name);

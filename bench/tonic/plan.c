@@ -11,6 +11,7 @@
 
 static const struct net_def *const all_nets[] = {
 	&net_face, &net_dig, &net_imc, &net_pos, &net_chk, &net_ner,
+	&net_fsr, &net_vgg, &net_cap, &net_sem, &net_gan, &net_bert, &net_nmt,
 };
 #define NNETS (sizeof(all_nets) / sizeof(all_nets[0]))
 
@@ -24,7 +25,7 @@ const struct net_def *net_find(const char *name)
 
 const char *net_names(void)
 {
-	return "face dig imc pos chk ner";
+	return "face dig imc pos chk ner fsr vgg cap sem gan bert nmt";
 }
 
 static int bad(char *err, size_t errlen, const char *fmt, ...)
