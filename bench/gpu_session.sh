@@ -44,7 +44,12 @@
 #   camelot a 3-stage Camelot pipeline with handles and with --copy (the
 #           checksums must be equal, the handle run must hand off and not
 #           copy: pipeline_{handle,copy}.json), then bench/handoff.py
-#           --device cuda (Fig. 11 on the GPU: handoff/table.md)
+#           --device cuda (Fig. 11 on the GPU: handoff/table.md); then the
+#           Table I stages (Tonic nets) against the CPU reference
+#           (tonic_check.json) and the text-to-img service live with handles
+#           and --copy against the same stages one query at a time
+#           (service_{handle,copy,chain}.json: do a query's bytes depend on
+#           its batch under cuDNN / cuBLAS?)
 # Not yet run on a GPU: read session.log first.
 set -u
 OUT=${OUT:-bench/out/gpu}
@@ -161,6 +166,29 @@ print(f"checksums {'equal' if same else 'DIFFER'} over {len(h['checksums'])} que
 sys.exit(0 if same and h["handoffs"] > 0 and h["copies"] == 0 else 1)
 PYEOF
 	$PY bench/handoff.py --device "$DEV" $([ "$DEV" = sim ] && echo --quick) --out "$OUT/handoff" || rc=1
+	# Table I's stages: each vs ref.c (width 0.25 on the GPU: vgg's fc7 at full
+	# width exceeds the check's tolerance in FP32, bench/tonic/README.md)
+	local sc tw
+	sc=$([ "$DEV" = sim ] && echo 0.004 || echo 0.0625)
+	tw=SIMGPU_TWINS=bench/bin/libcamelot-tonic.twins.so:bench/bin/tonic-service.twins.so:bench/bin/libcamelot-stage.twins.so
+	.venv/bin/colocate run --device "$DEV" --runtime-dir "$rd" -- env "$tw" $PY bench/camelot/chain.py --check \
+		--kinds "$($PY -c 'import sys; sys.path.insert(0, "bench"); from camelot.suite import NETS; print(",".join(NETS))')" \
+		--scale "$sc" --queries 2 >"$OUT/tonic_check.json" || rc=1
+	for m in handle copy; do
+		.venv/bin/colocate pipeline run bench/camelot/specs/text-to-img.toml --device "$DEV" --queries 40 \
+			--rate 20 --runtime-dir "$rd" --json "$OUT/service_$m.json" $([ $m = copy ] && echo --copy) || rc=1
+	done
+	.venv/bin/colocate run --device "$DEV" --runtime-dir "$rd" -- env "$tw" $PY bench/camelot/chain.py \
+		--kinds semantic-understanding,image-generation --queries 40 \
+		$([ "$DEV" = sim ] && echo "--scale 0.01" || echo "--scale 1") >"$OUT/service_chain.json" || rc=1
+	$PY - "$OUT" <<'PYEOF' || rc=1
+import json, sys
+h, c = (json.load(open(f"{sys.argv[1]}/service_{m}.json")) for m in ("handle", "copy"))
+one = json.loads(open(f"{sys.argv[1]}/service_chain.json").read().strip().splitlines()[-1])
+print(f"text-to-img: handles vs copy {'equal' if h['checksums'] == c['checksums'] else 'DIFFER'}, "
+      f"vs one query at a time {'equal' if h['checksums'] == one else 'DIFFER'} over {len(one)} queries")
+sys.exit(0 if h["checksums"] == c["checksums"] == one else 1)
+PYEOF
 	rm -rf "$rd"
 	return $rc
 }

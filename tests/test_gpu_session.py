@@ -37,7 +37,8 @@ def test_vmm_app_forwarded_through_the_controller(tmp_path):
 
 def test_camelot_step_compares_handles_with_copies(tmp_path):
     """The camelot step: one pipeline with handles and with --copy (same
-    checksums, hand-offs only in the first), then Fig. 11's benchmark."""
+    checksums, hand-offs only in the first), then Fig. 11's benchmark, then
+    Table I's stages and a service live."""
     r = session(tmp_path, "camelot")
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"^camelot rc=0 ", (tmp_path / "session.log").read_text(), re.M)
@@ -46,6 +47,10 @@ def test_camelot_step_compares_handles_with_copies(tmp_path):
     h, c = (json.loads((tmp_path / f"pipeline_{m}.json").read_text()) for m in ("handle", "copy"))
     assert h["digest"] == c["digest"] and c["handoffs"] == 0 < c["copies"]
     assert json.loads((tmp_path / "handoff" / "rows.json").read_text())["rows"]
+    # Table I's stages against ref.c, and a service live against one query at a time
+    chk = json.loads((tmp_path / "tonic_check.json").read_text().strip().splitlines()[-1])
+    assert len(chk) == 8 and all(v["bad"] == 0 for v in chk.values()), chk
+    assert "text-to-img: handles vs copy equal, vs one query at a time equal over 40 queries" in log, log
 
 
 def test_unknown_step_is_refused(tmp_path):
