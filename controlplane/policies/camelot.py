@@ -631,29 +631,29 @@ class _Problem:
         n, tab, lims = len(self.stages), self._tables(), np.asarray(self.lims)
         shape = tuple(len(x) for x in self.levels)
 
-        def outer(vals: list[np.ndarray]) -> np.ndarray:      # sum over stages, on the whole grid
-            tot = np.zeros(shape)
-            for i, v in enumerate(vals):
-                tot = tot + v.reshape([-1 if j == i else 1 for j in range(n)])
-            return tot.ravel()
+        def outer(vals: list[np.ndarray], op: np.ufunc = np.add) -> np.ndarray:   # over the whole grid
+            tot = vals[0].reshape([-1] + [1] * (n - 1))
+            for i in range(1, n):
+                tot = op(tot, vals[i].reshape([-1 if j == i else 1 for j in range(n)]))
+            return np.broadcast_to(tot, shape).ravel()
 
+        # the bound is separable: sums and a min of per-stage terms, on the whole grid at once
         live = outer([d for *_, d in tab]) <= self.qos * (1 + _TOL)
+        t = outer([cap * f for f, cap, _, _ in tab], np.minimum)
         for r, lim in enumerate(self.lims):
             live &= outer([c[:, r] for _, _, c, _ in tab]) <= lim
-        rows = np.flatnonzero(live)
+            w = outer([c[:, r] / f for f, _, c, _ in tab])
+            with np.errstate(divide="ignore"):
+                t = np.minimum(t, np.where(w > 0, lim / np.where(w > 0, w, 1.0), np.inf))
+        t = t * (1 + 1e-9)
+        rows = np.flatnonzero(live & (t >= floor))
         idx = np.stack(np.unravel_index(rows, shape), axis=1)
+        t = t[rows]
+        if not fill:
+            return idx, t
         f = np.stack([tab[i][0][idx[:, i]] for i in range(n)], axis=1)
         cap = np.stack([tab[i][1][idx[:, i]] for i in range(n)], axis=1)
         a = np.stack([tab[i][2][idx[:, i]] for i in range(n)], axis=1)        # k x n x R
-        t = np.min(cap * f, axis=1)
-        w = (a / f[:, :, None]).sum(axis=1)
-        with np.errstate(divide="ignore"):
-            t = np.minimum(t, np.min(np.where(w > 0, lims / np.where(w > 0, w, 1.0), np.inf), axis=1))
-        t *= 1 + 1e-9
-        keep = t >= floor
-        idx, t, f, cap, a = idx[keep], t[keep], f[keep], cap[keep], a[keep]
-        if not fill:
-            return idx, t
         out = np.full(len(idx), -np.inf)
         at = np.arange(len(idx))
         t = np.max(np.floor(t[:, None] / f * (1 + 1e-12)) * f, axis=1)     # the set's largest <= t
