@@ -213,6 +213,21 @@ def test_sa_skips_only_states_it_would_reject(monkeypatch):
     assert solve_all() == with_skips
 
 
+def test_auto_anneals_from_the_exact_best_when_over_its_budget(monkeypatch):
+    """Where Fig. 13's per-GPU packing binds, many vectors reach their bound's
+    turn and fail to place: "auto" stops after EXACT_EVALS evaluations and
+    anneals from the best found (a valid result, as good as the exact one here)."""
+    st = pipeline3()
+    full = solve_peak(st, GPU, 2, 8, 0.2, method="exact")
+    monkeypatch.setattr(CM, "EXACT_EVALS", 1)
+    a = solve_peak(st, GPU, 2, 8, 0.2)
+    assert_valid(a, st, GPU, 2, 8, 0.2)
+    assert a.throughput_qps >= 0.95 * full.throughput_qps
+    m = solve_min(st, GPU, 150.0, 8, 0.2)
+    assert m.feasible and m.throughput_qps >= 150.0
+    assert_valid(m, st, GPU, len(m.placement), 8, 0.2)
+
+
 def test_auto_is_exact_on_small_spaces_and_sa_on_large(monkeypatch):
     st = pipeline3()
     for c in (1, 2):
@@ -453,6 +468,8 @@ def test_infeasible_inputs_say_why():
     (lambda st: solve_peak(st, GPU, 1, 8, 0.1, method="milp"), "method"),
     (lambda st: solve_min(st, GPU, 10.0, 8, 0.1, method="SA"), "method"),
     (lambda st: solve_peak(st, GPU, 1, 8, 0.1, iters=-1, method="exact"), "iters"),
+    (lambda st: solve_peak(st + [ToyStage("d")], GPU, 1, 8, 1.0, granularity=1, method="exact"),
+     r"method exact over \d+ quota vectors \(more than"),
     (lambda st: solve_min(st, GPU, 10.0, 0, 0.1), "batch"),
     (lambda st: even_allocation(st, GPU, 0, 8, 0.1), "n_gpus"),
     (lambda st: laius_allocation(st, GPU, 1, 8, -1.0), "qos_s"),

@@ -72,7 +72,19 @@ def test_every_table1_stage_matches_the_cpu_reference(place):
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(res) == set(pl.suite().NETS)
     for kind, v in res.items():
-        assert v["bad"] == 0 and v["n"] > 0, (kind, v)
+        assert v["bad"] == 0 and v["n"] > 0 and v["distinct"] == 2, (kind, v)
+
+
+@pytest.mark.parametrize("service", ["img-to-img", "img-to-text", "text-to-text"])
+def test_every_service_gives_each_query_its_own_result(place, service):
+    """Through both stages, one process: a stage whose output no longer
+    depends on its input (a predecessor's softmax, say, vanishing under the
+    next network's first biases) would give every query the same bytes."""
+    _, env = place
+    kinds = [st.name for st in pl.suite().SERVICES[service]]
+    r = chain(env, "--kinds", ",".join(kinds), "--scale", "0.004", "--queries", "3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(set(json.loads(r.stdout.strip().splitlines()[-1]))) == 3
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ runner sizes them (the service's input, suite.SERVICE_INPUT_MB).
 --check instead runs each stage alone on a batch of --queries queries and
 compares its result with the CPU reference forward pass (bench/tonic/ref.c,
 the same tolerance as `tonic-service --check`: |got - ref| <= 1e-6 + 1e-3
-|ref|); prints {stage: {"max_abs", "bad", "n"}} and exits 1 on a mismatch.
+|ref|); prints {stage: {"max_abs", "bad", "n", "distinct"}} and exits 1 on
+a mismatch.
 """
 from __future__ import annotations
 
@@ -79,7 +80,9 @@ def check(kinds: list[str], scale: float, queries: int) -> dict[str, dict]:
             raise RuntimeError(f"{k}: {err.value.decode(errors='replace')}")
         diff = np.abs(got.astype(np.float64) - ref)
         bad = int(np.count_nonzero(~(diff <= 1e-6 + 1e-3 * np.abs(ref))))
-        out[k] = {"max_abs": float(diff.max()), "bad": bad, "n": int(got.size)}
+        rows = got.reshape(queries, -1)
+        out[k] = {"max_abs": float(diff.max()), "bad": bad, "n": int(got.size),
+                  "distinct": len({r.tobytes() for r in rows})}       # queries with results of their own
         st.close()
     return out
 

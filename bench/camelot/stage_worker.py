@@ -203,13 +203,15 @@ class Stage:
             raise StageError(f"batch of {b} queries (1..{self.batch_max})")
         t0 = time.perf_counter()
         in_ptr, view, how = self._input(msg["in"], payload, b)
-        t1 = time.perf_counter()
-        out_ptr, buf = self._out_buffer(msg["out"], b)
-        t_alloc = time.perf_counter() - t1
-        self._kernels(in_ptr, out_ptr, b)
-        t2 = time.perf_counter()
-        if view is not None:
-            view.release()
+        try:
+            t1 = time.perf_counter()
+            out_ptr, buf = self._out_buffer(msg["out"], b)
+            t_alloc = time.perf_counter() - t1
+            self._kernels(in_ptr, out_ptr, b)
+            t2 = time.perf_counter()
+        finally:
+            if view is not None:            # the producer's buffer goes back whatever happened
+                view.release()
         t3 = time.perf_counter()
         hdr, data = self._output(msg, b, out_ptr, buf)
         t4 = time.perf_counter()
@@ -291,8 +293,12 @@ class NetStage(Stage):
         if not self.h:
             raise StageError(f"{kind} (net {net}): {err.value.decode(errors='replace')}")
         self.cur_in_n = max(in_n, 1)
-        super().__init__(lib, Work(kind, in_n, int(tlib.camelot_tonic_out_n(self.h))), batch_max)
-        self.in_cap = batch_max * max(in_n, 1) * F32
+        try:
+            super().__init__(lib, Work(kind, in_n, int(tlib.camelot_tonic_out_n(self.h))), batch_max)
+        except BaseException:
+            tlib.camelot_tonic_close(self.h)
+            raise
+        self.in_cap = max(batch_max * in_n * F32, F32)          # what Stage allocated for in_dev
 
     def _input(self, kind: str, payload: bytes, b: int) -> tuple[int, Any, str]:
         if kind == "handle":

@@ -6,10 +6,13 @@
 // - and this library runs a batch between them:
 //
 //   1. ct_adapt turns the previous stage's floats into this net's input
-//      units: an image net's pixels repeat the query's floats, a word net's
-//      feature indices are a hash of their bits (the networks are untrained;
-//      what matters is that every query's input comes from its predecessor's
-//      output, deterministically);
+//      units, from a hash of their bits and positions: an image net's pixels
+//      in [-0.5, 0.5), a word net's feature indices in its vocabularies.
+//      The networks are untrained; what matters is that every query's input
+//      comes from its predecessor's output, deterministically, and at a
+//      scale the network can tell apart (a predecessor's softmax gives
+//      values near 1/classes, which repeated as pixels vanish under the
+//      first layer's biases and ReLU: every query would get the same result);
 //   2. gpu_net_run_dev runs the forward pass on the units and copies the
 //      result to the output buffer, device to device.
 //
@@ -64,10 +67,12 @@ __host__ __device__ static inline uint32_t ct_mix(uint32_t bits, long long pos)
 	return (uint32_t)(z ^ (z >> 31));
 }
 
-// Query q's per_q input values from its in_n floats at in + q * in_n:
-// nfeat == 0: floats, out_f[q * per_q + j] = in[q * in_n + j % in_n];
+// Query q's per_q input values from its in_n floats at in + q * in_n, x =
+// in[q * in_n + j % in_n] for value j, h = mix(bits of x, j):
+// nfeat == 0: pixels, out_f[q * per_q + j] = ((h >> 8) & 0xffff) / 65536 - 0.5
+//             (exact in FP32: the same bits everywhere);
 // nfeat > 0:  word features, feature f = j % nfeat of word j / nfeat is
-//             1 + mix(bits, j) % (rows.n[f] - 1) (0 when the feature has one row).
+//             1 + h % (rows.n[f] - 1) (0 when the feature has one row).
 extern "C" __global__ void camelot_tonic_adapt(const float *in, long long in_n, void *out, long long per_q,
 					       int queries, int nfeat, struct ct_rows rows)
 {
@@ -76,14 +81,14 @@ extern "C" __global__ void camelot_tonic_adapt(const float *in, long long in_n, 
 	for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total;
 	     t += (long long)gridDim.x * blockDim.x) {
 		long long q = t / per_q, j = t % per_q;
-		float x = in[q * in_n + j % in_n];
+		uint32_t h = ct_mix(__float_as_uint(in[q * in_n + j % in_n]), j);
 
 		if (nfeat == 0) {
-			((float *)out)[t] = x;
+			((float *)out)[t] = (float)((h >> 8) & 0xffffu) * (1.0f / 65536) - 0.5f;
 		} else {
 			int r = rows.n[j % nfeat];
 
-			((int32_t *)out)[t] = r > 1 ? (int32_t)(1 + ct_mix(__float_as_uint(x), j) % (uint32_t)(r - 1)) : 0;
+			((int32_t *)out)[t] = r > 1 ? (int32_t)(1 + h % (uint32_t)(r - 1)) : 0;
 		}
 	}
 }
@@ -123,8 +128,9 @@ extern "C" struct ct *camelot_tonic_open(const char *name, double width, int res
 		snprintf(err, errlen, "unknown net %s (one of: %s)", name, net_names());
 		return NULL;
 	}
-	if (units < 1 || queries < 1) {
-		snprintf(err, errlen, "units %d and queries %d must be >= 1", units, queries);
+	if (units < 1 || queries < 1 || (long long)units * queries > 65536) {
+		snprintf(err, errlen, "units %d and queries %d must be >= 1, at most 65536 units a batch", units,
+			 queries);
 		return NULL;
 	}
 	max_size = d->input == TONIC_IMAGES ? units * queries : units;
@@ -226,8 +232,14 @@ extern "C" int camelot_tonic_reference(struct ct *c, const float *in, long long 
 	long long per_q = camelot_tonic_in_units(c), out_n = camelot_tonic_out_n(c);
 	int words = c->p.def->input == TONIC_WORDS, nfeat = words ? c->p.def->nfeat : 0;
 	int passes = words ? queries : 1, per_pass = words ? 1 : queries;
-	void *units = malloc((size_t)per_pass * per_q * 4);
+	void *units;
 
+	if (in_n < 1 || queries < 1 || (!words && (long long)queries * c->units > c->p.max_size) ||
+	    (words && c->units > c->p.max_size)) {
+		snprintf(err, errlen, "%d queries of %lld floats: not what this stage was opened for", queries, in_n);
+		return -1;
+	}
+	units = malloc((size_t)per_pass * per_q * 4);
 	if (!units) {
 		snprintf(err, errlen, "out of host memory");
 		return -1;
@@ -238,15 +250,16 @@ extern "C" int camelot_tonic_reference(struct ct *c, const float *in, long long 
 		for (long long t = 0; t < per_pass * per_q; t++) {
 			long long q = t / per_q, j = t % per_q;
 			float x = qin[q * in_n + j % in_n];
-			uint32_t bits;
+			uint32_t bits, h;
 
 			memcpy(&bits, &x, sizeof(bits));
+			h = ct_mix(bits, j);
 			if (!nfeat) {
-				((float *)units)[t] = x;
+				((float *)units)[t] = (float)((h >> 8) & 0xffffu) * (1.0f / 65536) - 0.5f;
 			} else {
 				int r = c->rows.n[j % nfeat];
 
-				((int32_t *)units)[t] = r > 1 ? (int32_t)(1 + ct_mix(bits, j) % (uint32_t)(r - 1)) : 0;
+				((int32_t *)units)[t] = r > 1 ? (int32_t)(1 + h % (uint32_t)(r - 1)) : 0;
 			}
 		}
 		if (net_ref_forward(&c->p, c->params, per_pass * c->units, units, out + k * out_n)) {

@@ -97,8 +97,13 @@ the same in increasing order of resources (exact: N is least()).  The
 result is the optimum the annealing searches for (it can only be better:
 on the random instances of tests/test_camelot_alloc.py it equals the
 exhaustive search over N and p), in 1-6 ms instead of 6-28 ms on 1-2 GPUs
-(bench/camelot_solve.py).  §VII-C's annealing stays for larger spaces and
-is what method="sa" runs.
+(bench/camelot_solve.py).  The bounds ignore the per-GPU packing: where it
+binds hard (many GPUs, large instances) many vectors reach their turn and
+fail to place, so "auto" evaluates at most EXACT_EVALS of them and then
+anneals from the best found (a case an independent review found: 1.9 s
+exact, 0.2 s annealing, 0.28 s now); method="exact" has no such cap and
+refuses more than EXACT_MAX vectors.  §VII-C's annealing stays for larger
+spaces and is what method="sa" runs.
 
 Camelot-NC (§VIII-D) is bandwidth_cap=False: the same search without C-3.
 
@@ -174,6 +179,8 @@ EPS_RES = 0.01                # Eq. 1's energy prefers fewer resources at equal 
 DEFAULT_ITERS = 800
 FILL_STEPS = 64               # _Problem.grid's steps down to fill's throughput, at most
 EXACT_STATES = 20_000         # method "auto": enumerate the quota vectors when there are at most this many
+EXACT_EVALS = 200             # ... and evaluate at most this many with the placement, else anneal from there
+EXACT_MAX = 2_000_000         # method "exact": refuse more vectors than this (its arrays grow with them)
 METHODS = ("auto", "exact", "sa")
 DEFAULT_MAX_GPUS = 16
 
@@ -595,8 +602,8 @@ class _Problem:
             viol = lat / self.qos - 1 if self.qos > 0 else 1.0
         res = sum(self.levels[i][k] for i, k in enumerate(lv))
         ones = [sum(x[r] for x in a) for r in range(len(self.lims))]
-        if any(u > lim for u, lim in zip(ones, self.lims)):
-            return min(f), max(viol, _TOL), res
+        if any(u > lim for u, lim in zip(ones, self.lims)):     # fill gives one instance each: its violation
+            return min(f), self.check([1] * len(lv), lv)[0], res
         t = min(self.cap_n[i][k] * f[i] for i, k in enumerate(lv))
         for r, lim in enumerate(self.lims):
             w = sum(x[r] / y for x, y in zip(a, f))
@@ -800,8 +807,8 @@ def _anneal(pb: _Problem, seed: int, iters: int, load: float | None = None,
     return ch.best, _explain(pb, ch.last_bad, load)
 
 
-def _exact(pb: _Problem, load: float | None = None,
-           extra: Sequence[int] | None = None) -> tuple[list[int] | None, str]:
+def _exact(pb: _Problem, load: float | None = None, extra: Sequence[int] | None = None,
+           budget: int | None = None) -> tuple[list[int] | None, str, bool]:
     """The best valid V over every quota-level vector, N following the quotas
     as in the annealing (fill_placed for Eq. 1, least for Eq. 3): branch and
     bound.  Eq. 1: the vectors in decreasing order of their throughput
@@ -811,8 +818,19 @@ def _exact(pb: _Problem, load: float | None = None,
     needs more than the best.  Vectors that cannot be valid (latency over
     QoS, one instance per stage over a global sum, the load not carried with
     the most instances) are never evaluated.  Same result as the annealing
-    would reach with unlimited iterations; deterministic."""
+    would reach with unlimited iterations; deterministic.  The bounds ignore
+    the per-GPU packing of Fig. 13: where it binds hard (many GPUs, large
+    instances) many vectors can reach their bound's turn and fail to place,
+    so `budget` caps the evaluations; the third value says whether the
+    search finished (else the best so far: the caller anneals from it)."""
     ch, n = _Chain(pb, load), len(pb.stages)
+
+    def go(j: int) -> bool:               # evaluate vector j; False once the budget is spent
+        if budget is not None and len(ch.cache) >= budget:
+            return False
+        ch.visit(tuple(int(x) for x in idx[j]))
+        return True
+
     if extra is not None:
         ch.offer(ch._eval(extra[n:], list(extra[:n])), list(extra))
     if load is None:
@@ -821,7 +839,8 @@ def _exact(pb: _Problem, load: float | None = None,
             c = float(ceil[j])
             if c == -np.inf or (ch.best_key is not None and c < ch.best_key[0] * (1 - 1e-9)):
                 break
-            ch.visit(tuple(int(x) for x in idx[j]))
+            if not go(j):
+                return ch.best, _explain(pb, ch.last_bad, load), False
     else:
         idx, _ = pb.grid(fill=False)
         tab = pb._tables()
@@ -834,10 +853,11 @@ def _exact(pb: _Problem, load: float | None = None,
         for j in np.argsort(np.where(ok, res, np.inf), kind="stable"):
             if not ok[j] or (ch.best_key is not None and -res[j] < ch.best_key[0]):
                 break
-            ch.visit(tuple(int(x) for x in idx[j]))
+            if not go(j):
+                return ch.best, _explain(pb, ch.last_bad, load), False
     if ch.best is None and ch.last_bad is None:
         ch.visit(tuple(pb.start()))          # for the words of why none is valid
-    return ch.best, _explain(pb, ch.last_bad, load)
+    return ch.best, _explain(pb, ch.last_bad, load), True
 
 
 def _check_method(method: str) -> None:
@@ -845,11 +865,16 @@ def _check_method(method: str) -> None:
         raise ValueError(f"camelot: method must be one of {', '.join(METHODS)}, got {method!r}")
 
 
-def _method(method: str, pb: _Problem) -> str:
-    """"exact" or "sa": method, with "auto" resolved by the size of the space."""
+def _method(method: str, pb: _Problem) -> tuple[str, int | None]:
+    """("exact" or "sa", the exact search's evaluation budget): "auto" is
+    exact with EXACT_EVALS evaluations where there are at most EXACT_STATES
+    quota vectors, else the annealing; "exact" has no budget, up to EXACT_MAX."""
     if method == "auto":
-        return "exact" if pb.states() <= EXACT_STATES else "sa"
-    return method
+        return ("exact", EXACT_EVALS) if pb.states() <= EXACT_STATES else ("sa", None)
+    if method == "exact" and pb.states() > EXACT_MAX:
+        raise ValueError(f"camelot: method exact over {pb.states()} quota vectors (more than {EXACT_MAX}): "
+                         f"use a coarser granularity, or method sa or auto")
+    return method, None
 
 
 def _walk(ch: _Chain, cur: tuple[int, ...], h_cur: Eval, rng: random.Random, iters: int,
@@ -1010,11 +1035,14 @@ def solve_peak(stages: Sequence[StageModel], gpu: GPUSpec, n_gpus: int, batch: i
     if pb.why:
         return pb.infeasible(pb.why)
     la = _laius_v(pb)
-    if _method(method, pb) == "exact":
-        best, why = _exact(pb, extra=la)
-        if best is None:
-            return pb.infeasible(f"no valid allocation; for example: {why}")
-        return pb.allocation(best[:len(stages)], best[len(stages):])
+    how, budget = _method(method, pb)
+    if how == "exact":
+        best, why, done = _exact(pb, extra=la, budget=budget)
+        if done:
+            if best is None:
+                return pb.infeasible(f"no valid allocation; for example: {why}")
+            return pb.allocation(best[:len(stages)], best[len(stages):])
+        la = best or la                  # over budget: anneal, from the best found too
     starts = [pb.start()] + ([la[len(stages):]] if la else [])
     best, why = _anneal(pb, seed, _norm_iters(iters), starts=starts, extra=la)
     if best is None:
@@ -1062,12 +1090,18 @@ def solve_min(stages: Sequence[StageModel], gpu: GPUSpec, load_qps: float, batch
         if pb.upper() < load_qps:
             why = f"load {load_qps:g} qps is above what {c} GPU(s) can carry (upper bound {pb.upper():.4g} qps)"
             continue
-        if _method(method, pb) == "exact":
-            best, last = _exact(pb, load=float(load_qps))
-            if best is not None:
+        how, budget = _method(method, pb)
+        if how == "exact":
+            best, last, done = _exact(pb, load=float(load_qps), budget=budget)
+            if best is not None and done:
                 return pb.allocation(best[:n], best[n:])
-            why = f"load {load_qps:g} qps: no valid allocation on {c} GPU(s) carries it ({last})"
-            continue
+            if done:
+                why = f"load {load_qps:g} qps: no valid allocation on {c} GPU(s) carries it ({last})"
+                continue
+            if best is not None:          # over budget: anneal Eq. 3 from the best found
+                best, last = _anneal(pb, seed, _norm_iters(iters), load=float(load_qps), starts=[best[n:]])
+                assert best is not None
+                return pb.allocation(best[:n], best[n:])
         peak, last = _anneal(pb, seed, _norm_iters(iters), enough=float(load_qps))   # can c GPUs carry it?
         if peak is None or min(peak[i] * pb.f[i][peak[n + i]] for i in range(n)) < load_qps * (1 - _TOL):
             why = f"load {load_qps:g} qps is above the peak Eq. 1 finds on {c} GPU(s)"
