@@ -101,7 +101,7 @@ exhaustive search over N and p), in 1-6 ms instead of 6-28 ms on 1-2 GPUs
 binds hard (many GPUs, large instances) many vectors reach their turn and
 fail to place, so "auto" evaluates at most EXACT_EVALS of them and then
 anneals from the best found (a case an independent review found: 1.9 s
-exact, 0.2 s annealing, 0.28 s now); method="exact" has no such cap and
+exact, 0.13-0.2 s annealing, 0.29 s now); method="exact" has no such cap and
 refuses more than EXACT_MAX vectors.  §VII-C's annealing stays for larger
 spaces and is what method="sa" runs.
 
@@ -179,7 +179,7 @@ EPS_RES = 0.01                # Eq. 1's energy prefers fewer resources at equal 
 DEFAULT_ITERS = 800
 FILL_STEPS = 64               # _Problem.grid's steps down to fill's throughput, at most
 EXACT_STATES = 20_000         # method "auto": enumerate the quota vectors when there are at most this many
-EXACT_EVALS = 200             # ... and evaluate at most this many with the placement, else anneal from there
+EXACT_EVALS = 400             # ... and evaluate at most this many with the placement, else anneal from there
 EXACT_MAX = 2_000_000         # method "exact": refuse more vectors than this (its arrays grow with them)
 METHODS = ("auto", "exact", "sa")
 DEFAULT_MAX_GPUS = 16
