@@ -49,7 +49,10 @@
 #           (tonic_check.json) and the text-to-img service live with handles
 #           and --copy against the same stages one query at a time
 #           (service_{handle,copy,chain}.json: do a query's bytes depend on
-#           its batch under cuDNN / cuBLAS?)
+#           its batch under cuDNN / cuBLAS?); then `colocate pipeline plan`
+#           of text-to-img for 20 q/s (profile on the device, models,
+#           allocator: plan.json, t2i-plan.toml) and a run of the plan
+#           (plan_run.json: planned against measured)
 # Not yet run on a GPU: read session.log first.
 set -u
 OUT=${OUT:-bench/out/gpu}
@@ -189,6 +192,12 @@ print(f"text-to-img: handles vs copy {'equal' if h['checksums'] == c['checksums'
       f"vs one query at a time {'equal' if h['checksums'] == one else 'DIFFER'} over {len(one)} queries")
 sys.exit(0 if h["checksums"] == c["checksums"] == one else 1)
 PYEOF
+	# Camelot's workflow on the device: profile the two stages, model, allocate
+	# for 20 q/s (plan.json, t2i-plan.toml), then run what was planned
+	.venv/bin/colocate pipeline plan bench/camelot/specs/text-to-img.toml --device "$DEV" --quotas 25,50,100 \
+		--load 20 --store "$rd/store" --runtime-dir "$rd" --write "$OUT/t2i-plan.toml" --json >"$OUT/plan.json" || rc=1
+	.venv/bin/colocate pipeline run "$OUT/t2i-plan.toml" --device "$DEV" --queries 40 --rate 20 \
+		--runtime-dir "$rd" --json "$OUT/plan_run.json" || rc=1
 	rm -rf "$rd"
 	return $rc
 }

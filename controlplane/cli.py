@@ -595,7 +595,8 @@ def experiment(ctx: typer.Context) -> None:
 
 # --- pipeline ---------------------------------------------------------------
 
-pipeline_app = typer.Typer(help="Camelot's microservice pipelines, live: `run SPEC`, `ls` (the default).",
+pipeline_app = typer.Typer(help="Camelot's microservice pipelines, live: `run SPEC`, `plan SPEC`, `ls` "
+                                "(the default).",
                            invoke_without_command=True, add_completion=False)
 
 
@@ -604,7 +605,8 @@ def pipeline_main(ctx: typer.Context,
                   as_json: bool = typer.Option(False, "--json", help="Alone: as `ls --json`."),
                   runtime_dir: Optional[Path] = RunDirOpt) -> None:
     """Camelot's microservice pipelines, live: `colocate pipeline run SPEC` runs one
-    (bench/camelot/specs/ has examples); `colocate pipeline` alone lists the running ones."""
+    (bench/camelot/specs/ has examples), `colocate pipeline plan SPEC` sizes its stages
+    (profile, per-stage models, allocator); `colocate pipeline` alone lists the running ones."""
     if ctx.invoked_subcommand is None:
         pipeline_ls(as_json=as_json, runtime_dir=runtime_dir)
 
@@ -684,6 +686,82 @@ def pipeline_run(spec: Path = typer.Argument(..., metavar="SPEC", help="The pipe
             json_file.write_text(json.dumps(rep, indent=1) + "\n")
         except OSError as e:
             raise ColocateError(f"cannot write {json_file}: {e.strerror}") from None
+
+
+@pipeline_app.command("plan")
+def pipeline_plan(spec: Path = typer.Argument(..., metavar="SPEC", help="A pipeline of Table I stages (TOML); "
+                                                                        "its instances and quotas are replaced."),
+                  allocator: str = typer.Option("camelot", help="camelot (Eq. 1; with --load Eq. 2-3), "
+                                                "camelot-nc, camelot-aff, ea or laius."),
+                  gpus: int = typer.Option(1, help="GPUs to plan for."),
+                  load: Optional[float] = typer.Option(None, help="Queries per second to carry with the "
+                                                       "least resources (Eq. 3) instead of the peak (Eq. 1)."),
+                  gpu_model: str = typer.Option("h100", help="The GPU's constants for the constraints "
+                                                "(h100, v100, 2080ti; simgpu is an H100)."),
+                  quotas: str = typer.Option(",".join(map(str, range(10, 101, 10))),
+                                             help="SM quotas to profile each stage at, comma-separated."),
+                  scale: Optional[float] = typer.Option(None, help="The run's work scale (default: SPEC's, "
+                                                        "else 0.01 on sim, 1 on cuda): the networks' width."),
+                  write_to: Optional[Path] = typer.Option(None, "--write", metavar="FILE",
+                                                          help="Write the planned SPEC (TOML) to FILE."),
+                  as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+                  store: Optional[Path] = typer.Option(None, help="Sample store (default: colocate profile's)."),
+                  device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
+                  runtime_dir: Optional[Path] = RunDirOpt) -> None:
+    """Plan a pipeline as Camelot does (§VII): profile each stage alone at each quota and
+    batch (`colocate profile`, resumable), fit its per-stage model (DT, Fig. 12), solve the
+    allocation (instances, SM quotas, GPUs), and print it; --write FILE saves the SPEC that
+    `colocate pipeline run` runs.  Exit 2 for a bad SPEC or option, 1 when no allocation fits."""
+    from controlplane import pipeline as pl
+    from controlplane import pipeline_plan as pp
+    from predictors import profile as P
+    from predictors import profile_gpu
+    from predictors.store import Store
+    try:
+        qs = sorted({int(x) for x in quotas.split(",") if x.strip()})
+    except ValueError:
+        raise ColocateError(f"--quotas {quotas!r}: comma-separated integers", 2) from None
+    if not qs or not all(1 <= q <= 100 for q in qs):
+        raise ColocateError("--quotas must be in 1..100", 2)
+    if scale is not None and not scale > 0:
+        raise ColocateError(f"--scale must be > 0 (got {scale:g})", 2)
+    s = pl.load_spec(spec)
+    dev = run_device(device, rundir.ensure(runtime_dir))
+    name = profile_gpu.gpu_device_name() if profile_gpu.gpu_present() else P.device_name()
+    st = Store(store if store is not None else _profile_store_root(), name)
+    p = pp.plan(s, dev, st, allocator, gpus, load, gpu_model, qs, scale, progress=out.is_terminal,
+                log=lambda m: print(f"colocate: {m}", file=sys.stderr))
+    a = p.allocation
+    if as_json:
+        print(json.dumps({"pipeline": s.name, "allocator": allocator, "gpus": gpus, "gpu": p.gpu.name,
+                          "load_qps": load, "qos_ms": s.qos_ms, "planned_for_ms": p.qos_s * 1e3,
+                          "width": p.width, "predicted_qps": a.throughput_qps, "latency_ms": a.latency_s * 1e3,
+                          "resources_pct": a.resources_pct, "gpus_used": a.gpus,
+                          "stages": [{"kind": x.kind, "instances": x.instances, "quota": x.quota,
+                                      "devices": list(x.devices), "profile": p.labels[x.kind]}
+                                     for x in p.spec.stages]}, indent=1))
+    else:
+        t = Table(title=f"plan {s.name}: {allocator} on {gpus} x {p.gpu.name}"
+                        + (f" for {load:g} q/s" if load else " at peak")
+                        + f", batch {s.batch}, planned for {p.qos_s * 1e3:.1f} ms", box=box.SIMPLE_HEAD)
+        for c in ("stage", "instances", "quota%", "devices", "batch ms (predicted)", "stage q/s (predicted)"):
+            t.add_column(c, justify="left" if c in ("stage", "devices") else "right")
+        for x, m in zip(p.spec.stages, p.stages):
+            d = m.duration_s(x.quota, s.batch)
+            t.add_row(x.kind, str(x.instances), str(x.quota), ",".join(map(str, x.devices)),
+                      f"{d * 1e3:.3f}", f"{x.instances * s.batch / d:.1f}")
+        t.add_section()
+        t.add_row("pipeline", "", f"{a.resources_pct}", f"{a.gpus} GPU(s)", f"{a.latency_s * 1e3:.3f}",
+                  f"{a.throughput_qps:.1f}")
+        out.print(t)
+    if write_to is not None:
+        pp.write(p, write_to)
+        print(f"colocate: wrote {write_to}: colocate pipeline run {write_to}", file=sys.stderr)
+
+
+def _profile_store_root() -> Path:
+    from predictors.store import default_root
+    return default_root()
 
 
 def pipeline_ls_table(states: list[dict]) -> Table:

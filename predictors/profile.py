@@ -106,6 +106,15 @@ TONIC: dict[str, tuple[list[str], str]] = {
     "pos": (["8", "32", "128"], "--width 0.5"),
     "chk": (["8", "32", "128"], "--width 0.5"),
     "ner": (["8", "32", "128"], "--width 0.5"),
+    # Camelot's Table I stages (bench/camelot/suite.py NETS), at the width a
+    # live pipeline runs them on simgpu (scale 0.01: width 0.1)
+    "fsr": (["1", "2", "4"], "--width 0.1"),
+    "vgg": (["1", "2", "4"], "--width 0.1"),
+    "cap": (["1", "2", "4"], "--width 0.1"),
+    "sem": (["30"], "--width 0.1"),
+    "gan": (["1", "2", "4"], "--width 0.1"),
+    "bert": (["128"], "--width 0.1"),
+    "nmt": (["30"], "--width 0.1"),
 }
 class ProfileError(Exception):
     """A usage problem: unknown target, missing build, no simgpu."""

@@ -20,7 +20,7 @@ measures (§VII-A: "queries are executed in solo-run mode").  The split is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 from sklearn.ensemble import RandomForestRegressor
@@ -64,6 +64,71 @@ def profile_stage(truth: Measured, batches: Sequence[int] = BATCHES, pcts: Seque
                                        for b in batches}
     return Samples(truth.name, X, {"duration_s": dur, "bandwidth_gbs": bw, "throughput_qps": X[:, 0] / dur},
                    {b: truth.mem_gb(b) for b in batches}, {b: truth.gflop(b) for b in batches}, pcie_gb)
+
+
+def store_samples(store: Any, label: str, units: int, words: bool, mem_gb: Callable[[int], float],
+                  gflop: Callable[[int], float], batches: Sequence[int] = BATCHES, name: str = "") -> Samples:
+    """A stage's Samples from `colocate profile`'s store (predictors/store.py):
+    the query samples of Tonic service `label` (its profile label, e.g.
+    "tonic:vgg --width 0.1"), one per (query size, quota, repetition); a
+    query of the stage is `units` items (images; words of one sentence).
+
+    duration_s   the query's device time (CUDA events around its H2D copy,
+                 network and D2H copy), median over repetitions; an image net
+                 profiled at size k x units is batch k; a word net runs each
+                 query's sentence alone (stage_worker.NetStage), so batch b
+                 takes b x the time of one sentence of `units` words;
+    bandwidth    the bytes of the query's tasks (their task samples:
+                 bandwidth x duration) over its device time;
+    PCIe bytes   pcie_us at the profile's PCIe rate is not kept: the stage's
+                 copies (to and from the host) are the query's input_bytes
+                 and nothing else is known, so they are input_bytes per batch;
+    mem_gb, gflop  not measured by the profile: the callables (the stage's
+                 description, bench/camelot/suite.py).
+    Raises ValueError when the store has no query of `label` at a usable size."""
+    from collections import defaultdict
+    q, t = store.load("query"), store.load("task")
+    dur: dict[tuple[int, int], list[float]] = defaultdict(list)
+    inb: dict[int, float] = {}
+    for row, y in zip(q.rows, q.Y):
+        if row["service"] != label:
+            continue
+        size, pct = int(row["batch"]), int(row["quota"])
+        if words and size != units or not words and size % units:
+            continue
+        b = 1 if words else size // units
+        dur[b, pct].append(float(y[q.kind.target_names.index("duration_us")]) * 1e-6)
+        inb[b] = float(row["input_bytes"])
+    if not dur:
+        raise ValueError(f"no profiled query of {label!r} at {units if words else 'a multiple of ' + str(units)} "
+                         f"items in the store: run `colocate profile {label.split()[0]}`")
+    gb: dict[tuple[int, int], list[float]] = defaultdict(list)
+    di, bi = t.kind.target_names.index("duration_us"), t.kind.target_names.index("bandwidth_gbs")
+    per_run: dict[str, float] = defaultdict(float)
+    for key, y in zip(t.keys, t.Y):
+        if key.startswith(label + "|") and np.isfinite(y[bi]):
+            head, rep = key.rsplit("#", 1)
+            per_run[head.rsplit("|", 1)[0] + "#" + rep] += float(y[di]) * float(y[bi]) * 1e-6   # GB
+    for run, g in per_run.items():
+        _, sz, qq = run.split("#")[0].rsplit("|", 2)
+        size_i, pct = int(sz), int(qq[1:])
+        if words and size_i == units or not words and size_i % units == 0:
+            gb[1 if words else size_i // units, pct].append(g)
+    rows, d, bw = [], [], []
+    for (b, pct), ds in sorted(dur.items()):
+        for k in ([x for x in batches] if words else [b]):
+            scale = k if words else 1
+            med = float(np.median(ds)) * scale
+            rows.append((k, pct))
+            d.append(med)
+            bw.append(float(np.median(gb[b, pct])) * scale / med if gb.get((b, pct)) else 0.0)
+    X = np.array(rows, dtype=float)
+    dd = np.array(d)
+    bb = np.maximum(np.array(bw), 1e-9)
+    have = sorted({int(x) for x in X[:, 0]})
+    pcie = {k: (inb[1] * k if words else inb.get(k, inb[min(inb)] * k / min(inb))) / 1e9 for k in have}
+    return Samples(name or label, X, {"duration_s": dd, "bandwidth_gbs": bb, "throughput_qps": X[:, 0] / dd},
+                   {k: mem_gb(k) for k in have}, {k: gflop(k) for k in have}, pcie)
 
 
 def _estimator(kind: str, seed: int):

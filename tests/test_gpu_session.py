@@ -51,6 +51,10 @@ def test_camelot_step_compares_handles_with_copies(tmp_path):
     chk = json.loads((tmp_path / "tonic_check.json").read_text().strip().splitlines()[-1])
     assert len(chk) == 8 and all(v["bad"] == 0 for v in chk.values()), chk
     assert "text-to-img: handles vs copy equal, vs one query at a time equal over 40 queries" in log, log
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    run = json.loads((tmp_path / "plan_run.json").read_text())
+    assert plan["predicted_qps"] >= 20 and run["queries"] == 40
+    assert [s["instances"] for s in run["stages"]] == [s["instances"] for s in plan["stages"]]
 
 
 def test_unknown_step_is_refused(tmp_path):
