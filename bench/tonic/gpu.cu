@@ -435,34 +435,11 @@ static int forward(struct gpu_net *g, int n, struct oprange *r, const float **ou
 	return 0;
 }
 
-extern "C" int gpu_net_run(struct gpu_net *g, int n, double *device_s, char *err,
-			   size_t errlen)
-{
-	const struct net_plan *p = g->p;
-	struct oprange r = { 0, 0, p->nops };
-	const float *out = NULL;
-	float ms = 0;
-
-	if (n < 1 || n > p->max_size)
-		return failf(err, errlen, "size %d is not in 1..%d", n, p->max_size);
-	if (set_batch(g, n, 0, err, errlen))
-		return -1;
-	CUDA_OK(cudaEventRecord(g->ev[0], g->stream));
-	CUDA_OK(cudaMemcpyAsync(g->din, g->hin, (size_t)n * p->unit_bytes,
-				cudaMemcpyHostToDevice, g->stream));
-	if (forward(g, n, &r, &out, err, errlen))
-		return -1;
-	CUDA_OK(cudaMemcpyAsync(g->hout, out, (size_t)n * p->out_per * sizeof(float),
-				cudaMemcpyDeviceToHost, g->stream));
-	CUDA_OK(cudaEventRecord(g->ev[1], g->stream));
-	CUDA_OK(cudaStreamSynchronize(g->stream));
-	CUDA_OK(cudaEventElapsedTime(&ms, g->ev[0], g->ev[1]));
-	*device_s = ms * 1e-3;
-	return 0;
-}
-
-extern "C" int gpu_net_run_dev(struct gpu_net *g, int n, const void *in, float *out,
-			       double *device_s, char *err, size_t errlen)
+// One query of n units: copy the input from `in` to the device input buffer
+// (kind_in: host or device), every layer, copy the result to `out` (kind_out),
+// sync; *device_s is the time between events around all of it.
+static int run_copied(struct gpu_net *g, int n, const void *in, cudaMemcpyKind kind_in, float *out,
+		      cudaMemcpyKind kind_out, double *device_s, char *err, size_t errlen)
 {
 	const struct net_plan *p = g->p;
 	struct oprange r = { 0, 0, p->nops };
@@ -474,17 +451,29 @@ extern "C" int gpu_net_run_dev(struct gpu_net *g, int n, const void *in, float *
 	if (set_batch(g, n, 0, err, errlen))
 		return -1;
 	CUDA_OK(cudaEventRecord(g->ev[0], g->stream));
-	CUDA_OK(cudaMemcpyAsync(g->din, in, (size_t)n * p->unit_bytes, cudaMemcpyDeviceToDevice,
-				g->stream));
+	CUDA_OK(cudaMemcpyAsync(g->din, in, (size_t)n * p->unit_bytes, kind_in, g->stream));
 	if (forward(g, n, &r, &y, err, errlen))
 		return -1;
-	CUDA_OK(cudaMemcpyAsync(out, y, (size_t)n * p->out_per * sizeof(float),
-				cudaMemcpyDeviceToDevice, g->stream));
+	CUDA_OK(cudaMemcpyAsync(out, y, (size_t)n * p->out_per * sizeof(float), kind_out, g->stream));
 	CUDA_OK(cudaEventRecord(g->ev[1], g->stream));
 	CUDA_OK(cudaStreamSynchronize(g->stream));
 	CUDA_OK(cudaEventElapsedTime(&ms, g->ev[0], g->ev[1]));
 	*device_s = ms * 1e-3;
 	return 0;
+}
+
+extern "C" int gpu_net_run(struct gpu_net *g, int n, double *device_s, char *err,
+			   size_t errlen)
+{
+	return run_copied(g, n, g->hin, cudaMemcpyHostToDevice, g->hout, cudaMemcpyDeviceToHost, device_s,
+			  err, errlen);
+}
+
+extern "C" int gpu_net_run_dev(struct gpu_net *g, int n, const void *in, float *out,
+			       double *device_s, char *err, size_t errlen)
+{
+	return run_copied(g, n, in, cudaMemcpyDeviceToDevice, out, cudaMemcpyDeviceToDevice, device_s, err,
+			  errlen);
 }
 
 extern "C" int gpu_net_run_range(struct gpu_net *g, int size, int start, int end,

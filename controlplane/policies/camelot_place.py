@@ -115,8 +115,8 @@ def counts_on(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float],
         return on
     if on is not None and crossing(on, counts) == 0.0:
         return on
-    layouts = [x for x in (on, _spread(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc),
-                           _aligned(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc)
+    layouts = [x for x in (on, _even(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc),
+                           _even(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc, aligned=True)
                            if affinity else None) if x is not None]
     if not layouts:
         return None
@@ -130,8 +130,8 @@ def fits(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws:
     if counts_on(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pcs, pcie_cap) is not None:
         return True
     cap_pc = bool(pcie_cap) and gpu.pcie_gbs > 0
-    return affinity and n_gpus > 1 and _aligned(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap,
-                                                _pcs(pcs, len(counts)), cap_pc) is not None
+    return affinity and n_gpus > 1 and _even(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap,
+                                             _pcs(pcs, len(counts)), cap_pc, aligned=True) is not None
 
 
 def crossing(on: Sequence[Sequence[int]], counts: Sequence[int]) -> float:
@@ -197,36 +197,22 @@ def _best_fit(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float],
     return on
 
 
-def _spread(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
-            gpu: GPUSpec, n_gpus: int, cap_bw: bool, pcs: Sequence[float] | None = None,
-            cap_pc: bool = False) -> list[list[int]] | None:
+def _even(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
+          gpu: GPUSpec, n_gpus: int, cap_bw: bool, pcs: Sequence[float] | None = None,
+          cap_pc: bool = False, aligned: bool = False) -> list[list[int]] | None:
+    """Every stage's instances split as evenly as possible over the GPUs,
+    N_i // C each and one more on N_i % C of them: the GPUs with the most
+    room left (spread, the layout of EA and Laius), or GPUs 0..N_i % C - 1
+    for every stage (aligned: stages share their first GPUs).  None when a
+    GPU cannot take its share."""
     left = _left(gpu, n_gpus)
     pc = _pcs(pcs, len(counts))
     on = [[0] * len(counts) for _ in range(n_gpus)]
     for i in _order(counts, pcts, mems, bws, gpu, pc, cap_pc):
         q, r = divmod(counts[i], n_gpus)
-        gs = sorted(range(n_gpus), key=lambda g: (-left[g][1], -left[g][0], g))   # most room first
+        gs = range(n_gpus) if aligned else sorted(range(n_gpus), key=lambda g: (-left[g][1], -left[g][0], g))
         for rank, g in enumerate(gs):
             k = q + (1 if rank < r else 0)
-            if k and _fit_count(left[g], pcts[i], mems[i], bws[i], cap_bw, pc[i], cap_pc) < k:
-                return None
-            _take(left[g], k, pcts[i], mems[i], bws[i], pc[i])
-            on[g][i] += k
-    return on
-
-
-def _aligned(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
-             gpu: GPUSpec, n_gpus: int, cap_bw: bool, pcs: Sequence[float] | None = None,
-             cap_pc: bool = False) -> list[list[int]] | None:
-    """Every stage's instances split over the GPUs in index order: GPU g gets
-    N_i // C, and one more when g < N_i % C; None when a GPU cannot take its share."""
-    left = _left(gpu, n_gpus)
-    pc = _pcs(pcs, len(counts))
-    on = [[0] * len(counts) for _ in range(n_gpus)]
-    for i in _order(counts, pcts, mems, bws, gpu, pc, cap_pc):
-        q, r = divmod(counts[i], n_gpus)
-        for g in range(n_gpus):
-            k = q + (1 if g < r else 0)
             if k and _fit_count(left[g], pcts[i], mems[i], bws[i], cap_bw, pc[i], cap_pc) < k:
                 return None
             _take(left[g], k, pcts[i], mems[i], bws[i], pc[i])
