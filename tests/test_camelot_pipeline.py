@@ -133,6 +133,11 @@ def test_stage_predictors_fig12(dev):
     assert st.mem_gb(16) == pytest.approx(s.mem_gb[16])
     with pytest.raises(ValueError, match="model kind"):
         StagePredictor("svm")
+    # the stage model predicts a batch's quotas in one call: each answer is the single prediction's
+    rf = StagePredictor("rf").fit(s).as_stage()
+    for pct, b in ((5, 1), (30, 4), (33, 4), (100, 16), (7, 9)):
+        assert rf.bandwidth_gbs(pct, b) == float(rf.model.predict("bandwidth_gbs", [[b, pct]])[0])
+        assert rf.duration_s(pct, b) == b / float(rf.model.predict("throughput_qps", [[b, pct]])[0])
 
 
 def experiment(tmp_path, *args: str) -> dict:
