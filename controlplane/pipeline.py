@@ -354,8 +354,7 @@ class Pipeline:
         s = suite()
         kinds = [st.kind for st in self.spec.stages]
         if stage == 0:
-            svc = next((k for k, v in s.SERVICES.items() if v[0].name == kinds[0]), "+".join(kinds))
-            return max(1, round(s.input_mb(svc) * s.MB / F32))
+            return max(1, round(s.first_input_mb(kinds[0]) * s.MB / F32))
         if self.nets:
             return next((int(i.info["out_n"]) for i in self.insts if i.stage == stage - 1 and i.info), 0)
         return max(1, round(s.ARTIFACT[kinds[stage - 1]].out_mb * s.MB / F32))

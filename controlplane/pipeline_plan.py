@@ -5,7 +5,7 @@ solve the allocation, write the SPEC that `colocate pipeline run` runs.
   1. profile: every stage's Tonic network alone at each SM quota and batch,
      through `colocate profile tonic:NET` (predictors/profile.py: simgpu's
      device model, or the GPU when one is present), at the width the live
-     pipeline runs it (stage_worker.net_width of the run's scale), into the
+     pipeline runs it (suite.net_width of the run's scale), into the
      sample store (resumable: what is stored is not run again);
   2. per-stage models (§VII-A, Fig. 12): predictors.stages.store_samples,
      then a decision tree of duration, bandwidth and throughput on (batch,
@@ -51,12 +51,6 @@ class Plan:
     stages: list[Any]              # the per-stage models (PredictedStage)
 
 
-def _worker() -> Any:
-    suite()                        # puts bench/ on sys.path
-    import importlib
-    return importlib.import_module("camelot.stage_worker")
-
-
 def profile_stages(kinds: Sequence[str], width: float, batch: int, store: Any, quotas: Sequence[int] = QUOTAS,
                    reps: int = REPS, progress: bool = False) -> dict[str, str]:
     """Step 1: `colocate profile tonic:NET` of every kind's network at `width`
@@ -69,7 +63,7 @@ def profile_stages(kinds: Sequence[str], width: float, batch: int, store: Any, q
     targets = []
     for kind in dict.fromkeys(kinds):
         net, units = s.NETS[kind]
-        words = kind in WORD_STAGES
+        words = kind in s.WORD_STAGES
         sizes = [units] if words else sorted({units * b for b in _batches(batch)})
         t = P.resolve([f"tonic:{net}"], [";".join(map(str, sizes))], f"--width {width:g}")
         labels[kind] = t[0].label
@@ -86,10 +80,6 @@ def profile_stages(kinds: Sequence[str], width: float, batch: int, store: Any, q
     if summ.failed:
         raise ColocateError(f"profile: {summ.failed} configuration(s) failed (see `colocate profile`)")
     return labels
-
-
-# Table I stages whose network reads words (a query is one sentence, run alone)
-WORD_STAGES = ("semantic-understanding", "text-summarization", "text-translation")
 
 
 def _batches(batch: int) -> list[int]:
@@ -110,7 +100,7 @@ def stage_models(kinds: Sequence[str], labels: dict[str, str], batch: int, store
     for kind in kinds:
         truth = s.DevStage(desc[kind], params)          # memory and work: the suite's description
         try:
-            smp = store_samples(store, labels[kind], s.NETS[kind][1], kind in WORD_STAGES, truth.mem_gb,
+            smp = store_samples(store, labels[kind], s.NETS[kind][1], kind in s.WORD_STAGES, truth.mem_gb,
                                 truth.gflop, batches=_batches(batch), name=kind)
         except ValueError as e:
             raise ColocateError(str(e)) from None
@@ -164,7 +154,7 @@ def plan(spec: PipelineSpec, device: str, store: Any, allocator: str = "camelot"
         gpu = alloc.gpu_preset(gpu_model)
     except ValueError as e:
         raise ColocateError(str(e), 2) from None
-    width = _worker().net_width(scale or spec.scale or SCALE.get(device, 1.0))
+    width = s.net_width(scale or spec.scale or SCALE.get(device, 1.0))
     kinds = [st.kind for st in spec.stages]
     log(f"profiling {len(set(kinds))} stage(s) at width {width:g}, quotas {','.join(map(str, quotas))}")
     labels = profile_stages(kinds, width, spec.batch, store, quotas, progress=progress)

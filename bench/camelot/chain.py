@@ -33,15 +33,14 @@ for _p in (str(ROOT), str(ROOT / "bench")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 from camelot.stage_worker import F32, NETS, NetStage, load_lib, load_tonic  # noqa: E402
-from camelot.suite import MB, SERVICE_INPUT_MB, SERVICES, input_mb  # noqa: E402
+from camelot.suite import MB, first_input_mb  # noqa: E402
 
 from controlplane.pipeline import query_input  # noqa: E402
 
 
 def first_in_n(kind: str) -> int:
     """Floats per query the runner sends the first stage (Pipeline.in_n(0))."""
-    svc = next((k for k, v in SERVICES.items() if v[0].name == kind), kind)
-    return max(1, round(input_mb(svc) * MB / F32)) if svc in SERVICE_INPUT_MB else round(0.5 * MB / F32)
+    return max(1, round(first_input_mb(kind) * MB / F32))
 
 
 def checksums(kinds: list[str], scale: float, queries: int) -> list[int]:
@@ -50,13 +49,9 @@ def checksums(kinds: list[str], scale: float, queries: int) -> list[int]:
     stages = [NetStage(lib, tlib, k, scale, in_n if i == 0 else 0, 1) for i, k in enumerate(kinds)]
     out = []
     for q in range(queries):
-        x = np.ascontiguousarray(query_input(q, in_n), dtype=np.float32)
+        x = query_input(q, in_n)
         for st in stages:
-            ptr, _, _ = st._input("bytes", x.tobytes(), 1)
-            st._kernels(ptr, st.out_dev, 1)
-            y = np.empty(st.w.out_n, np.float32)
-            st._check(lib.camelot_d2h(y.ctypes.data, ctypes.c_void_p(st.out_dev), y.nbytes), "D2H")
-            x = y
+            x = st.run_host(x, 1)
         out.append(zlib.crc32(x.tobytes()))
     for st in stages:
         st.close()
@@ -70,10 +65,7 @@ def check(kinds: list[str], scale: float, queries: int) -> dict[str, dict]:
         in_n = first_in_n(k)
         st = NetStage(lib, tlib, k, scale, in_n, queries)
         x = np.concatenate([query_input(q, in_n) for q in range(queries)]).astype(np.float32)
-        ptr, _, _ = st._input("bytes", x.tobytes(), queries)
-        st._kernels(ptr, st.out_dev, queries)
-        got = np.empty(queries * st.w.out_n, np.float32)
-        st._check(lib.camelot_d2h(got.ctypes.data, ctypes.c_void_p(st.out_dev), got.nbytes), "D2H")
+        got = st.run_host(x, queries)
         ref = np.empty_like(got)
         err = ctypes.create_string_buffer(512)
         if tlib.camelot_tonic_reference(st.h, x.ctypes.data, in_n, queries, ref.ctypes.data, err, len(err)):

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import math
 import os
 import signal
 import sys
@@ -58,12 +57,11 @@ ROOT = HERE.parent.parent
 for _p in (str(ROOT), str(ROOT / "bench")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
-from camelot.suite import ARTIFACT, GB, MB, NETS  # noqa: E402
+from camelot.suite import ARTIFACT, GB, MB, NETS, net_width  # noqa: E402
 
 LIB = ROOT / "bench" / "bin" / "libcamelot-stage.so"
 TWINS = ROOT / "bench" / "bin" / "libcamelot-stage.twins.so"
 TONIC_LIB = ROOT / "bench" / "bin" / "libcamelot-tonic.so"
-TONIC_TWINS = [ROOT / "bench" / "bin" / "libcamelot-tonic.twins.so", ROOT / "bench" / "bin" / "tonic-service.twins.so"]
 ABI = 1
 TONIC_ABI = 1
 F32 = 4
@@ -108,12 +106,6 @@ def aux_pattern(n: int) -> np.ndarray:
 
 class StageError(RuntimeError):
     pass
-
-
-def net_width(scale: float) -> float:
-    """A Table I stage's network width at `scale` of its work: sqrt(scale)
-    (convolutions and GEMMs scale with in x out channels), within [1/64, 1]."""
-    return min(1.0, max(1.0 / 64, math.sqrt(scale)))
 
 
 def load_tonic(path: Path = TONIC_LIB) -> Any:
@@ -324,6 +316,15 @@ class NetStage(Stage):
         err, dev_s = ctypes.create_string_buffer(512), ctypes.c_double()
         if self.tlib.camelot_tonic_run(self.h, in_ptr, self.cur_in_n, b, out_ptr, ctypes.byref(dev_s), err, len(err)):
             raise StageError(f"{self.w.kind} (net {self.net}): {err.value.decode(errors='replace')}")
+
+    def run_host(self, x: np.ndarray, b: int) -> np.ndarray:
+        """b queries' floats in, through the network, their outputs back (host
+        arrays, one process: bench/camelot/chain.py's reference runs)."""
+        ptr, _, _ = self._input("bytes", np.ascontiguousarray(x, dtype=np.float32).tobytes(), b)
+        self._kernels(ptr, self.out_dev, b)
+        y = np.empty(b * self.w.out_n, np.float32)
+        self._check(self.lib.camelot_d2h(y.ctypes.data, self.out_dev, y.nbytes), "cudaMemcpy D2H (output)")
+        return y
 
     def close(self) -> None:
         super().close()

@@ -124,6 +124,20 @@ NETS: dict[str, tuple[str, int]] = {
     "semantic-understanding": ("sem", 30), "image-generation": ("gan", 1),
     "text-summarization": ("bert", 128), "text-translation": ("nmt", 30),
 }
+# the stages whose network reads words: a query is one sentence, run alone
+WORD_STAGES = frozenset({"semantic-understanding", "text-summarization", "text-translation"})
+
+
+def net_width(scale: float) -> float:
+    """A Table I stage's network width at `scale` of its work: sqrt(scale)
+    (convolutions and GEMMs scale with in x out channels), within [1/64, 1]."""
+    return min(1.0, max(1.0 / 64, math.sqrt(scale)))
+
+
+def first_input_mb(kind: str) -> float:
+    """What the client sends a pipeline whose first stage is `kind`, per query:
+    its service's input when a service of Table I starts with it."""
+    return input_mb(next((k for k, v in SERVICES.items() if v[0].name == kind), kind))
 
 
 # --- the artifact stages (§III-B) -----------------------------------------------------

@@ -67,6 +67,22 @@ __host__ __device__ static inline uint32_t ct_mix(uint32_t bits, long long pos)
 	return (uint32_t)(z ^ (z >> 31));
 }
 
+// Value t of a pass, value j of its query, from the bits of its query's float
+// (the rule above camelot_tonic_adapt): the kernel and the reference pass.
+__host__ __device__ static inline void ct_adapt_one(uint32_t bits, long long j, long long t, void *out, int nfeat,
+						     const struct ct_rows *rows)
+{
+	uint32_t h = ct_mix(bits, j);
+
+	if (nfeat == 0) {
+		((float *)out)[t] = (float)((h >> 8) & 0xffffu) * (1.0f / 65536) - 0.5f;
+	} else {
+		int r = rows->n[j % nfeat];
+
+		((int32_t *)out)[t] = r > 1 ? (int32_t)(1 + h % (uint32_t)(r - 1)) : 0;
+	}
+}
+
 // Query q's per_q input values from its in_n floats at in + q * in_n, x =
 // in[q * in_n + j % in_n] for value j, h = mix(bits of x, j):
 // nfeat == 0: pixels, out_f[q * per_q + j] = ((h >> 8) & 0xffff) / 65536 - 0.5
@@ -81,15 +97,8 @@ extern "C" __global__ void camelot_tonic_adapt(const float *in, long long in_n, 
 	for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total;
 	     t += (long long)gridDim.x * blockDim.x) {
 		long long q = t / per_q, j = t % per_q;
-		uint32_t h = ct_mix(__float_as_uint(in[q * in_n + j % in_n]), j);
 
-		if (nfeat == 0) {
-			((float *)out)[t] = (float)((h >> 8) & 0xffffu) * (1.0f / 65536) - 0.5f;
-		} else {
-			int r = rows.n[j % nfeat];
-
-			((int32_t *)out)[t] = r > 1 ? (int32_t)(1 + h % (uint32_t)(r - 1)) : 0;
-		}
+		ct_adapt_one(__float_as_uint(in[q * in_n + j % in_n]), j, t, out, nfeat, &rows);
 	}
 }
 
@@ -250,17 +259,10 @@ extern "C" int camelot_tonic_reference(struct ct *c, const float *in, long long 
 		for (long long t = 0; t < per_pass * per_q; t++) {
 			long long q = t / per_q, j = t % per_q;
 			float x = qin[q * in_n + j % in_n];
-			uint32_t bits, h;
+			uint32_t bits;
 
 			memcpy(&bits, &x, sizeof(bits));
-			h = ct_mix(bits, j);
-			if (!nfeat) {
-				((float *)units)[t] = (float)((h >> 8) & 0xffffu) * (1.0f / 65536) - 0.5f;
-			} else {
-				int r = c->rows.n[j % nfeat];
-
-				((int32_t *)units)[t] = r > 1 ? (int32_t)(1 + h % (uint32_t)(r - 1)) : 0;
-			}
+			ct_adapt_one(bits, j, t, units, nfeat, &c->rows);
 		}
 		if (net_ref_forward(&c->p, c->params, per_pass * c->units, units, out + k * out_n)) {
 			snprintf(err, errlen, "reference forward pass failed");

@@ -432,6 +432,12 @@ class _Problem:
     def latency(self, lv: Sequence[int]) -> float:
         return sum(d[k] for d, k in zip(self.dur, lv))
 
+    def qos_excess(self, lat: float) -> float:
+        """C-5's relative excess of latency lat over QoS (0 within it), as check() counts it."""
+        if lat <= self.qos * (1 + _TOL):
+            return 0.0
+        return lat / self.qos - 1 if self.qos > 0 else 1.0
+
     def check(self, n: Sequence[int], lv: Sequence[int]) -> Checked:
         """(violation, code, stage throughputs N_i f(p_i), resources, latency) of state (n, lv):
         violation 0 when every constraint of Eq. 1 holds and Fig. 13 places it;
@@ -454,10 +460,8 @@ class _Problem:
             mem += m * self.mem[i]
             bw += m * b
             pc += m * c
-        viol, why = 0.0, ""
-        if lat > self.qos * (1 + _TOL):
-            viol += lat / self.qos - 1 if self.qos > 0 else 1.0
-            why = "C-5"
+        viol = self.qos_excess(lat)
+        why = "C-5" if viol else ""
         if res > C * gpu.pct:
             viol += res / (C * gpu.pct) - 1
             why = why or "C-1"
@@ -596,10 +600,7 @@ class _Problem:
         min_i f_i), invalid.  The latency (C-5) is exact."""
         f = [self.f[i][k] for i, k in enumerate(lv)]
         a = [self.coef[i][k] for i, k in enumerate(lv)]
-        lat = sum(self.dur[i][k] for i, k in enumerate(lv))
-        viol = 0.0
-        if lat > self.qos * (1 + _TOL):
-            viol = lat / self.qos - 1 if self.qos > 0 else 1.0
+        viol = self.qos_excess(self.latency(lv))
         res = sum(self.levels[i][k] for i, k in enumerate(lv))
         ones = [sum(x[r] for x in a) for r in range(len(self.lims))]
         if any(u > lim for u, lim in zip(ones, self.lims)):     # fill gives one instance each: its violation
@@ -763,8 +764,7 @@ class _Chain:
         else:
             ns = pb.least(lv, self.load)
             res = sum(m * pb.levels[i][k] for i, (m, k) in enumerate(zip(ns, lv)))
-            lat = pb.latency(lv)
-            viol = lat / pb.qos - 1 if lat > pb.qos * (1 + _TOL) and pb.qos > 0 else 0.0
+            viol = pb.qos_excess(pb.latency(lv))
             e = obj = -float(res)
             e /= norm
         if viol > 0:

@@ -111,16 +111,14 @@ def counts_on(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float],
     pc = _pcs(pcs, len(counts))
     cap_pc = bool(pcie_cap) and gpu.pcie_gbs > 0
     on = _best_fit(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc)
-    if n_gpus == 1 or (on is not None and not affinity):
+    if n_gpus == 1 or (on is not None and (not affinity or crossing(on, counts) == 0.0)):
         return on
-    if on is not None and crossing(on, counts) == 0.0:
-        return on
-    layouts = [x for x in (on, _even(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc),
-                           _even(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc, aligned=True)
-                           if affinity else None) if x is not None]
-    if not layouts:
-        return None
-    return min(layouts, key=lambda x: crossing(x, counts)) if affinity else layouts[0]
+    spread = _even(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc)
+    if not affinity:
+        return spread
+    aligned = _even(counts, pcts, mems, bws, gpu, n_gpus, bandwidth_cap, pc, cap_pc, aligned=True)
+    layouts = [x for x in (on, spread, aligned) if x is not None]      # min: the first of equals
+    return min(layouts, key=lambda x: crossing(x, counts), default=None)
 
 
 def fits(counts: Sequence[int], pcts: Sequence[int], mems: Sequence[float], bws: Sequence[float],
