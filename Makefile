@@ -25,10 +25,16 @@ DRVLIB  ?= $(firstword $(wildcard $(CUDA_HOME)/lib64/stubs/libcuda.so $(CUDA_HOM
 DRVPROG := bench/bin/drvcheck bench/bin/drvcheck.fatbin bench/bin/drvcheck.twins.so \
 	   bench/bin/test-drvapi.fatbin bench/bin/test-drvapi.twins.so
 
-.PHONY: all build native progs test lint format demo clean gpu-wheels
+.PHONY: all build native progs pyc test lint format demo clean gpu-wheels
 all: build
 
-build: $(VENV)/.installed native progs
+build: $(VENV)/.installed native progs pyc
+
+# every `colocate` command, app launcher, controller and test helper imports our
+# modules: compile them once here, so that a PYTHONDONTWRITEBYTECODE environment
+# does not recompile them in each process (about 0.1 s a process)
+pyc: $(VENV)/.installed
+	$(BIN)/python -m compileall -q controlplane predictors processpool shim bench >/dev/null
 
 # reinstall when a package appears: the editable finder maps packages at install time
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard */__init__.py)

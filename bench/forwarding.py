@@ -119,13 +119,14 @@ def switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: in
     (about half an iteration on average) and none of the second.  The local
     baseline is the same probe unrouted: launch call -> kernel running."""
     pids = {w: p.pid for w, p in rig.workers.items()}
-    flips: list[tuple[int, int]] = []
+    flips: list[tuple[int, int, int]] = []
     n = int(flips_wanted * period * 1e6 / (interval_us + 60)) + 200
     out, _, c = rig.run("fwdprobe", "--n", str(n), "--interval-us", str(interval_us), "--dump",
                         routes=[1, 2], period=period, flips=flips)
     recs = probe_records(out)
     total, boundary = [], []
-    for t_set, route in flips[1:]:                      # the first one is the initial route
+    # timed from the end of the control-block write: the app cannot see a route before it
+    for _t_begin, route, t_set in flips[1:]:            # the first one is the initial route
         for _, t_launch, _t_done, t_exec, who in recs:
             if who == pids[route] and t_exec >= t_set:
                 total.append((t_exec - t_set) / 1e3)

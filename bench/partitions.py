@@ -74,7 +74,7 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
     """fwdprobe launches one kernel per iteration, so its records and the
     launch log's rows (by seq) are the same kernels, in order."""
     sms_of = {ROUTE_PART | 10: 16, ROUTE_PART | 90: 120}
-    flips: list[tuple[int, int]] = []
+    flips: list[tuple[int, int, int]] = []
     n = int(flips_wanted * period * 1e6 / (interval_us + 60)) + 200
     with tempfile.TemporaryDirectory() as d:
         log = Path(d) / "launches.jsonl"
@@ -85,7 +85,8 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
     if len(rows) != len(recs):
         raise RuntimeError(f"{len(recs)} probe records but {len(rows)} launch-log rows")
     total, boundary = [], []
-    for t_set, route in flips[1:]:                      # the first one is the initial route
+    # timed from the end of the control-block write: the app cannot see a route before it
+    for _t_begin, route, t_set in flips[1:]:            # the first one is the initial route
         for (_, t_launch, _t_done, t_exec, _who), row in zip(recs, rows):
             if t_exec >= t_set and row["quota_sms"] == sms_of[route]:
                 total.append((t_exec - t_set) / 1e3)
@@ -96,7 +97,9 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
         out, _, _ = rig.run("fwdprobe", "--n", "2000", "--interval-us", str(interval_us), "--dump",
                             routes=SIDES[side])
         steady[side] = [(t_exec - t_launch) / 1e3 for _, t_launch, _d, t_exec, _w in probe_records(out)]
+    write = [(t1 - t0) / 1e3 for t0, _r, t1 in flips[1:]]
     return {"flips": len(total), "iterations": len(recs), "interval_us": interval_us,
+            "write_us_p50": q(write, 0.5),     # how well the flipper knows when the route changed
             "to_first_kernel_us": {"p50": q(total, 0.5), "p99": q(total, 0.99)},
             "launch_call_to_kernel_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)},
             # the same probe without route changes: what a launch costs anyway
@@ -164,7 +167,8 @@ def report(res: dict, n: int) -> None:
     print(f"a route change's own cost on a partition (its launch call -> kernel, less a steady "
           f"launch's, medians): {own:+.1f} us; the rest of the figure below is the wait for the "
           f"app's next launch (the probe pauses {sw['partition']['interval_us']} us between "
-          f"iterations) and simgpu's stream threads")
+          f"iterations) and simgpu's stream threads; the flipper's control-block write took "
+          f"{sw['partition']['write_us_p50']:.1f} us (p50), timed from its end")
     for name, v, tgt, unit in (("added issue cost of a launch on a partition", added,
                                 TARGETS["added_issue_ns"], "ns"),
                                ("route change -> first kernel on the new partition, median", switch,

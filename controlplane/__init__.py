@@ -2,7 +2,15 @@
 protocol, the policies it runs and the `colocate` command line."""
 from __future__ import annotations
 
-from shim.rundir import ColocateError, version
+from shim.rundir import ColocateError
 
-__version__ = version()
 __all__ = ["ColocateError", "__version__"]
+
+
+def __getattr__(name: str) -> str:
+    # importlib.metadata costs 50 ms, paid by every `colocate` command: read the
+    # version only when someone asks for it
+    if name == "__version__":
+        from shim.rundir import version
+        return version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from controlplane import client, daemon, protocol
+from controlplane import client, protocol
 from predictors.cli import app as predictors_app
 from predictors.cli import profile as predictors_profile
 from predictors.cli import traces as predictors_traces
@@ -96,6 +96,9 @@ def serve(device: Device = typer.Option(Device.auto, help=DEVICE_HELP),
 
     Logs to DIR/serve.log (and stderr in the foreground); SIGTERM, SIGINT or
     `colocate stop` shut it down cleanly."""
+    # the controller's imports: serve's alone
+    from controlplane import daemon
+
     parse_spec(pool)                                    # a bad spec: exit 2 before anything
     daemon.load_solo(solo)                              # and a bad --solo file
     rd = rundir.ensure(runtime_dir)
