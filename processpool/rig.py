@@ -30,15 +30,16 @@ BIN = Path(__file__).resolve().parent.parent / "bench" / "bin"
 WORKER = paths.LIB_DIR / "colocate-worker"
 
 
-def warm_sleep(seconds: float, touch, warm: float = 0.0002) -> None:
-    """Sleep, then spend the last `warm` s calling touch(): a thread that wakes
-    from a long sleep runs its next few microseconds on a cold CPU (after a
-    50 ms sleep here, one control-block write took 43 us, against 1.4 us in a
-    loop), and the route flips are timed around that write."""
+def warm_sleep(seconds: float, touch, stop: threading.Event, warm: float = 0.0002) -> None:
+    """Sleep (until stop is set at the latest), then spend the last `warm` s
+    calling touch(): a thread that wakes from a long sleep runs its next few
+    microseconds on a cold CPU (after a 50 ms sleep here, one control-block
+    write took 43 us, against 1.4 us in a loop), and the route flips are timed
+    around that write."""
     end = time.monotonic() + seconds
-    if seconds > warm:
-        time.sleep(seconds - warm)
-    while time.monotonic() < end:
+    if seconds > warm and stop.wait(seconds - warm):
+        return
+    while not stop.is_set() and time.monotonic() < end:
         touch()
 
 
@@ -159,19 +160,28 @@ class Rig:
             self.route_at_register = routes
         p = self.app(prog, *args, **env)
         slot = self.last_slot = self.slot_of(p)
+        flipper = None
         if routes and not isinstance(routes, int):
+            stop = threading.Event()
+
             def flip():
                 k = 0
-                while p.poll() is None:
+                while p.poll() is None and not stop.is_set():
                     r = routes[k % len(routes)]
                     t = time.monotonic_ns()
                     self.cb.set_route(slot, r, 50)
                     if flips is not None:
                         flips.append((t, r, time.monotonic_ns()))
                     k += 1
-                    warm_sleep(period, lambda: self.cb.control(slot))
-            threading.Thread(target=flip, daemon=True).start()
-        out, err = p.communicate(timeout=timeout)
+                    warm_sleep(period, lambda: self.cb.control(slot), stop)
+            flipper = threading.Thread(target=flip, daemon=True)
+            flipper.start()
+        try:
+            out, err = p.communicate(timeout=timeout)
+        finally:
+            if flipper is not None:     # done with the control block before the caller may close it
+                stop.set()
+                flipper.join()
         if p.returncode != 0:
             raise RuntimeError(f"{prog} exited {p.returncode}:\n{out}\n{err}")
         return out, err, self.cb.counters(slot)
