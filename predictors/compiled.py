@@ -95,11 +95,36 @@ class _Compiled:
     def _numpy(self, X: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def state(self) -> dict[str, Any]:
+        """Plain arrays and numbers: from_state() makes the same evaluator."""
+        raise NotImplementedError
+
 
 class CompiledForest(_Compiled):
     """One tree (average=False) or a forest's mean, as flattened nodes."""
 
-    def __init__(self, trees: list[Any], average: bool, nfeat: int, force_numpy: bool = False):
+    def __init__(self, nodes: np.ndarray, roots: np.ndarray, average: bool, nfeat: int,
+                 force_numpy: bool = False):
+        self.nodes = np.ascontiguousarray(nodes, dtype=NODE)
+        self.roots = np.ascontiguousarray(roots, dtype=np.int32)
+        self.average = bool(average)
+        self.nfeat = int(nfeat)
+        if int(self.nodes["feat"].max(initial=0)) >= self.nfeat:
+            raise NotCompilable("a node reads a feature past the row")
+        self._p = None
+        if _use_c(force_numpy):
+            f = _ffi.new("struct pr_forest *")
+            f.nodes = _ffi.cast("const struct pr_node *", _ffi.from_buffer(self.nodes))
+            f.roots = _ffi.cast("const int32_t *", _ffi.from_buffer(self.roots))
+            f.ntrees = len(self.roots)
+            f.average = int(self.average)
+            self._p, self._one_c, self._batch_c = f, _lib.pr_forest_one, _lib.pr_forest_batch
+        self.backend = "c" if self._p is not None else "numpy"
+
+    @classmethod
+    def from_trees(cls, trees: list[Any], average: bool, nfeat: int,
+                   force_numpy: bool = False) -> "CompiledForest":
+        """From scikit-learn's fitted Tree objects (est.tree_)."""
         parts, roots, base = [], [], 0
         for t in trees:
             n = t.node_count
@@ -117,21 +142,11 @@ class CompiledForest(_Compiled):
             parts.append(nd)
             roots.append(base)
             base += n
-        self.nodes = np.ascontiguousarray(np.concatenate(parts))
-        self.roots = np.asarray(roots, dtype=np.int32)
-        self.average = bool(average)
-        self.nfeat = int(nfeat)
-        if int(self.nodes["feat"].max(initial=0)) >= self.nfeat:
-            raise NotCompilable("a node reads a feature past the row")
-        self._p = None
-        if _use_c(force_numpy):
-            f = _ffi.new("struct pr_forest *")
-            f.nodes = _ffi.cast("const struct pr_node *", _ffi.from_buffer(self.nodes))
-            f.roots = _ffi.cast("const int32_t *", _ffi.from_buffer(self.roots))
-            f.ntrees = len(self.roots)
-            f.average = int(self.average)
-            self._p, self._one_c, self._batch_c = f, _lib.pr_forest_one, _lib.pr_forest_batch
-        self.backend = "c" if self._p is not None else "numpy"
+        return cls(np.concatenate(parts), np.asarray(roots, dtype=np.int32), average, nfeat, force_numpy)
+
+    def state(self) -> dict[str, Any]:
+        return {"type": "forest", "nodes": self.nodes, "roots": self.roots, "average": self.average,
+                "nfeat": self.nfeat}
 
     def _numpy(self, X: np.ndarray) -> np.ndarray:
         Xf = X.astype(np.float32)                       # as sklearn does
@@ -158,40 +173,32 @@ class CompiledForest(_Compiled):
 class CompiledMLP(_Compiled):
     """Prep -> MLPRegressor -> LogStd inverse, as arrays."""
 
-    def __init__(self, mlp: Any, prep: Any | None, ytrans: Any | None, nfeat: int,
-                 force_numpy: bool = False):
-        if getattr(mlp, "n_outputs_", 1) != 1:
-            raise NotCompilable("only single-output MLPs")
-        if mlp.activation not in ACT or mlp.out_activation_ not in ("identity", "exp"):
-            raise NotCompilable(f"activation {mlp.activation}/{mlp.out_activation_}")
-        self.nfeat = int(nfeat)
-        if prep is not None:
-            self.num_col = np.asarray(prep.num_cols_, dtype=np.int32)
-            self.num_log = np.asarray(prep.log_, dtype=np.int32)
-            self.mean = np.asarray(prep.mean_, dtype=F64)
-            self.scale = np.asarray(prep.scale_, dtype=F64)
-            self.cat_col = np.asarray(list(prep.cat_cols), dtype=np.int32)
-            self.cat_size = np.asarray(list(prep.cat_sizes), dtype=np.int32)
-        else:
-            self.num_col = np.arange(self.nfeat, dtype=np.int32)
-            self.num_log = np.zeros(self.nfeat, dtype=np.int32)
-            self.mean = np.zeros(self.nfeat)
-            self.scale = np.ones(self.nfeat)
-            self.cat_col = self.cat_size = np.zeros(0, dtype=np.int32)
-        widths = [mlp.coefs_[0].shape[0]] + [c.shape[1] for c in mlp.coefs_]
+    # the arrays and scalars that make one, as state() gives them
+    ARRAYS = ("num_col", "num_log", "mean", "scale", "cat_col", "cat_size")
+
+    def __init__(self, st: dict[str, Any], force_numpy: bool = False):
+        self.nfeat = int(st["nfeat"])
+        self.num_col = np.ascontiguousarray(st["num_col"], dtype=np.int32)
+        self.num_log = np.ascontiguousarray(st["num_log"], dtype=np.int32)
+        self.mean = np.ascontiguousarray(st["mean"], dtype=F64)
+        self.scale = np.ascontiguousarray(st["scale"], dtype=F64)
+        self.cat_col = np.ascontiguousarray(st["cat_col"], dtype=np.int32)
+        self.cat_size = np.ascontiguousarray(st["cat_size"], dtype=np.int32)
+        self.coefs = [np.ascontiguousarray(c, dtype=F64) for c in st["coefs"]]
+        self.intercepts = [np.ascontiguousarray(b, dtype=F64) for b in st["intercepts"]]
+        widths = [self.coefs[0].shape[0]] + [c.shape[1] for c in self.coefs]
         if widths[0] != len(self.num_col) + int(self.cat_size.sum()) or widths[-1] != 1:
             raise NotCompilable(f"layer widths {widths} do not fit the scaling")
         if max(widths[1:] + [len(self.num_col)]) > MAX_WIDTH:
             raise NotCompilable(f"more than {MAX_WIDTH} numeric inputs or units in a layer")
+        if st["act"] not in ACT or st["out_act"] not in ("identity", "exp"):
+            raise NotCompilable(f"activation {st['act']}/{st['out_act']}")
         self.width = np.asarray(widths, dtype=np.int32)
-        self.coefs = [np.ascontiguousarray(c, dtype=F64) for c in mlp.coefs_]
-        self.intercepts = [np.ascontiguousarray(b, dtype=F64) for b in mlp.intercepts_]
         self.w = np.concatenate([c.ravel() for c in self.coefs])
         self.b = np.concatenate(self.intercepts)
-        self.act, self.out_act = mlp.activation, mlp.out_activation_
-        self.ylog = ytrans is not None
-        self.ymean = float(ytrans.mean_) if ytrans is not None else 0.0
-        self.yscale = float(ytrans.scale_) if ytrans is not None else 1.0
+        self.act, self.out_act = st["act"], st["out_act"]
+        self.ylog = bool(st["ylog"])
+        self.ymean, self.yscale = float(st["ymean"]), float(st["yscale"])
         self._p = None
         if _use_c(force_numpy):
             m = _ffi.new("struct pr_mlp *")
@@ -242,6 +249,32 @@ class CompiledMLP(_Compiled):
         return np.exp(z * self.yscale + self.ymean) if self.ylog else z
 
 
+    @classmethod
+    def from_sklearn(cls, mlp: Any, prep: Any | None, ytrans: Any | None, nfeat: int,
+                     force_numpy: bool = False) -> "CompiledMLP":
+        """From a fitted MLPRegressor, its Prep (or none) and LogStd (or none)."""
+        if getattr(mlp, "n_outputs_", 1) != 1:
+            raise NotCompilable("only single-output MLPs")
+        st: dict[str, Any] = {"nfeat": nfeat, "act": mlp.activation, "out_act": mlp.out_activation_,
+                              "coefs": list(mlp.coefs_), "intercepts": list(mlp.intercepts_),
+                              "ylog": ytrans is not None,
+                              "ymean": float(ytrans.mean_) if ytrans is not None else 0.0,
+                              "yscale": float(ytrans.scale_) if ytrans is not None else 1.0}
+        if prep is not None:
+            st.update(num_col=prep.num_cols_, num_log=prep.log_, mean=prep.mean_, scale=prep.scale_,
+                      cat_col=list(prep.cat_cols), cat_size=list(prep.cat_sizes))
+        else:
+            st.update(num_col=np.arange(nfeat), num_log=np.zeros(nfeat), mean=np.zeros(nfeat),
+                      scale=np.ones(nfeat), cat_col=np.zeros(0), cat_size=np.zeros(0))
+        return cls(st, force_numpy)
+
+    def state(self) -> dict[str, Any]:
+        st = {k: getattr(self, k) for k in self.ARRAYS}
+        st.update(type="mlp", nfeat=self.nfeat, coefs=self.coefs, intercepts=self.intercepts, act=self.act,
+                  out_act=self.out_act, ylog=self.ylog, ymean=self.ymean, yscale=self.yscale)
+        return st
+
+
 def compile_estimator(est: Any, force_numpy: bool = False) -> _Compiled:
     """A compiled evaluator for a fitted DecisionTreeRegressor, a forest of
     them, or an MLPRegressor (bare, in a Pipeline after Prep, and/or inside a
@@ -255,13 +288,13 @@ def compile_estimator(est: Any, force_numpy: bool = False) -> _Compiled:
     from predictors.prep import LogStd, Prep
 
     if isinstance(est, DecisionTreeRegressor):
-        return CompiledForest([est.tree_], False, est.n_features_in_, force_numpy)
+        return CompiledForest.from_trees([est.tree_], False, est.n_features_in_, force_numpy)
     if isinstance(est, (RandomForestRegressor, ExtraTreesRegressor)):
         if est.n_jobs not in (None, 1):
             log.warning("predictors: forest fitted with n_jobs=%s: scikit-learn sums its trees "
                         "in thread order, so its predict may differ in the last bit", est.n_jobs)
-        return CompiledForest([e.tree_ for e in est.estimators_], True, est.n_features_in_,
-                              force_numpy)
+        return CompiledForest.from_trees([e.tree_ for e in est.estimators_], True, est.n_features_in_,
+                                         force_numpy)
     ytrans = None
     if isinstance(est, TransformedTargetRegressor):
         if est.func is not None or not isinstance(est.transformer_, LogStd):
@@ -278,5 +311,15 @@ def compile_estimator(est: Any, force_numpy: bool = False) -> _Compiled:
             raise NotCompilable(f"pipeline {[type(s).__name__ for s in steps]}")
     if isinstance(est, MLPRegressor):
         nfeat = prep.n_features_in_ if prep is not None else est.n_features_in_
-        return CompiledMLP(est, prep, ytrans, nfeat, force_numpy)
+        return CompiledMLP.from_sklearn(est, prep, ytrans, nfeat, force_numpy)
     raise NotCompilable(f"no compiled evaluator for {type(est).__name__}")
+
+
+def from_state(st: dict[str, Any], force_numpy: bool = False) -> _Compiled:
+    """The evaluator that state() described: what a saved model keeps, so that
+    loading one needs no scikit-learn (whose import takes about 2 s)."""
+    if st.get("type") == "forest":
+        return CompiledForest(st["nodes"], st["roots"], st["average"], st["nfeat"], force_numpy)
+    if st.get("type") == "mlp":
+        return CompiledMLP(st, force_numpy)
+    raise NotCompilable(f"unknown compiled state {st.get('type')!r}")

@@ -66,7 +66,7 @@ def _latency(tm: TrainedModel, reps: int, creps: int) -> dict[str, Any]:
     rows = [np.ascontiguousarray(X[i]) for i in range(min(len(X), 256))]
     rows2d = [r.reshape(1, -1) for r in rows]
     bats = _batches(X)
-    est = tm.estimator
+    est = tm.sk()
     r: dict[str, Any] = {}
     r["sk_one_med"], r["sk_one_p99"] = _timeit(lambda i: est.predict(rows2d[i]), reps, len(rows))
     r["sk_b64_med"], r["sk_b64_p99"] = _timeit(lambda i: est.predict(bats[i]), reps, len(bats))

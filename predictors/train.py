@@ -11,7 +11,9 @@ Scaled: see prep.py.  The samples are split 80/20 (seeded) by sample, as
 C-Laius does, or by configuration (every repetition of a configuration on
 the same side: the key up to '#'); k-fold CV runs on the 80 %.
 
-A saved model (joblib) holds the estimator, the schema it was trained on
+A saved model (joblib) holds the estimator (pickled apart: loading a model
+for prediction needs no scikit-learn) and the compiled evaluator's arrays
+(compiled.py), the schema it was trained on
 (version and fingerprint, checked at load), the vocabulary of categorical
 features, metadata (library versions, date, device, sample counts and
 sources, holdout and CV MAPE) and the holdout rows, so that `report` needs
@@ -34,7 +36,7 @@ from predictors.store import SampleSet
 
 MODELS = ("dt", "knn", "lr", "rf", "mlp")
 COMPILABLE = ("dt", "rf", "mlp")
-MODEL_FORMAT = 1
+MODEL_FORMAT = 2          # 2: the estimator pickled apart, the compiled evaluator's arrays beside it
 RF_TREES = 24
 
 
@@ -128,7 +130,7 @@ class TrainedModel:
     kind: S.Kind
     target: str
     model: str
-    estimator: Any
+    estimator: Any                              # fitted, or its pickle until sk() is asked
     vocab: S.Vocab
     meta: dict[str, Any]
     holdout: dict[str, Any]                     # X, y, keys
@@ -141,15 +143,24 @@ class TrainedModel:
     def encode(self, rows: Sequence[Mapping[str, Any]]) -> np.ndarray:
         return S.encode(self.kind, rows, self.vocab)
 
+    def sk(self) -> Any:
+        """The fitted scikit-learn estimator.  A loaded model keeps it pickled
+        until asked: unpickling imports scikit-learn (about 2 s), which a
+        controller predicting through the compiled evaluator never needs."""
+        if isinstance(self.estimator, bytes):
+            import pickle
+            self.estimator = pickle.loads(self.estimator)
+        return self.estimator
+
     def sk_predict(self, X: np.ndarray) -> np.ndarray:
         """scikit-learn's own predict (the reference)."""
-        return np.asarray(self.estimator.predict(X), dtype=np.float64).reshape(-1)
+        return np.asarray(self.sk().predict(X), dtype=np.float64).reshape(-1)
 
     def compiled(self) -> Any:
         """The compiled evaluator, or None for model types without one."""
         if self._compiled is None and self.model in COMPILABLE:
             from predictors.compiled import compile_estimator
-            self._compiled = compile_estimator(self.estimator)
+            self._compiled = compile_estimator(self.sk())
         return self._compiled
 
     def predict(self, X: np.ndarray) -> np.ndarray:
@@ -243,9 +254,12 @@ def save(tm: TrainedModel, out: Path | str) -> Path:
     import joblib
     p = model_path(out, tm.kind.name, tm.target, tm.model)
     p.parent.mkdir(parents=True, exist_ok=True)
+    import pickle
+    est = tm.estimator if isinstance(tm.estimator, bytes) else pickle.dumps(tm.estimator, protocol=5)
+    c = tm.compiled()
     blob = {"format": MODEL_FORMAT, "schema": tm.kind.to_dict(), "target": tm.target,
-            "model": tm.model, "estimator": tm.estimator, "vocab": tm.vocab.to_dict(),
-            "meta": tm.meta, "holdout": tm.holdout}
+            "model": tm.model, "estimator": est, "compiled": c.state() if c is not None else None,
+            "vocab": tm.vocab.to_dict(), "meta": tm.meta, "holdout": tm.holdout}
     tmp = p.with_suffix(".tmp")
     joblib.dump(blob, tmp)
     tmp.replace(p)
@@ -256,15 +270,20 @@ def load(path: Path | str) -> TrainedModel:
     """Load a saved model; refuse one trained on another schema than this build's."""
     import joblib
     blob = joblib.load(path)
-    if not isinstance(blob, dict) or blob.get("format") != MODEL_FORMAT:
+    # format 1 (the estimator itself in the blob) still loads, with scikit-learn's import
+    if not isinstance(blob, dict) or blob.get("format") not in (1, MODEL_FORMAT):
         raise ModelError(f"{path}: not a predictor model of format {MODEL_FORMAT}")
     k = S.Kind.from_dict(blob["schema"])
     cur = S.kind(k.name)
     if k.version != cur.version or k.fingerprint() != cur.fingerprint():
         raise ModelError(f"{path}: trained on {k.name} schema v{k.version} ({k.fingerprint()}), "
                          f"this build has v{cur.version} ({cur.fingerprint()}): train it again")
-    return TrainedModel(cur, blob["target"], blob["model"], blob["estimator"],
-                        S.Vocab(blob["vocab"]), blob["meta"], blob["holdout"])
+    tm = TrainedModel(cur, blob["target"], blob["model"], blob["estimator"],
+                      S.Vocab(blob["vocab"]), blob["meta"], blob["holdout"])
+    if blob.get("compiled") is not None:
+        from predictors.compiled import from_state
+        tm._compiled = from_state(blob["compiled"])
+    return tm
 
 
 def load_dir(d: Path | str) -> list[TrainedModel]:

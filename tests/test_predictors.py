@@ -163,6 +163,37 @@ def test_train_save_load(task_store, tmp_path):
         T.load(tmp_path / "bad.joblib")
 
 
+@pytest.mark.parametrize("model", ["dt", "rf", "mlp"])
+def test_a_loaded_model_predicts_without_importing_sklearn(task_store, tmp_path, model):
+    """A controller loading models pays no scikit-learn import (about 2 s): the
+    saved compiled arrays predict, bit for bit as the fitted model's own
+    evaluator; scikit-learn comes in only when the estimator is asked for."""
+    tm = T.fit(task_store.load("task"), "duration_us", model, seed=1, cv=0)
+    p = T.save(tm, tmp_path)
+    X = tm.holdout["X"]
+    code = (f"import sys, pickle, numpy as np; from predictors import train as T\n"
+            f"tm = T.load({str(p)!r}); y = tm.predict(np.load({str(tmp_path / 'X.npy')!r}))\n"
+            f"before = 'sklearn' in sys.modules; tm.sk()\n"
+            f"print(before, 'sklearn' in sys.modules, y.tobytes().hex())")
+    np.save(tmp_path / "X.npy", X)
+    r = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    before, after, hexed = r.stdout.split()
+    assert (before, after) == ("False", "True")
+    assert bytes.fromhex(hexed) == tm.predict(X).tobytes()
+
+
+def test_a_model_of_format_1_still_loads(task_store, tmp_path):
+    import joblib
+    tm = T.fit(task_store.load("task"), "duration_us", "dt", seed=1, cv=0)
+    blob = {"format": 1, "schema": tm.kind.to_dict(), "target": tm.target, "model": tm.model,
+            "estimator": tm.estimator, "vocab": tm.vocab.to_dict(), "meta": tm.meta, "holdout": tm.holdout}
+    joblib.dump(blob, tmp_path / "old.joblib")
+    back = T.load(tmp_path / "old.joblib")
+    X = tm.holdout["X"]
+    assert np.array_equal(back.predict(X), tm.predict(X)) and np.array_equal(back.sk_predict(X), tm.sk_predict(X))
+
+
 def test_split_by_config_keeps_repetitions_together(task_store):
     keys = task_store.load("task").keys
     tr, te = T.split(keys, seed=0, by="config")
