@@ -37,7 +37,7 @@ build: $(VENV)/.installed native progs pyc
 # every `colocate` command, app launcher, controller and test helper imports our
 # modules: compile them once here, so that a PYTHONDONTWRITEBYTECODE environment
 # does not recompile them in each process (about 0.1 s a process)
-pyc: $(VENV)/.installed
+pyc: native
 	$(BIN)/python -m compileall -q controlplane predictors processpool shim bench >/dev/null
 
 # reinstall when a package appears: the editable finder maps packages at install time
