@@ -2,7 +2,10 @@
 
 # one job per core: nvcc's ~50 programs dominate a fresh build after pip
 # (59 s -> 32 s on 2 cores), and they compile while pip installs
+# (not with `clean` among the goals: it would delete what the build writes)
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 PYTHON  ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -38,7 +41,7 @@ build: $(VENV)/.installed native progs pyc
 # modules: compile them once here, so that a PYTHONDONTWRITEBYTECODE environment
 # does not recompile them in each process (about 0.1 s a process)
 pyc: native
-	$(BIN)/python -m compileall -q controlplane predictors processpool shim bench >/dev/null
+	$(BIN)/python -m compileall -q controlplane predictors processpool shim bench
 
 # reinstall when a package appears: the editable finder maps packages at install time
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard */__init__.py)

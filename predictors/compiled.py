@@ -33,6 +33,9 @@ NODE = np.dtype([("v", "<f8"), ("left", "<i4"), ("right", "<i4"), ("feat", "<i4"
                  ("nan_left", "<i4")])
 ACT = {"identity": 0, "relu": 1, "tanh": 2, "logistic": 3, "exp": 4}
 MAX_WIDTH = 256            # PR_MLP_MAX_WIDTH: numeric inputs and hidden units
+# what state() writes: a saved model whose state has another version is
+# compiled again from its estimator (train.load)
+STATE_VERSION = 1
 
 
 class NotCompilable(Exception):
@@ -145,8 +148,8 @@ class CompiledForest(_Compiled):
         return cls(np.concatenate(parts), np.asarray(roots, dtype=np.int32), average, nfeat, force_numpy)
 
     def state(self) -> dict[str, Any]:
-        return {"type": "forest", "nodes": self.nodes, "roots": self.roots, "average": self.average,
-                "nfeat": self.nfeat}
+        return {"type": "forest", "version": STATE_VERSION, "nodes": self.nodes, "roots": self.roots,
+                "average": self.average, "nfeat": self.nfeat}
 
     def _numpy(self, X: np.ndarray) -> np.ndarray:
         Xf = X.astype(np.float32)                       # as sklearn does
@@ -270,8 +273,9 @@ class CompiledMLP(_Compiled):
 
     def state(self) -> dict[str, Any]:
         st = {k: getattr(self, k) for k in self.ARRAYS}
-        st.update(type="mlp", nfeat=self.nfeat, coefs=self.coefs, intercepts=self.intercepts, act=self.act,
-                  out_act=self.out_act, ylog=self.ylog, ymean=self.ymean, yscale=self.yscale)
+        st.update(type="mlp", version=STATE_VERSION, nfeat=self.nfeat, coefs=self.coefs,
+                  intercepts=self.intercepts, act=self.act, out_act=self.out_act, ylog=self.ylog,
+                  ymean=self.ymean, yscale=self.yscale)
         return st
 
 
@@ -318,6 +322,8 @@ def compile_estimator(est: Any, force_numpy: bool = False) -> _Compiled:
 def from_state(st: dict[str, Any], force_numpy: bool = False) -> _Compiled:
     """The evaluator that state() described: what a saved model keeps, so that
     loading one needs no scikit-learn (whose import takes about 2 s)."""
+    if st.get("version") != STATE_VERSION:
+        raise NotCompilable(f"compiled state of version {st.get('version')!r}, this build writes {STATE_VERSION}")
     if st.get("type") == "forest":
         return CompiledForest(st["nodes"], st["roots"], st["average"], st["nfeat"], force_numpy)
     if st.get("type") == "mlp":

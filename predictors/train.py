@@ -259,7 +259,7 @@ def save(tm: TrainedModel, out: Path | str) -> Path:
     c = tm.compiled()
     blob = {"format": MODEL_FORMAT, "schema": tm.kind.to_dict(), "target": tm.target,
             "model": tm.model, "estimator": est, "compiled": c.state() if c is not None else None,
-            "vocab": tm.vocab.to_dict(), "meta": tm.meta, "holdout": tm.holdout}
+            "vocab": tm.vocab.to_dict(), "meta": {**tm.meta, "format": MODEL_FORMAT}, "holdout": tm.holdout}
     tmp = p.with_suffix(".tmp")
     joblib.dump(blob, tmp)
     tmp.replace(p)
@@ -281,8 +281,11 @@ def load(path: Path | str) -> TrainedModel:
     tm = TrainedModel(cur, blob["target"], blob["model"], blob["estimator"],
                       S.Vocab(blob["vocab"]), blob["meta"], blob["holdout"])
     if blob.get("compiled") is not None:
-        from predictors.compiled import from_state
-        tm._compiled = from_state(blob["compiled"])
+        from predictors.compiled import NotCompilable, from_state
+        try:
+            tm._compiled = from_state(blob["compiled"])
+        except NotCompilable:
+            pass                # saved by another build: compiled() makes it again from the estimator
     return tm
 
 

@@ -183,7 +183,7 @@ def test_a_loaded_model_predicts_without_importing_sklearn(task_store, tmp_path,
     assert bytes.fromhex(hexed) == tm.predict(X).tobytes()
 
 
-def test_a_model_of_format_1_still_loads(task_store, tmp_path):
+def test_a_model_of_format_1_or_of_another_compiled_state_still_loads(task_store, tmp_path):
     import joblib
     tm = T.fit(task_store.load("task"), "duration_us", "dt", seed=1, cv=0)
     blob = {"format": 1, "schema": tm.kind.to_dict(), "target": tm.target, "model": tm.model,
@@ -192,6 +192,15 @@ def test_a_model_of_format_1_still_loads(task_store, tmp_path):
     back = T.load(tmp_path / "old.joblib")
     X = tm.holdout["X"]
     assert np.array_equal(back.predict(X), tm.predict(X)) and np.array_equal(back.sk_predict(X), tm.sk_predict(X))
+    # compiled arrays another build wrote (another state version) are made again from the estimator
+    p = T.save(back, tmp_path / "new")
+    assert joblib.load(p)["meta"]["format"] == T.MODEL_FORMAT
+    blob = joblib.load(p)
+    blob["compiled"]["version"] = C.STATE_VERSION + 1
+    blob["compiled"]["nodes"] = blob["compiled"]["nodes"][:1]      # and would predict wrong if used
+    joblib.dump(blob, tmp_path / "other.joblib")
+    other = T.load(tmp_path / "other.joblib")
+    assert np.array_equal(other.predict(X), tm.predict(X))
 
 
 def test_split_by_config_keeps_repetitions_together(task_store):
