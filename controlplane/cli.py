@@ -719,19 +719,15 @@ def pipeline_plan(spec: Path = typer.Argument(..., metavar="SPEC", help="A pipel
     from controlplane import pipeline_plan as pp
     from predictors import profile as P
     from predictors import profile_gpu
-    from predictors.store import Store
     try:
-        qs = sorted({int(x) for x in quotas.split(",") if x.strip()})
-    except ValueError:
-        raise ColocateError(f"--quotas {quotas!r}: comma-separated integers", 2) from None
-    if not qs or not all(1 <= q <= 100 for q in qs):
-        raise ColocateError("--quotas must be in 1..100", 2)
+        qs = P.parse_quotas(quotas)
+    except ValueError as e:
+        raise ColocateError(str(e), 2) from None
     if scale is not None and not scale > 0:
         raise ColocateError(f"--scale must be > 0 (got {scale:g})", 2)
     s = pl.load_spec(spec)
     dev = run_device(device, rundir.ensure(runtime_dir))
-    name = profile_gpu.gpu_device_name() if profile_gpu.gpu_present() else P.device_name()
-    st = Store(store if store is not None else _profile_store_root(), name)
+    st = profile_gpu.profile_store(store)
     p = pp.plan(s, dev, st, allocator, gpus, load, gpu_model, qs, scale, progress=out.is_terminal,
                 log=lambda m: print(f"colocate: {m}", file=sys.stderr))
     a = p.allocation
@@ -760,11 +756,6 @@ def pipeline_plan(spec: Path = typer.Argument(..., metavar="SPEC", help="A pipel
     if write_to is not None:
         pp.write(p, write_to)
         print(f"colocate: wrote {write_to}: colocate pipeline run {write_to}", file=sys.stderr)
-
-
-def _profile_store_root() -> Path:
-    from predictors.store import default_root
-    return default_root()
 
 
 def pipeline_ls_table(states: list[dict]) -> Table:

@@ -70,11 +70,7 @@ def profile_stages(kinds: Sequence[str], width: float, batch: int, store: Any, q
         targets += t
     try:
         P.check_built(shim=True, sim=not profile_gpu.gpu_present())
-        if profile_gpu.gpu_present():
-            with profile_gpu.GpuSession(list(quotas)) as gpu:
-                summ = P.profile(targets, list(quotas), reps, store, progress=progress, gpu=gpu)
-        else:
-            summ = P.profile(targets, list(quotas), reps, store, progress=progress)
+        summ = profile_gpu.profile_here(targets, list(quotas), reps, store, progress=progress)
     except P.ProfileError as e:
         raise ColocateError(f"profile: {e}") from None
     if summ.failed:

@@ -234,13 +234,11 @@ def profile(targets: Optional[list[str]] = typer.Argument(
     ranges together, and each group's latency becomes a group sample."""
     from predictors import profile as P
     from predictors import profile_gpu
-    from predictors.store import Store, StoreError
+    from predictors.store import StoreError
     try:
-        qs = sorted({int(x) for x in quotas.split(",") if x.strip()})
-    except ValueError:
-        _fail(f"--quotas {quotas!r}: comma-separated integers")
-    if not qs or not all(1 <= q <= 100 for q in qs):
-        _fail("--quotas must be in 1..100")
+        qs = P.parse_quotas(quotas)
+    except ValueError as e:
+        _fail(str(e))
     if reps < 1:
         _fail("--reps must be >= 1")
     on_gpu = profile_gpu.gpu_present()
@@ -252,19 +250,20 @@ def profile(targets: Optional[list[str]] = typer.Argument(
         P.check_built(shim=not groups, sim=not on_gpu)
     except P.ProfileError as e:
         _fail(str(e))
-    dev = profile_gpu.gpu_device_name() if on_gpu else P.device_name()
-    st = Store(_store_root(out), dev)
+    st = profile_gpu.profile_store(out)
+    dev = st.device
     if groups:
         _profile_groups(tgts, qs, quotas, st, groups, group_size, timescale, seed, timeout,
                         progress)
         return
     t0 = time.monotonic()
     try:
-        if on_gpu:
-            summ = _profile_gpu(tgts, qs, reps, st, timeout, progress)
-        else:
-            summ = P.profile(tgts, qs, reps, st, timeout=timeout, progress=progress)
-    except StoreError as e:
+        summ = profile_gpu.profile_here(tgts, qs, reps, st, timeout, progress,
+                                        note=lambda gpu: _gpu_note(dev, gpu))
+    except profile_gpu.GpuUnavailable as e:
+        print(f"colocate: {e}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    except (P.ProfileError, StoreError) as e:
         _fail(str(e))
     print(f"profile of {', '.join(t.label for t in tgts)} on {dev}: "
           f"{summ.configs} configuration(s) run, {summ.skipped} already stored, "
@@ -276,23 +275,12 @@ def profile(targets: Optional[list[str]] = typer.Argument(
         raise typer.Exit(1)
 
 
-def _profile_gpu(tgts: list, qs: list[int], reps: int, st, timeout: float, progress: bool):
-    """`profile` on a real GPU: MPS for quotas < 100 (exit 1 without it),
-    ncu counters when ncu is found, else durations only."""
-    from predictors import profile as P
-    from predictors import profile_gpu
-    try:
-        with profile_gpu.GpuSession(qs) as gpu:
-            print(f"colocate: GPU {st.device}: {gpu.note}; "
-                  + (f"counters from {gpu.ncu}" if gpu.ncu else
-                     "no ncu (PATH or $COLOCATE_NCU): durations only, no bandwidth/IPC")
-                  + f"; samples labelled {gpu.src()}", file=sys.stderr)
-            return P.profile(tgts, qs, reps, st, timeout=timeout, progress=progress, gpu=gpu)
-    except profile_gpu.GpuUnavailable as e:
-        print(f"colocate: {e}", file=sys.stderr)
-        raise typer.Exit(1) from None
-    except P.ProfileError as e:
-        _fail(str(e))
+def _gpu_note(device: str, gpu) -> None:
+    """What `profile` on a real GPU has: MPS for quotas < 100, ncu's counters or durations only."""
+    print(f"colocate: GPU {device}: {gpu.note}; "
+          + (f"counters from {gpu.ncu}" if gpu.ncu else
+             "no ncu (PATH or $COLOCATE_NCU): durations only, no bandwidth/IPC")
+          + f"; samples labelled {gpu.src()}", file=sys.stderr)
 
 
 def _profile_groups(tgts: list, qs: list[int], quotas: str, st, n: int, group_size: str,

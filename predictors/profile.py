@@ -219,6 +219,18 @@ def resolve(names: Sequence[str], inputs: Sequence[str] = (), service_args: str 
 
 # --- environment ----------------------------------------------------------------
 
+def parse_quotas(text: str) -> list[int]:
+    """--quotas: comma-separated SM percentages in 1..100 (sorted, once each);
+    ValueError says what is wrong."""
+    try:
+        qs = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--quotas {text!r}: comma-separated integers") from None
+    if not qs or not all(1 <= q <= 100 for q in qs):
+        raise ValueError("--quotas must be in 1..100")
+    return qs
+
+
 def device_name(env: dict[str, str] | None = None) -> str:
     e = os.environ if env is None else env
     return e.get("SIMGPU_NAME") or "simgpu"

@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from predictors import counters
 from predictors import profile as P
@@ -245,6 +245,29 @@ def ncu_cmd(ncu: str, csv_path: Path, cmd: Sequence[str]) -> list[str]:
 def gpu_present() -> bool:
     """A real NVIDIA driver answers (then the profile would not be simgpu's)."""
     return launcher.cuda_usable()
+
+
+def profile_store(root: Path | None = None) -> Any:
+    """The sample store `colocate profile` writes on this machine: under root
+    (default: the user's), in the directory of the GPU's name when a driver
+    answers, else simgpu's."""
+    from predictors.store import Store, default_root
+    return Store(root if root is not None else default_root(),
+                 gpu_device_name() if gpu_present() else P.device_name())
+
+
+def profile_here(targets: Sequence[P.Target], quotas: Sequence[int], reps: int, store: Any,
+                 timeout: float = 300.0, progress: bool = True,
+                 note: Callable[[Gpu], None] = lambda gpu: None) -> P.Summary:
+    """`colocate profile`'s runs on this machine: on the GPU when a driver
+    answers (a GpuSession: MPS for quotas below 100, ncu's counters when
+    found; note(gpu) hears which), else on simgpu.  Raises GpuUnavailable
+    (MPS missing for a quota below 100) and ProfileError."""
+    if not gpu_present():
+        return P.profile(targets, quotas, reps, store, timeout=timeout, progress=progress)
+    with GpuSession(list(quotas)) as gpu:
+        note(gpu)
+        return P.profile(targets, quotas, reps, store, timeout=timeout, progress=progress, gpu=gpu)
 
 
 def run_app_gpu(t: P.Target, cmd: list[str], inp: str, quota: int, rep: int, tmp: Path,
