@@ -176,10 +176,8 @@ class CompiledForest(_Compiled):
 class CompiledMLP(_Compiled):
     """Prep -> MLPRegressor -> LogStd inverse, as arrays."""
 
-    # the arrays and scalars that make one, as state() gives them
-    ARRAYS = ("num_col", "num_log", "mean", "scale", "cat_col", "cat_size")
-
     def __init__(self, st: dict[str, Any], force_numpy: bool = False):
+        """st: what state() or from_sklearn() give."""
         self.nfeat = int(st["nfeat"])
         self.num_col = np.ascontiguousarray(st["num_col"], dtype=np.int32)
         self.num_log = np.ascontiguousarray(st["num_log"], dtype=np.int32)
@@ -230,28 +228,6 @@ class CompiledMLP(_Compiled):
             self._p, self._one_c, self._batch_c = m, _lib.pr_mlp_one, _lib.pr_mlp_batch
         self.backend = "c" if self._p is not None else "numpy"
 
-    def _numpy(self, X: np.ndarray) -> np.ndarray:
-        x = X[:, self.num_col]
-        x = np.where(self.num_log[None, :] != 0, np.sign(x) * np.log1p(np.abs(x)), x)
-        parts = [(x - self.mean) / self.scale]
-        for col, size in zip(self.cat_col, self.cat_size):
-            parts.append((X[:, col][:, None] == np.arange(size)[None, :]).astype(F64))
-        a = np.hstack(parts)
-        for i, (w, b) in enumerate(zip(self.coefs, self.intercepts)):
-            a = a @ w + b
-            act = self.act if i + 1 < len(self.coefs) else self.out_act
-            if act == "relu":
-                a = np.maximum(a, 0.0)
-            elif act == "tanh":
-                a = np.tanh(a)
-            elif act == "logistic":
-                a = 1.0 / (1.0 + np.exp(-a))
-            elif act == "exp":
-                a = np.exp(a)
-        z = a[:, 0]
-        return np.exp(z * self.yscale + self.ymean) if self.ylog else z
-
-
     @classmethod
     def from_sklearn(cls, mlp: Any, prep: Any | None, ytrans: Any | None, nfeat: int,
                      force_numpy: bool = False) -> "CompiledMLP":
@@ -272,11 +248,32 @@ class CompiledMLP(_Compiled):
         return cls(st, force_numpy)
 
     def state(self) -> dict[str, Any]:
-        st = {k: getattr(self, k) for k in self.ARRAYS}
-        st.update(type="mlp", version=STATE_VERSION, nfeat=self.nfeat, coefs=self.coefs,
-                  intercepts=self.intercepts, act=self.act, out_act=self.out_act, ylog=self.ylog,
-                  ymean=self.ymean, yscale=self.yscale)
-        return st
+        return {"type": "mlp", "version": STATE_VERSION, "nfeat": self.nfeat, "num_col": self.num_col,
+                "num_log": self.num_log, "mean": self.mean, "scale": self.scale, "cat_col": self.cat_col,
+                "cat_size": self.cat_size, "coefs": self.coefs, "intercepts": self.intercepts,
+                "act": self.act, "out_act": self.out_act, "ylog": self.ylog, "ymean": self.ymean,
+                "yscale": self.yscale}
+
+    def _numpy(self, X: np.ndarray) -> np.ndarray:
+        x = X[:, self.num_col]
+        x = np.where(self.num_log[None, :] != 0, np.sign(x) * np.log1p(np.abs(x)), x)
+        parts = [(x - self.mean) / self.scale]
+        for col, size in zip(self.cat_col, self.cat_size):
+            parts.append((X[:, col][:, None] == np.arange(size)[None, :]).astype(F64))
+        a = np.hstack(parts)
+        for i, (w, b) in enumerate(zip(self.coefs, self.intercepts)):
+            a = a @ w + b
+            act = self.act if i + 1 < len(self.coefs) else self.out_act
+            if act == "relu":
+                a = np.maximum(a, 0.0)
+            elif act == "tanh":
+                a = np.tanh(a)
+            elif act == "logistic":
+                a = 1.0 / (1.0 + np.exp(-a))
+            elif act == "exp":
+                a = np.exp(a)
+        z = a[:, 0]
+        return np.exp(z * self.yscale + self.ymean) if self.ylog else z
 
 
 def compile_estimator(est: Any, force_numpy: bool = False) -> _Compiled:

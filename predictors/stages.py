@@ -116,7 +116,7 @@ def store_samples(store: Any, label: str, units: int, words: bool, mem_gb: Calla
             gb[1 if words else size_i // units, pct].append(g)
     rows, d, bw = [], [], []
     for (b, pct), ds in sorted(dur.items()):
-        for k in ([x for x in batches] if words else [b]):
+        for k in (list(batches) if words else [b]):
             scale = k if words else 1
             med = float(np.median(ds)) * scale
             rows.append((k, pct))

@@ -251,10 +251,11 @@ def model_path(out: Path | str, kind: str, target: str, model: str) -> Path:
 
 
 def save(tm: TrainedModel, out: Path | str) -> Path:
+    import pickle
+
     import joblib
     p = model_path(out, tm.kind.name, tm.target, tm.model)
     p.parent.mkdir(parents=True, exist_ok=True)
-    import pickle
     est = tm.estimator if isinstance(tm.estimator, bytes) else pickle.dumps(tm.estimator, protocol=5)
     c = tm.compiled()
     blob = {"format": MODEL_FORMAT, "schema": tm.kind.to_dict(), "target": tm.target,

@@ -153,9 +153,10 @@ class Rig:
             flips: list | None = None, **env: str) -> tuple[str, str, dict]:
         """Run an app to its end.  routes: None (local), a worker id (set
         before its registration is answered, so before its first launch; one
-        app at a time), or a list cycled every
-        `period` s while it runs; flips, if given, collects (monotonic ns
-        before the write, route, monotonic ns after it) of each change.  Returns stdout, stderr, final counters."""
+        app at a time), or a list cycled every `period` s while it runs;
+        flips, if given, collects (monotonic ns before the write, route,
+        monotonic ns after it) of each change.  Returns stdout, stderr,
+        final counters."""
         if isinstance(routes, int):
             self.route_at_register = routes
         p = self.app(prog, *args, **env)
