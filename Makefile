@@ -141,13 +141,14 @@ bench/bin/libcamelot-stage.twins.so: bench/camelot/stage_twins.c shim/simgpu/sim
 CAMELOT_TONIC := bench/bin/libcamelot-tonic.so bench/bin/libcamelot-tonic.twins.so
 progs: $(CAMELOT_TONIC)
 
-bench/bin/libcamelot-tonic.so: bench/camelot/tonic_stage.cu $(filter-out bench/tonic/service.c,$(TONIC_SRC)) \
-		bench/tonic/ref.c $(TONIC_DEPS) | native
+bench/bin/libcamelot-tonic.so: bench/camelot/tonic_stage.cu bench/camelot/tonic_adapt.h \
+		$(filter-out bench/tonic/service.c,$(TONIC_SRC)) bench/tonic/ref.c $(TONIC_DEPS) | native
 	@mkdir -p bench/bin
 	$(NVCC) $(NVCCFLAGS) -shared -Xcompiler -fPIC -o $@ bench/camelot/tonic_stage.cu \
 		$(filter-out bench/tonic/service.c,$(TONIC_SRC)) -L shim/lib/simgpu -lcudnn -lcublas
 
-bench/bin/libcamelot-tonic.twins.so: bench/camelot/tonic_stage_twins.c shim/simgpu/simgpu_twin.h
+bench/bin/libcamelot-tonic.twins.so: bench/camelot/tonic_stage_twins.c bench/camelot/tonic_adapt.h \
+		shim/simgpu/simgpu_twin.h
 	@mkdir -p bench/bin
 	$(CC) $(TWINFLAGS) -o $@ $<
 

@@ -22,8 +22,8 @@
 // alone: its windows span neighbouring words, so one sentence per pass
 // keeps a query's result independent of how queries were batched.
 //
-// The adapt kernel is integer and copy work only: its host twin
-// (tonic_stage_twins.c) gives the same bits.
+// The adapt kernel is integer hashing and exact FP32 steps (tonic_adapt.h,
+// shared with its host twin tonic_stage_twins.c): the same bits on both.
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,14 +33,13 @@
 #include "../tonic/gpu.h"
 #include "../tonic/net.h"
 #include "../tonic/ref.h"
+#include "tonic_adapt.h"
 
 #define CT_ABI 1
 #define THREADS 256
 #define MAX_BLOCKS 16384
 
-struct ct_rows {
-	int n[NET_MAX_FEATS];             // rows of each word feature (row 0: padding)
-};
+static_assert(CT_MAX_FEATS == NET_MAX_FEATS, "tonic_adapt.h's feature bound is net.h's");
 
 struct ct {
 	struct net_plan  p;
@@ -55,32 +54,6 @@ static unsigned blocks_for(long long total)
 {
 	long long b = (total + THREADS - 1) / THREADS;
 	return (unsigned)(b < 1 ? 1 : (b > MAX_BLOCKS ? MAX_BLOCKS : b));
-}
-
-// splitmix64's finaliser: a word index from a float's bits and its position
-__host__ __device__ static inline uint32_t ct_mix(uint32_t bits, long long pos)
-{
-	uint64_t z = ((uint64_t)bits << 32 | (uint32_t)pos) + 0x9e3779b97f4a7c15ull;
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return (uint32_t)(z ^ (z >> 31));
-}
-
-// Value t of a pass, value j of its query, from the bits of its query's float
-// (the rule above camelot_tonic_adapt): the kernel and the reference pass.
-__host__ __device__ static inline void ct_adapt_one(uint32_t bits, long long j, long long t, void *out, int nfeat,
-						     const struct ct_rows *rows)
-{
-	uint32_t h = ct_mix(bits, j);
-
-	if (nfeat == 0) {
-		((float *)out)[t] = (float)((h >> 8) & 0xffffu) * (1.0f / 65536) - 0.5f;
-	} else {
-		int r = rows->n[j % nfeat];
-
-		((int32_t *)out)[t] = r > 1 ? (int32_t)(1 + h % (uint32_t)(r - 1)) : 0;
-	}
 }
 
 // Query q's per_q input values from its in_n floats at in + q * in_n, x =

@@ -1,29 +1,15 @@
 /*
  * Host twin of bench/camelot/tonic_stage.cu's adapt kernel (simgpu; see
- * shim/simgpu/simgpu_twin.h).  Integer hashing and exact FP32 steps only: the same
- * bits as the GPU.  The networks' own kernels have their twins in
- * bench/tonic/twins.c, their cuDNN / cuBLAS calls are simgpu's libraries.
+ * shim/simgpu/simgpu_twin.h): tonic_adapt.h's rule, as the kernel runs it,
+ * integer hashing and exact FP32 steps: the same bits as the GPU.  The
+ * networks' own kernels have their twins in bench/tonic/twins.c, their
+ * cuDNN / cuBLAS calls are simgpu's libraries.
  */
 #include <stdint.h>
 #include <string.h>
 
 #include "simgpu_twin.h"
-
-#define NET_MAX_FEATS 4                 /* bench/tonic/net.h */
-
-struct ct_rows {
-	int n[NET_MAX_FEATS];
-};
-
-/* tonic_stage.cu's ct_mix */
-static uint32_t ct_mix(uint32_t bits, long long pos)
-{
-	uint64_t z = ((uint64_t)bits << 32 | (uint32_t)pos) + 0x9e3779b97f4a7c15ull;
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return (uint32_t)(z ^ (z >> 31));
-}
+#include "tonic_adapt.h"
 
 /* camelot_tonic_adapt(const float *in, long long in_n, void *out, long long per_q,
  *                     int queries, int nfeat, struct ct_rows rows) */
@@ -39,17 +25,10 @@ void simgpu_twin_camelot_tonic_adapt(const simgpu_launch *l)
 	for (long long t = 0; t < (long long)queries * per_q; t++) {
 		long long q = t / per_q, j = t % per_q;
 		float x = in[q * in_n + j % in_n];
-		uint32_t bits, h;
-		int r;
+		uint32_t bits;
 
 		memcpy(&bits, &x, sizeof(bits));
-		h = ct_mix(bits, j);
-		if (nfeat == 0) {
-			((float *)out)[t] = (float)((h >> 8) & 0xffffu) * (1.0f / 65536) - 0.5f;
-			continue;
-		}
-		r = rows.n[j % nfeat];
-		((int32_t *)out)[t] = r > 1 ? (int32_t)(1 + h % (uint32_t)(r - 1)) : 0;
+		ct_adapt_one(bits, j, t, out, nfeat, &rows);
 	}
 }
 
