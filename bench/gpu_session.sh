@@ -21,11 +21,21 @@
 #   vmmapp  hotspot run locally and forwarded to a 50 % MPS worker with
 #           COLOCATE_MEM=vmm through `colocate serve`; the two CHECK lines
 #           must be equal and the worker must have run its kernels
+#   greenapp hotspot natively, then under `colocate serve --route partition`
+#           moved among SM partitions (50 %, 25 %, 75 %) while it runs: the
+#           CHECK lines must be equal and the app's partition record must
+#           show SMs (greenapp_quotas.json); the shim's route on the device
+#   parts   bench/partitions.py --device cuda: a launch's cost local and on a
+#           partition, and route changes between two disjoint partitions
+#           (partitions.json)
+#   handoff bench/handoff.py --device cuda alone (also inside camelot)
 #   calib   bench/calibrate.py run: a kernel next to co-runners of each kind
 #           at MPS percentages 10..100 (with and without oversubscription),
 #           the time slice without MPS, PCIe contention (calib.jsonl); then
 #           calibrate.py fit: simgpu's parameters and its error per case
 #           (calib_fit.json).  A call of its own: it takes most of 10 minutes
+#           (CALIB_BUDGET=S: stop starting cases after S s, 480; CALIB_QUICK=1:
+#           quotas 30,70,100 only)
 #   apis    the CUDA-API programs (bench/progs/texture, graphs, pools and the
 #           driver-API tests/drv/drvcheck) on the GPU: their own checks hold
 #           simgpu's reference semantics against the hardware; then under
@@ -79,6 +89,10 @@ step() {        # step NAME TIMEOUT_S CMD...: run, log, record the exit code
 
 build() {
 	python3 -m venv --system-site-packages .venv &&
+	# the image's python3 is itself a venv (/opt/torch/.venv): the new
+	# venv's "system" packages are the base interpreter's, not that one's
+	python3 -c 'import site; print("\n".join(site.getsitepackages()))' \
+		>"$(echo .venv/lib/python3*/site-packages)/_host.pth" &&
 	$PY -m pip install -q --no-index --find-links .whl setuptools wheel pyzmq cffi pytest hypothesis &&
 	$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . &&
 	touch .venv/.installed &&
@@ -116,9 +130,42 @@ vmmapp() {
 	[ -n "$ref" ] && [ "$ref" = "$fwd" ] && [ "${ran:-0}" -gt 0 ]
 }
 
+greenapp() {
+	# issue 16's route on the device: hotspot natively, then with its launches
+	# on green-context partitions of 50, 25 and 75 % while it runs
+	local rd ref part pid n native=()
+	[ "$DEV" = sim ] && native=(env LD_LIBRARY_PATH="$PWD/shim/lib/simgpu")
+	rd=$(mktemp -d /tmp/cgpu-XXXXXX)
+	ref=$("${native[@]}" bench/bin/hotspot --check --duration "$SECS" | grep '^CHECK')
+	.venv/bin/colocate serve --runtime-dir "$rd" --device "$DEV" --route partition --pool none --detach || return 1
+	trap '.venv/bin/colocate stop --runtime-dir "$rd" >/dev/null 2>&1' EXIT
+	.venv/bin/colocate run --runtime-dir "$rd" --device "$DEV" --name hotpart -- \
+		bench/bin/hotspot --check --duration "$SECS" >"$rd/hotpart.out" 2>&1 &
+	pid=$!
+	for n in $(seq 200); do
+		.venv/bin/colocate set-quota --runtime-dir "$rd" hotpart 50 && break
+		sleep 0.05
+	done
+	sleep 1
+	.venv/bin/colocate set-quota --runtime-dir "$rd" hotpart 25
+	.venv/bin/colocate quotas --runtime-dir "$rd" --all
+	sleep 1
+	.venv/bin/colocate set-quota --runtime-dir "$rd" hotpart 75
+	.venv/bin/colocate quotas --runtime-dir "$rd" --all
+	wait $pid
+	part=$(grep '^CHECK' "$rd/hotpart.out")
+	cat "$rd/hotpart.out"
+	.venv/bin/colocate quotas --runtime-dir "$rd" --all --json | tee "$OUT/greenapp_quotas.json"
+	.venv/bin/colocate stop --runtime-dir "$rd"
+	cp "$rd"/*.log "$OUT"/ 2>/dev/null
+	echo "native:    $ref"
+	echo "partition: $part"
+	[ -n "$ref" ] && [ "$ref" = "$part" ] && grep -q '"sms": [1-9]' "$OUT/greenapp_quotas.json"
+}
+
 calib() {
 	# the measuring stops starting cases after 480 s: the fit needs the rest
-	$PY bench/calibrate.py run --out "$OUT/calib.jsonl" --budget-s 480
+	$PY bench/calibrate.py run --out "$OUT/calib.jsonl" --budget-s "${CALIB_BUDGET:-480}" ${CALIB_QUICK:+--quick}
 	local rc=$?
 	[ $rc -eq 2 ] && return 2          # no GPU: nothing measured, nothing to fit
 	$PY bench/calibrate.py fit "$OUT/calib.jsonl" --json "$OUT/calib_fit.json" || rc=1
@@ -226,11 +273,12 @@ green() {
 		note $? "hold $1"
 		cat "$td/$1.json" >>"$J"
 	}
-	pair() {        # pair TAG: two hold runs at once
-		local pa pb ra rb
-		probe "$td/$1-a.json" hold --sms 64 --ms 1500 --tag "$1-a" &
+	pair() {        # pair TAG [FIRST_A FIRST_B]: two hold runs at once (with
+		local pa pb ra rb fa=() fb=()   # FIRSTs: the shim's spans, --first)
+		[ $# -ge 3 ] && fa=(--first "$2") fb=(--first "$3")
+		probe "$td/$1-a.json" hold --sms 64 --ms 1500 "${fa[@]}" --tag "$1-a" &
 		pa=$!
-		probe "$td/$1-b.json" hold --sms 64 --ms 1500 --tag "$1-b" &
+		probe "$td/$1-b.json" hold --sms 64 --ms 1500 "${fb[@]}" --tag "$1-b" &
 		pb=$!
 		wait $pa; ra=$?
 		wait $pb; rb=$?
@@ -249,6 +297,7 @@ green() {
 	echo "== hold: one alone, then two at once (no MPS)"
 	hold alone
 	pair pair
+	pair spans 0 64
 	echo "== hold under MPS: one alone, then two at once"
 	ctl=$(command -v nvidia-cuda-mps-control)
 	pipe=$td/mps/pipe logd=$td/mps/log
@@ -269,6 +318,7 @@ green() {
 		done
 		hold mps-alone
 		pair mps-pair
+		pair mps-spans 0 64
 		echo quit | "${mpsctl[@]}" || note 1 "MPS: quit"
 		trap - EXIT TERM INT
 		tail -n 15 "$logd/control.log" "$logd/server.log" 2>/dev/null
@@ -283,7 +333,8 @@ for t, r in hold.items():
     print(f"{t}: iterations {r.get('iterations')} kernel_ms_med {r.get('kernel_ms_med')} "
           f"busy {r.get('busy_frac')} SMs {r.get('sm_used')} ({r.get('sm_min')}..{r.get('sm_max')}) "
           f"error {r.get('error')}")
-for p, alone in (("pair", "alone"), ("mps-pair", "mps-alone")):
+for p, alone in (("pair", "alone"), ("mps-pair", "mps-alone"), ("spans", "alone"),
+                 ("mps-spans", "mps-alone")):
     a, b, one = hold.get(p + "-a"), hold.get(p + "-b"), hold.get(alone)
     if not (a and b and a.get("first_start_ns") and b.get("first_start_ns")):
         continue
@@ -300,7 +351,7 @@ PY
 	return $rc
 }
 
-export -f build vmmapp calib apis green camelot
+export -f build vmmapp greenapp calib apis green camelot
 export OUT JOBS PY DEV SECS QUERIES
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 echo "session $(date -u +%FT%TZ) on $(head -n 12 "$OUT/nvidia-smi.txt" | grep -m1 -o 'NVIDIA [A-Z0-9][^|]*' || echo 'no GPU')" \
@@ -312,10 +363,13 @@ for s in "$@"; do
 	fwd) step fwd 300 $PY bench/forwarding.py --device cuda --n 2000 --launches 50000 ;;
 	demo) step demo 180 .venv/bin/colocate demo ;;
 	vmmapp) step vmmapp 240 vmmapp ;;
+	greenapp) step greenapp 120 greenapp ;;
 	calib) step calib 580 calib ;;
 	apis) step apis 240 apis ;;
+	parts) step parts 180 sh -c "$PY bench/partitions.py --device $DEV --flips 100 >$OUT/partitions.json" ;;
+	handoff) step handoff 150 $PY bench/handoff.py --device "$DEV" --out "$OUT/handoff" ;;
 	green) step green 240 green ;;
 	camelot) step camelot 300 camelot ;;
-	*) echo "unknown step $s (build pool fwd demo vmmapp calib apis green camelot)" | tee -a "$OUT/session.log"; exit 2 ;;
+	*) echo "unknown step $s (build pool fwd demo vmmapp greenapp calib apis parts handoff green camelot)" | tee -a "$OUT/session.log"; exit 2 ;;
 	esac
 done

@@ -1,7 +1,7 @@
 """SM partitions in the app (route kind partition, shim/shim_part.c) beside the
 process pool (route kind pool, launch forwarding), measured in one run.
 
-    python bench/partitions.py [--n N] [--flips F] [--json]
+    python bench/partitions.py [--n N] [--flips F] [--json] [--device sim|cuda]
 
 One stand-in controller (processpool/rig.py: routes are written straight into
 the app's control-block slot), a 10 % and a 100 % pool worker, simgpu at
@@ -24,10 +24,19 @@ software path alone), on this machine's cores.
                       the new worker)
            and from that iteration's launch call to the kernel.
 
+--device cuda (a GPU with green contexts; no MPS daemon, no pool): issue and
+latency local and on a partition, and switch between two DISJOINT partitions
+(10 % from SM 0 and 50 % from 50 %, to the last group): each partition's SM ids come from a
+steady run on it (fwdprobe's kernel stores %smid), and a flip's first kernel
+at the new quota is the first whose SM id is the new partition's; its time is
+taken when the host saw it done (end of the sync), an upper bound of when it
+started, since the host and GPU clocks are not related.
+
 Targets (issue 16): a launch on a partition costs at most 1 us more than a
 local one; a route change reaches the first kernel at the new quota in at most
 20 us (median).  On a GPU the same path adds green-context streams and events
-whose costs simgpu does not model: see bench/gpu/green_contexts.cu.
+whose costs simgpu does not model; bench/gpu/green_probe.cu (switch) times
+them on the device alone.
 """
 from __future__ import annotations
 
@@ -50,21 +59,22 @@ from shim import paths  # noqa: E402
 from shim.ctlblock import ROUTE_PART  # noqa: E402
 
 SIDES = {"local": None, "partition": ROUTE_PART | 50, "pool": 2}
+GPU_SIDES = {"local": None, "partition": ROUTE_PART | 50}
 TARGETS = {"added_issue_ns": 1000.0, "switch_us": 20.0}
 
 
-def issue(rig: Rig, reps: int = 5) -> dict:
+def issue(rig: Rig, reps: int = 5, sides: dict = SIDES) -> dict:
     res = {}
-    for side, routes in SIDES.items():
+    for side, routes in sides.items():
         ns = [_kv(r"^LAUNCHLOOP (.*)$", rig.run("launchloop", "--launches", "3000", routes=routes)[0])
               ["issue_ns_per_launch"] for _ in range(reps)]
         res[side] = statistics.median(ns)
     return res
 
 
-def latency(rig: Rig, n: int) -> dict:
+def latency(rig: Rig, n: int, sides: dict = SIDES) -> dict:
     res = {}
-    for side, routes in SIDES.items():
+    for side, routes in sides.items():
         kv = _kv(r"^FWDPROBE (.*)$", rig.run("fwdprobe", "--n", str(n), routes=routes)[0])
         res[side] = {"p50_us": kv["lat_us_p50"], "p99_us": kv["lat_us_p99"]}
     return res
@@ -107,6 +117,58 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
                                                 for k, v in steady.items()}}
 
 
+def gpu_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: int = 50) -> dict:
+    """Flips between two disjoint partitions on a GPU, told apart by the SM
+    id each probe kernel stored (module docstring)."""
+    a, b = ROUTE_PART | 0 << 8 | 10, ROUTE_PART | 50 << 8 | 50     # b: to the last group
+    sms, steady = {}, {}
+    for r in (a, b):
+        recs = probe_records(rig.run("fwdprobe", "--n", "2000", "--interval-us", str(interval_us), "--dump",
+                                     routes=r)[0])
+        sms[r] = {who for *_, who in recs}
+        steady[r] = [(t_done - t_launch) / 1e3 for _, t_launch, t_done, _x, _w in recs]
+    if sms[a] & sms[b]:
+        raise RuntimeError(f"the two partitions share SM ids {sorted(sms[a] & sms[b])}: not disjoint")
+    flips: list[tuple[int, int, int]] = []
+    n = int(flips_wanted * period * 1e6 / (interval_us + 20)) + 200
+    recs = probe_records(rig.run("fwdprobe", "--n", str(n), "--interval-us", str(interval_us), "--dump",
+                                 routes=[a, b], period=period, flips=flips)[0])
+    total: list[float] = []
+    boundary: list[float] = []
+    for _t_begin, route, t_set in flips[1:]:            # the first one is the initial route
+        for _, t_launch, t_done, _x, who in recs:
+            if t_done >= t_set and who in sms[route]:
+                total.append((t_done - t_set) / 1e3)
+                boundary.append((t_done - max(t_launch, t_set)) / 1e3)
+                break
+    unknown = sum(1 for *_, who in recs if who not in sms[a] | sms[b])
+    both = [x for r in (a, b) for x in steady[r]]
+    return {"flips": len(total), "iterations": len(recs), "interval_us": interval_us,
+            "sms": {"a": len(sms[a]), "b": len(sms[b])},
+            "write_us_p50": q([(t1 - t0) / 1e3 for t0, _r, t1 in flips[1:]], 0.5),
+            "to_first_kernel_done_us": {"p50": q(total, 0.5), "p99": q(total, 0.99)},
+            "launch_call_to_done_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)},
+            "steady_launch_call_to_done_us": {"p50": q(both, 0.5), "p99": q(both, 0.99)},
+            "records_on_neither": unknown}
+
+
+def main_gpu(a: argparse.Namespace) -> int:
+    rig = Rig(device="cuda", workers=False)
+    try:
+        res = {"device": "cuda", "cpus": os.cpu_count(),
+               "issue_ns_per_launch": issue(rig, sides=GPU_SIDES), "latency": latency(rig, a.n, GPU_SIDES),
+               "switch": {"partition": gpu_switching(rig, a.flips, interval_us=a.switch_interval_us)}}
+    finally:
+        rig.close()
+    print(json.dumps(res, indent=1))
+    iss, sw = res["issue_ns_per_launch"], res["switch"]["partition"]
+    print(f"added issue cost of a launch on a partition: {iss['partition'] - iss['local']:,.1f} ns; "
+          f"route change -> first kernel on the new partition seen done by the host, median "
+          f"{sw['to_first_kernel_done_us']['p50']:.1f} us (a steady launch + sync: "
+          f"{sw['steady_launch_call_to_done_us']['p50']:.1f} us)", file=sys.stderr)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=5000, help="latency iterations (default 5000)")
@@ -115,7 +177,12 @@ def main() -> int:
                     help="pause of the switch probe between launch+sync iterations (default 50, "
                          "as bench/forwarding.py)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--device", choices=("sim", "cuda"), default="sim",
+                    help="sim (default) or cuda: a GPU with green contexts, local and partitions only "
+                         "(prints JSON)")
     a = ap.parse_args()
+    if a.device == "cuda":
+        return main_gpu(a)
     for need in (WORKER, BIN / "fwdprobe", BIN / "launchloop", paths.LIBCOLOCATE,
                  paths.SIMGPU_DIR / "libcuda.so.1"):
         if not need.exists():

@@ -46,7 +46,9 @@ def warm_sleep(seconds: float, touch, stop: threading.Event, warm: float = 0.000
 class Rig:
     """A runtime dir with a control block, a stand-in controller and workers."""
 
-    def __init__(self, timescale: str = "0", device: str = "sim"):
+    def __init__(self, timescale: str = "0", device: str = "sim", workers: bool = True):
+        """workers=False on cuda: no MPS daemon (apps only, on partitions or
+        local: bench/partitions.py --device cuda)."""
         self.dir = Path(tempfile.mkdtemp(prefix="cf-", dir="/tmp"))   # short: ipc paths
         self.device = device
         self.mps: Mps | None = None
@@ -55,18 +57,17 @@ class Rig:
                     if not k.startswith(("COLOCATE_", "SIMGPU_", "CUDA_MPS_")) and k != "LD_PRELOAD"}
         self.env.update(COLOCATE_LIBZMQ=libzmq_path() or "", COLOCATE_RUNTIME_DIR=str(self.dir))
         self.worker_env: dict[str, str] = {}
-        if device == "cuda":
+        self.fast: dict[str, str] = {}      # a local run on a full-speed device of its own
+        if device == "cuda" and workers:
             # workers are MPS clients, apps are not (as under `colocate
             # run`); a GPU worker takes only apps whose memory is VMM-shared
             self.mps = Mps(self.dir)
             print(f"forwarding: {self.mps.ensure()}", file=sys.stderr)
             self.worker_env = self.mps.env()
             self.env.update(COLOCATE_MEM="vmm")
-            self.fast: dict[str, str] = {}
-        else:
+        elif device != "cuda":
             self.env.update(LD_LIBRARY_PATH=str(paths.SIMGPU_DIR), SIMGPU_DIR=str(self.dir / "sim"),
                             SIMGPU_TIMESCALE=timescale)
-            # a local run on a full-speed device of its own
             self.fast = {"SIMGPU_TIMESCALE": "0", "SIMGPU_DIR": str(self.dir / "sim-fast")}
         self.slots: dict[int, int] = {}
         # the route the next app to register gets before its registration is

@@ -112,6 +112,7 @@ static struct {
 	unsigned total, gran;
 	CUdevResource groups[GROUPS_MAX];   /* the device split in groups of gran */
 	unsigned ngroups;
+	CUdevResource rest;           /* SMs left after the last group (probe()) */
 	struct part parts[PART_MAX];
 	unsigned nparts;
 	struct part *cur;             /* launches go there; NULL: all SMs       */
@@ -157,6 +158,7 @@ static void *drv_sym(const char *name)
 /* Once: the entry points and the device's SM resource.  1 usable, -1 not. */
 static int probe(void)
 {
+	CUdevResource rest;
 	const char *why = NULL;
 	CUresult r = CUDA_SUCCESS;
 	int ord = 0;
@@ -197,12 +199,24 @@ static int probe(void)
 	 * them, so that apps the controller gives consecutive spans get
 	 * different SMs (a split of its own in each app would start every
 	 * partition at the same SMs) */
-	pt.ngroups = pt.total / pt.gran < GROUPS_MAX ? pt.total / pt.gran : GROUPS_MAX;
-	if ((r = fn.split(pt.groups, &pt.ngroups, &pt.res, NULL, 0, pt.gran)) != CUDA_SUCCESS ||
+	pt.ngroups = pt.total / pt.gran < GROUPS_MAX - 1 ? pt.total / pt.gran : GROUPS_MAX - 1;
+	memset(&rest, 0, sizeof(rest));
+	if ((r = fn.split(pt.groups, &pt.ngroups, &pt.res, &rest, 0, pt.gran)) != CUDA_SUCCESS ||
 	    pt.ngroups == 0) {
 		shim_log("SM partitions unavailable: cuDevSmResourceSplitByCount into groups of %u "
 			 "SMs failed (CUresult %d); the app runs on all SMs", pt.gran, (int)r);
 		return -1;
+	}
+	/* the SMs no whole group took: the driver's groups keep to the chip's
+	 * layout, so it may make one group fewer than total / gran and leave
+	 * more than total % gran (bench/RESULTS.md, green contexts on the
+	 * GPU).  Then they are the last group; else a span that ends at the
+	 * last group takes them too (cb_part_span counts total / gran). */
+	if (rest.type == CU_DEV_RESOURCE_TYPE_SM && rest.sm.smCount) {
+		if (pt.ngroups < pt.total / pt.gran)
+			pt.groups[pt.ngroups++] = rest;
+		else
+			pt.rest = rest;
 	}
 	return pt.state = 1;
 }
@@ -211,17 +225,23 @@ static int probe(void)
  * (said once per span) when the driver refuses. */
 static struct part *part_of(unsigned first, unsigned count)
 {
+	CUdevResource res[GROUPS_MAX + 1];
 	CUdevResourceDesc desc;
 	struct part *q;
-	unsigned i;
+	unsigned i, n = count;
 	CUresult r = CUDA_ERROR_INVALID_VALUE;
 
 	for (i = 0; i < pt.nparts; i++)
 		if (pt.parts[i].first == first && pt.parts[i].count == count)
 			return &pt.parts[i];
 	q = &pt.parts[pt.nparts];
+	if (first + count <= pt.ngroups) {
+		memcpy(res, &pt.groups[first], count * sizeof(res[0]));
+		if (first + count == pt.ngroups && pt.rest.sm.smCount)
+			res[n++] = pt.rest;
+	}
 	if (pt.nparts >= PART_MAX || first + count > pt.ngroups ||
-	    (r = fn.gen_desc(&desc, &pt.groups[first], count)) != CUDA_SUCCESS ||
+	    (r = fn.gen_desc(&desc, res, n)) != CUDA_SUCCESS ||
 	    (memset(q, 0, sizeof(*q)),
 	     r = fn.green_create(&q->g, desc, pt.dev, CU_GREEN_CTX_DEFAULT_STREAM)) != CUDA_SUCCESS) {
 		if (pt.refused != (first << 16 | count))
@@ -234,8 +254,8 @@ static struct part *part_of(unsigned first, unsigned count)
 	}
 	q->first = first;
 	q->count = count;
-	for (i = 0; i < count; i++)
-		q->sms += pt.groups[first + i].sm.smCount;
+	for (i = 0; i < n; i++)
+		q->sms += res[i].sm.smCount;
 	pt.nparts++;
 	return q;
 }

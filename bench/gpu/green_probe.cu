@@ -117,6 +117,11 @@
 //          launch, first block start to last block end), "busy_frac" (sum of
 //          kernel times / span), "sm_used", "sm_min", "sm_max", "sm_mask"
 //          (hex, bit i = %smid i), "wall_ms", "iters", "grid", "want", "sms".
+//          With --first F the partition is made as the shim makes it: the
+//          device split into groups of min_partition SMs, the run of groups
+//          from SM F on ("first"; -1 without): two processes with disjoint
+//          runs must use disjoint %smid sets for the controller's spans to
+//          isolate apps.
 //
 // Output: ONE JSON line on stdout, also when a call fails ("error" names the
 // first failing call with its error name; "error_call" the call).  Exit 0:
@@ -157,7 +162,7 @@ static const char *const MODES[M_COUNT] = { "split", "bind", "create", "switch",
 
 struct opts {
 	int mode, n, waves;
-	long long sms, sms_b, ms, iters, spin_us;
+	long long sms, sms_b, ms, iters, spin_us, first;
 	double target_ms;
 	const char *tag;
 };
@@ -474,6 +479,52 @@ static CUresult green_make(struct green *p, unsigned want, unsigned flags, int w
 	return CUDA_SUCCESS;
 }
 
+/* The shim's way (shim/shim_part.c): the whole device split once into
+ * groups of minSmPartitionSize SMs, the partition made of the run of groups
+ * from SM `first` (a multiple of that size) on, at least `want` SMs.  Two
+ * processes given disjoint runs get disjoint SMs only if every process's
+ * split orders the SMs alike: the hold pairs with --first answer that. */
+static int split_groups(CUdevResource *grp, unsigned max, CUdevResource *rest, CUresult *rc);
+
+static CUresult green_span(struct green *p, unsigned first, unsigned want)
+{
+	enum { GMAX = 256 };
+	CUdevResource grp[GMAX + 1], rest;
+	CUdevResourceDesc desc = NULL;
+	unsigned gran = R.res.sm.minSmPartitionSize ? R.res.sm.minSmPartitionSize : 1;
+	unsigned g0 = first / gran, count = (want + gran - 1) / gran;
+	int nb;
+
+	memset(p, 0, sizeof(*p));
+	p->want = want;
+	p->step = "cuDevSmResourceSplitByCount (groups)";
+	if ((nb = split_groups(grp, GMAX, &rest, &p->rc)) < 0)
+		return p->rc;
+	if (rest.sm.smCount)          /* the SMs no whole group took: one more */
+		grp[nb++] = rest;
+	if (first % gran || g0 + count > (unsigned)nb) {
+		p->step = "--first/--sms (span past the groups or off their size)";
+		return p->rc = CUDA_ERROR_INVALID_VALUE;
+	}
+	for (unsigned i = 0; i < count; i++)
+		p->sms += grp[g0 + i].sm.smCount;
+	p->step = "cuDevResourceGenerateDesc";
+	if ((p->rc = G->DevResourceGenerateDesc(&desc, &grp[g0], count)))
+		return p->rc;
+	p->step = "cuGreenCtxCreate";
+	if ((p->rc = G->GreenCtxCreate(&p->g, desc, R.dev, CU_GREEN_CTX_DEFAULT_STREAM))) {
+		p->g = NULL;
+		return p->rc;
+	}
+	p->step = "cuGreenCtxStreamCreate";
+	if ((p->rc = G->GreenCtxStreamCreate(&p->s, p->g, CU_STREAM_NON_BLOCKING, 0))) {
+		p->s = NULL;
+		return p->rc;
+	}
+	p->step = NULL;
+	return CUDA_SUCCESS;
+}
+
 static int green_need(struct green *p, unsigned want)
 {
 	if (green_make(p, want, 0, 1) == CUDA_SUCCESS)
@@ -580,12 +631,81 @@ static int bind_launch(CUstream s, unsigned grid, long long iters, int slot, int
 
 static struct {
 	struct ab plain, ignore;
+	/* the whole device in groups of min_partition SMs, as the shim splits
+	 * it: how many, their SM counts, what is left; then a context of the
+	 * last group with the rest, and of every group with the rest */
+	int g_rc, g_nb, g_rest, last_rc, last_sms, all_rc, all_sms;
+	char g_sms[1024];
 } SP;
+
+/* The device split as the shim splits it (groups of min_partition SMs and
+ * the remaining ones, 0 SMs when none): the groups' count, or -1 (*rc). */
+static int split_groups(CUdevResource *grp, unsigned max, CUdevResource *rest, CUresult *rc)
+{
+	unsigned gran = R.res.sm.minSmPartitionSize ? R.res.sm.minSmPartitionSize : 1;
+	unsigned nb = R.res.sm.smCount / gran < max ? R.res.sm.smCount / gran : max;
+
+	memset(grp, 0, max * sizeof(*grp));
+	memset(rest, 0, sizeof(*rest));
+	*rc = G->DevSmResourceSplitByCount(grp, &nb, &R.res, rest, 0, gran);
+	if (*rc != CUDA_SUCCESS)
+		return -1;
+	if (rest->type != CU_DEV_RESOURCE_TYPE_SM)
+		rest->sm.smCount = 0;
+	return (int)nb;
+}
+
+/* A green context of these resources: its SM count, or -1 (*rc). */
+static int ctx_of(CUdevResource *r, unsigned n, CUresult *rc)
+{
+	CUdevResourceDesc desc = NULL;
+	CUdevResource got;
+	CUgreenCtx g = NULL;
+	int sms = -1;
+
+	memset(&got, 0, sizeof(got));
+	if ((*rc = G->DevResourceGenerateDesc(&desc, r, n)) != CUDA_SUCCESS ||
+	    (*rc = G->GreenCtxCreate(&g, desc, R.dev, CU_GREEN_CTX_DEFAULT_STREAM)) != CUDA_SUCCESS)
+		return -1;
+	if (G->GreenCtxGetDevResource(g, &got, CU_DEV_RESOURCE_TYPE_SM) == CUDA_SUCCESS)
+		sms = (int)got.sm.smCount;
+	if (G->GreenCtxDestroy(g) != CUDA_SUCCESS)
+		fprintf(stderr, "%s: cuGreenCtxDestroy failed\n", NAME);
+	return sms;
+}
+
+static void split_whole(void)
+{
+	enum { GMAX = 256 };
+	CUdevResource grp[GMAX + 1], rest;
+	CUresult r;
+	int nb = split_groups(grp, GMAX, &rest, &r);
+	size_t off = 0;
+
+	SP.g_rc = (int)r;
+	SP.g_nb = nb;
+	SP.last_rc = SP.all_rc = -1;
+	SP.last_sms = SP.all_sms = -1;
+	if (nb < 0)
+		return;
+	SP.g_rest = (int)rest.sm.smCount;
+	for (int i = 0; i < nb && off + 16 < sizeof(SP.g_sms); i++)
+		off += (size_t)snprintf(SP.g_sms + off, sizeof(SP.g_sms) - off, "%s%u", i ? "," : "",
+					grp[i].sm.smCount);
+	if (nb < 1 || !rest.sm.smCount)
+		return;
+	grp[nb] = rest;
+	SP.last_sms = ctx_of(&grp[nb - 1], 2, &r);
+	SP.last_rc = (int)r;
+	SP.all_sms = ctx_of(grp, (unsigned)nb + 1, &r);
+	SP.all_rc = (int)r;
+}
 
 static int mode_split(void)
 {
 	ab_begin(&SP.plain);
 	ab_begin(&SP.ignore);
+	split_whole();
 	for (int f = 0; f < 2; f++) {
 		unsigned flags = f ? CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING : 0;
 		struct ab *a = f ? &SP.ignore : &SP.plain;
@@ -636,6 +756,14 @@ static void emit_split(struct jl *j)
 	jl_int(j, "ignore_cosched_flag", CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING);
 	jl_array(j, "splits", &SP.plain);
 	jl_array(j, "splits_ignore_cosched", &SP.ignore);
+	jl_rc(j, "groups_rc", "groups_err", SP.g_rc);
+	jl_int(j, "groups_nb", SP.g_nb);
+	jl_str(j, "groups_sms", SP.g_sms);
+	jl_int(j, "groups_rest", SP.g_rest);
+	jl_rc(j, "last_with_rest_rc", "last_with_rest_err", SP.last_rc);
+	jl_int(j, "last_with_rest_sms", SP.last_sms);
+	jl_rc(j, "all_with_rest_rc", "all_with_rest_err", SP.all_rc);
+	jl_int(j, "all_with_rest_sms", SP.all_sms);
 }
 
 /* ============================================================ bind */
@@ -1321,6 +1449,7 @@ static void emit_modload(struct jl *j)
 
 static struct {
 	unsigned want, sms;
+	long long first;
 	int bps;
 	long long iters, grid, n_done;
 	unsigned long long first_start, last_end;
@@ -1337,9 +1466,13 @@ static int mode_hold(const struct opts *o)
 	int rc = -1, k = 0;
 
 	memset(&p, 0, sizeof(p));
-	if (green_need(&p, HO.want))
+	if (o->first < 0 ? green_need(&p, HO.want) : green_span(&p, (unsigned)o->first, HO.want)) {
+		if (o->first >= 0)
+			fail_drv(F, D, p.step, p.rc);
 		goto out;
+	}
 	HO.sms = p.sms;
+	HO.first = o->first;
 	if (RCK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&HO.bps, bind_fma, BLOCK, 0)))
 		goto out;
 	HO.grid = (long long)p.sms * HO.bps * o->waves;
@@ -1406,6 +1539,7 @@ static void emit_hold(struct jl *j)
 	char hex[MASK_WORDS * 8 + 16];
 
 	jl_int(j, "want", HO.want);
+	jl_int(j, "first", HO.first);
 	jl_count(j, "sms", HO.sms ? (long long)HO.sms : -1);
 	jl_count(j, "iters", HO.iters);
 	jl_count(j, "grid", HO.grid);
@@ -1559,7 +1693,7 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: gpu-green_probe split|bind|create|switch|modload|hold [--n N] [--sms S]\n"
 		"         [--sms-b S] [--ms M] [--iters K] [--waves V] [--target-ms T] [--spin-us U]\n"
-		"         [--tag T]\n"
+		"         [--first F] [--tag T]\n"
 		"  one JSON line on stdout; exit 0 measured, 1 a call or check failed, "
 		"2 no device (or simgpu)\n");
 }
@@ -1575,6 +1709,7 @@ int main(int argc, char **argv)
 	o.waves = 4;
 	o.ms = 1000;
 	o.sms_b = 120;
+	o.first = -1;
 	o.spin_us = 100;
 	o.target_ms = 5;
 	if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
@@ -1596,6 +1731,8 @@ int main(int argc, char **argv)
 			bad = arg_ll(argc, argv, &i, 1, 4096, &v), o.sms = v;
 		else if (!strcmp(a, "--sms-b"))
 			bad = arg_ll(argc, argv, &i, 1, 4096, &v), o.sms_b = v;
+		else if (!strcmp(a, "--first"))
+			bad = arg_ll(argc, argv, &i, 0, 4096, &v), o.first = v;
 		else if (!strcmp(a, "--ms"))
 			bad = arg_ll(argc, argv, &i, 1, 600000, &v), o.ms = v;
 		else if (!strcmp(a, "--iters"))

@@ -72,7 +72,8 @@ static inline unsigned cb_part_edge(unsigned x, unsigned total, unsigned gran)
 /* The groups [*first, *first + *count) of the span from start % to
  * start + pct % (past 100 %: the last pct % of the device), at least one.
  * On an H100 (132 SMs, 8 per group, 16 groups): pct 10 -> 2 groups (16
- * SMs), 25 -> 4, 50 -> 8, 75 -> 12, 90 -> 15, 97..99 -> 16; a 30 % service
+ * SMs), 25 -> 4, 50 -> 8, 75 -> 12, 90 -> 15, 97..99 -> 16 (with the 4 SMs
+ * left over: all 132, shim_part.c); a 30 % service
  * at 0 and a 70 % batch app at 30 take groups 0-4 and 5-15. */
 static inline void cb_part_span(unsigned start, unsigned pct, unsigned total, unsigned gran,
 				unsigned *first, unsigned *count)
@@ -95,13 +96,16 @@ static inline void cb_part_span(unsigned start, unsigned pct, unsigned total, un
 	*count = b - a;
 }
 
-/* SMs of the partition for pct % from the device's first SM. */
+/* SMs of the partition for pct % from the device's first SM; a span to the
+ * last group has the SMs left over too (shim_part.c). */
 static inline unsigned cb_part_sms(unsigned pct, unsigned total, unsigned gran)
 {
 	unsigned first, count;
 
+	if (gran == 0)
+		gran = 1;
 	cb_part_span(0, pct, total, gran, &first, &count);
-	return count * (gran ? gran : 1);
+	return first + count >= total / gran ? total - first * gran : count * gran;
 }
 
 struct cb_header {

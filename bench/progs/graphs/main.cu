@@ -286,6 +286,11 @@ int main(int argc, char **argv)
 	cudaGetLastError();
 	CK(cudaStreamDestroy(sb));
 
+	// what each call returned, so that a failure below says which rule broke
+	fprintf(stderr, "graphs capture rules: legacy %d, sync %d, end %d, memcpy %d, end2 %d, "
+		"relaxed %d, implicit %d, end3 %d, empty_nodes %zu\n", (int)e_legacy, (int)e_sync,
+		(int)e_end, (int)e_memcpy, (int)e_end2, (int)e_relaxed, (int)e_implicit, (int)e_end3,
+		empty_nodes);
 	if (e_legacy == cudaSuccess || e_sync == cudaSuccess || e_end == cudaSuccess ||
 	    e_memcpy == cudaSuccess || e_relaxed != cudaSuccess || e_implicit == cudaSuccess ||
 	    empty_nodes != 0)

@@ -178,10 +178,14 @@ static void pools(long long iters, cudaStream_t s, cudaStream_t s2)
 	CK(cudaStreamSynchronize(s2));
 
 	// cudaFree of pool memory is allowed too
+	unsigned long long used_after_free, used_after_devsync;
 	CK(cudaMallocAsync((void **)&q, MIB, s));
 	CK(cudaStreamSynchronize(s));
 	CK(cudaFree(q));
-	EXPECT(pattr(pool, cudaMemPoolAttrUsedMemCurrent) == 0);
+	used_after_free = pattr(pool, cudaMemPoolAttrUsedMemCurrent);
+	EXPECT(used_after_free == 0);
+	CK(cudaDeviceSynchronize());
+	used_after_devsync = pattr(pool, cudaMemPoolAttrUsedMemCurrent);
 
 	// watermarks reset to zero only
 	pset(pool, cudaMemPoolAttrUsedMemHigh, 0);
@@ -233,10 +237,10 @@ static void pools(long long iters, cudaStream_t s, cudaStream_t s2)
 		 "\"live_used\":%llu,\"live_reserved\":%llu,\"live_meminfo_drop\":%zu,"
 		 "\"freed_reserved\":%llu,\"cross_stream_reserved\":%llu,\"used_high_reset\":%llu,"
 		 "\"trim1\":%llu,\"trim0\":%llu,\"pool2_used\":%llu,\"pool2_after_sync\":%llu,"
-		 "\"kernel_ok\":%s}",
+		 "\"used_after_free\":%llu,\"used_after_devsync\":%llu,\"kernel_ok\":%s}",
 		 iters, loop_used, loop_reserved, loop_used_high, live_used, live_reserved, live_drop,
 		 freed_reserved, cross_reserved, used_high_reset, trim1, trim0, p2_used, p2_after_sync,
-		 kernel_ok ? "true" : "false");
+		 used_after_free, used_after_devsync, kernel_ok ? "true" : "false");
 }
 
 static int range_int(cudaMemRangeAttribute a, const void *p, size_t n)
