@@ -85,7 +85,8 @@ int main()
 	CK(cudaStreamSynchronize(s));
 	EXPECT(attr(def, cudaMemPoolAttrUsedMemCurrent) == MIB);
 	CK(cudaFree(q));
-	EXPECT(attr(def, cudaMemPoolAttrUsedMemCurrent) == 0);
+	/* its bytes stay in the pool's used figure, as on an H200 */
+	EXPECT(attr(def, cudaMemPoolAttrUsedMemCurrent) == MIB);
 	CK(cudaMemPoolTrimTo(def, 0));
 	EXPECT(attr(def, cudaMemPoolAttrReservedMemCurrent) == 0);
 	set(def, cudaMemPoolAttrReleaseThreshold, 0);
@@ -256,7 +257,11 @@ def check_figures(j: dict) -> None:
     assert (p["live_used"], p["live_reserved"], p["live_meminfo_drop"]) == (4 * MIB,) * 3
     assert p["freed_reserved"] == 4 * MIB
     assert p["cross_stream_reserved"] == 4 * MIB          # reused, not grown
-    assert (p["trim1"], p["trim0"], p["used_high_reset"]) == (MIB, 0, 0)
+    assert (p["trim1"], p["trim0"]) == (MIB, 0)
+    # cudaFree of a 1 MiB pool block leaves it in the pool's used figure, so
+    # the reset watermark is 1 MiB too (both as an H200 did, bench/RESULTS.md;
+    # the GPU reserves in 32 MiB chunks where simgpu reserves blocks)
+    assert (p["used_after_free"], p["used_after_devsync"], p["used_high_reset"]) == (MIB,) * 3
     assert (p["pool2_used"], p["pool2_after_sync"]) == (3 * MIB, 0)
     assert p["kernel_ok"] is True
     m = j["managed"]

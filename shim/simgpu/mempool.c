@@ -420,8 +420,12 @@ int sg_pool_free_async(void *p, struct sg_stream *s, cudaError_t *err)
 
 /*
  * cudaFree of pool memory (CUDA allows it; all streams are synchronised
- * by then): the block leaves its pool's books, the caller frees it in the
- * arena.  0: not a pool block; 1: forgotten; -1: already freed.
+ * by then): the block leaves its pool, the caller frees it in the arena.
+ * Its bytes stay in the pool's UsedMemCurrent, as on an H200 (CUDA 13.0,
+ * driver 580.159: 1 MiB cudaMallocAsync'ed then cudaFree'd left used at
+ * 1 MiB, after a cudaDeviceSynchronize and a trim to 0 too; the pool's
+ * reserved memory went: bench/progs/pools, bench/RESULTS.md).
+ * 0: not a pool block; 1: forgotten; -1: already freed.
  */
 int sg_pool_forget(void *p)
 {
@@ -437,7 +441,6 @@ int sg_pool_forget(void *p)
 			rc = -1;
 		} else {
 			note_reserved(b->pool, -(int64_t)b->size);
-			note_used(b->pool, -(int64_t)b->size);
 			blk_remove((size_t)i);
 			rc = 1;
 		}

@@ -15,9 +15,13 @@
 //    launched 3 times: m = x, c = 3.
 // 3. Calls that are illegal during a capture, and the errors CUDA gives:
 //    beginning a capture on the legacy stream, synchronising a capturing
-//    stream (then its end reports the capture invalidated), a synchronous
-//    cudaMemcpy in global mode (allowed once the thread is relaxed), work
-//    on the legacy stream while a blocking stream captures.
+//    stream (then its end reports the capture invalidated), work on the
+//    legacy stream while a blocking stream captures; and what is legal: a
+//    synchronous cudaMemcpy into pinned memory in global mode (on an H200,
+//    CUDA 13.0: cudaSuccess, the capture stays valid; simgpu once called
+//    it illegal), the same once the thread is relaxed.  The same copy into
+//    pageable memory is reported, not checked ("memcpy_pageable": not yet
+//    measured on a GPU).
 // One kernel is launched directly (iota), once.
 //
 // Prints one JSON line and `PASS graphs ...` (exit 0), or `FAIL graphs
@@ -265,6 +269,22 @@ int main(int argc, char **argv)
 	cudaError_t e_memcpy = cudaMemcpy(hm, m, bytes, cudaMemcpyDeviceToHost);
 	cudaError_t e_end2 = cudaStreamEndCapture(s, &g2);
 	cudaGetLastError();
+	size_t pinned_nodes = g2 ? node_count(g2) : 0;
+	if (g2)
+		CK(cudaGraphDestroy(g2));
+	g2 = NULL;
+
+	int *hp = (int *)malloc(bytes);            // pageable
+	if (!hp)
+		fail("out of host memory%s%s", "", "");
+	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+	cudaError_t e_memcpy_pg = cudaMemcpy(hp, m, bytes, cudaMemcpyDeviceToHost);
+	cudaError_t e_end2_pg = cudaStreamEndCapture(s, &g2);
+	cudaGetLastError();
+	if (g2)
+		CK(cudaGraphDestroy(g2));
+	g2 = NULL;
+	free(hp);
 
 	cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
 	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
@@ -288,12 +308,13 @@ int main(int argc, char **argv)
 
 	// what each call returned, so that a failure below says which rule broke
 	fprintf(stderr, "graphs capture rules: legacy %d, sync %d, end %d, memcpy %d, end2 %d, "
-		"relaxed %d, implicit %d, end3 %d, empty_nodes %zu\n", (int)e_legacy, (int)e_sync,
-		(int)e_end, (int)e_memcpy, (int)e_end2, (int)e_relaxed, (int)e_implicit, (int)e_end3,
-		empty_nodes);
+		"memcpy_pageable %d, end2_pageable %d, relaxed %d, implicit %d, end3 %d, "
+		"empty_nodes %zu, pinned_nodes %zu\n", (int)e_legacy, (int)e_sync, (int)e_end,
+		(int)e_memcpy, (int)e_end2, (int)e_memcpy_pg, (int)e_end2_pg, (int)e_relaxed,
+		(int)e_implicit, (int)e_end3, empty_nodes, pinned_nodes);
 	if (e_legacy == cudaSuccess || e_sync == cudaSuccess || e_end == cudaSuccess ||
-	    e_memcpy == cudaSuccess || e_relaxed != cudaSuccess || e_implicit == cudaSuccess ||
-	    empty_nodes != 0)
+	    e_memcpy != cudaSuccess || e_end2 != cudaSuccess || pinned_nodes != 0 ||
+	    e_relaxed != cudaSuccess || e_implicit == cudaSuccess || empty_nodes != 0)
 		fail("a call illegal during capture succeeded (or a legal one failed)%s%s", "", "");
 
 	// nothing of the failed captures ran
@@ -325,10 +346,11 @@ int main(int argc, char **argv)
 	       "\"captured_kernels\":%zu,\"manual_nodes\":%zu,\"manual_launches\":3,"
 	       "\"direct_launches\":1,\"capture_id\":%llu,\"errors\":{\"legacy_begin\":%d,"
 	       "\"sync\":%d,\"end_after_sync\":%d,\"memcpy\":%d,\"end_after_memcpy\":%d,"
+	       "\"memcpy_pageable\":%d,\"end_after_memcpy_pageable\":%d,"
 	       "\"relaxed_memcpy\":%d,\"implicit\":%d,\"end_after_implicit\":%d},\"ok\":true}\n",
 	       n, launches, captured_nodes, nkern, manual_nodes, cap_id, (int)e_legacy,
-	       (int)e_sync, (int)e_end, (int)e_memcpy, (int)e_end2, (int)e_relaxed,
-	       (int)e_implicit, (int)e_end3);
+	       (int)e_sync, (int)e_end, (int)e_memcpy, (int)e_end2, (int)e_memcpy_pg,
+	       (int)e_end2_pg, (int)e_relaxed, (int)e_implicit, (int)e_end3);
 	printf("PASS %s n=%lld launches=%lld\n", NAME, n, launches);
 	return 0;
 }
