@@ -26,8 +26,9 @@
 #           CHECK lines must be equal and the app's partition record must
 #           show SMs (greenapp_quotas.json); the shim's route on the device
 #   parts   bench/partitions.py --device cuda: a launch's cost local and on a
-#           partition, and route changes between two disjoint partitions
-#           (partitions.json)
+#           partition, and route changes between two disjoint partitions,
+#           with the probe pausing 50 us between launches (partitions.json)
+#           and back to back (partitions_b2b.json)
 #   handoff bench/handoff.py --device cuda alone (also inside camelot)
 #   calib   bench/calibrate.py run: a kernel next to co-runners of each kind
 #           at MPS percentages 10..100 (with and without oversubscription),
@@ -63,7 +64,9 @@
 #           of text-to-img for 20 q/s (profile on the device, models,
 #           allocator: plan.json, t2i-plan.toml) and a run of the plan
 #           (plan_run.json: planned against measured)
-# Not yet run on a GPU: read session.log first.
+# First run on an H200 on 2026-11-27 (bench/RESULTS.md, "GPU session"):
+# build green greenapp apis demo camelot parts handoff calib.  Read
+# session.log first.
 set -u
 OUT=${OUT:-bench/out/gpu}
 mkdir -p "$OUT"
@@ -366,7 +369,8 @@ for s in "$@"; do
 	greenapp) step greenapp 120 greenapp ;;
 	calib) step calib 580 calib ;;
 	apis) step apis 240 apis ;;
-	parts) step parts 180 sh -c "$PY bench/partitions.py --device $DEV --flips 100 >$OUT/partitions.json" ;;
+	parts) step parts 180 sh -c "$PY bench/partitions.py --device $DEV --flips 100 >$OUT/partitions.json &&
+		$PY bench/partitions.py --device $DEV --flips 100 --switch-interval-us 0 >$OUT/partitions_b2b.json" ;;
 	handoff) step handoff 150 $PY bench/handoff.py --device "$DEV" --out "$OUT/handoff" ;;
 	green) step green 240 green ;;
 	camelot) step camelot 300 camelot ;;

@@ -316,9 +316,10 @@ def main(argv: list[str] | None = None) -> int:
                           "importer_cache": res["importer_cache"]}, indent=1))
         return 0
     lines = []
-    where = f"simgpu (SIMGPU_TIMESCALE={args.timescale}" if args.device == "sim" else "the GPU ("
-    lines.append(f"Camelot Fig. 11 on {where}"
-                 f"{', COLOCATE_HANDOFF_SLOW=1' if args.slow else ''}): per buffer, medians (p90), us")
+    notes = ([f"SIMGPU_TIMESCALE={args.timescale}"] if args.device == "sim" else []) + \
+        (["COLOCATE_HANDOFF_SLOW=1"] if args.slow else [])
+    where = ("simgpu" if args.device == "sim" else "the GPU") + (f" ({', '.join(notes)})" if notes else "")
+    lines.append(f"Camelot Fig. 11 on {where}: per buffer, medians (p90), us")
     lines.append("  ping:      a bare ZeroMQ round trip of a handle-sized frame (the transport's share)")
     lines.append("  hand-off:  export + send + open + release + ack, the stage's buffer reused batch after batch;"
                  " own: export + open + release")
