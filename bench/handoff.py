@@ -74,11 +74,16 @@ def _iters(size: int, seconds: float) -> int:
     return max(15, min(400, int(seconds / max(size / 2e9, 20e-6))))
 
 
+def _copy(rt: Any, dst: int, src: int, size: int, kind: int) -> None:
+    if rt.cudaMemcpy(dst, src, size, kind) != 0:
+        raise RuntimeError(f"cudaMemcpy of {size} bytes (kind {kind}) failed")
+
+
 def _device_crc(rt: Any, ptr: int, size: int) -> int:
     """CRC-32 of device memory, read back with cudaMemcpy (simgpu or GPU)."""
     import numpy as np
     host = np.empty(size, np.uint8)
-    assert rt.cudaMemcpy(host.ctypes.data, ptr, size, D2H) == 0
+    _copy(rt, host.ctypes.data, ptr, size, D2H)
     return zlib.crc32(host)
 
 
@@ -100,7 +105,7 @@ def sender(addr: str, rundir: str, sizes: list[int], seconds: float) -> None:
         # host memory (Buffer.numpy is simgpu's only)
         host = np.arange(size, dtype=np.uint64).astype(np.uint8)
         crc = zlib.crc32(host)
-        assert rt.cudaMemcpy(buf.ptr, host.ctypes.data, size, H2D) == 0
+        _copy(rt, buf.ptr, host.ctypes.data, size, H2D)
         n = _iters(size, seconds)
         nf = max(15, n // 2)
         sock.send_json({"size": size, "n": n, "nf": nf, "crc": crc})

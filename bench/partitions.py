@@ -136,8 +136,9 @@ def gpu_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us
     total: list[float] = []
     boundary: list[float] = []
     for _t_begin, route, t_set in flips[1:]:            # the first one is the initial route
+        other = sms[b if route == a else a]              # disjoint: not there is on the new one
         for _, t_launch, t_done, _x, who in recs:
-            if t_done >= t_set and who in sms[route]:
+            if t_done >= t_set and who not in other:
                 total.append((t_done - t_set) / 1e3)
                 boundary.append((t_done - max(t_launch, t_set)) / 1e3)
                 break

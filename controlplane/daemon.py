@@ -456,7 +456,8 @@ class Controller:
         of the device, QoS apps first, then batch apps, each in slot order
         (CB_ROUTE_PART | start << 8 | pct; cb_part_span in ctlblock.h turns a
         span into SM groups), so that their partitions share no SM while
-        their quotas sum to 100 % or less.  Past 100 % a span is the device's
+        their quotas sum to 100 % or less (but for a small span rounded onto
+        the last group a larger one reaches).  Past 100 % a span is the device's
         last pct % (overlapping).  An app whose start moves is routed again
         (its next launch changes partition)."""
         if self.route_kind != "partition":

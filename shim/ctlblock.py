@@ -63,7 +63,8 @@ def part_starts(apps: list[tuple[bool, int, int]]) -> dict[int, int]:
     """Where each app's span starts, in % of the device: (is_qos, slot, pct)
     of the apps on partitions -> slot: start.  QoS apps first, then batch
     apps, each in slot order, one after another (the controller's placement:
-    disjoint SMs while the quotas sum to 100 % or less)."""
+    disjoint SMs while the quotas sum to 100 % or less, but for a small span
+    that rounds onto the last group a larger span reaches: README)."""
     out, start = {}, 0
     for _, slot, pct in sorted(apps, key=lambda a: (not a[0], a[1])):
         out[slot] = min(start, 99)

@@ -208,25 +208,47 @@ static int probe(void)
 		return -1;
 	}
 	/* the SMs no whole group took: the driver's groups keep to the chip's
-	 * layout, so it may make one group fewer than total / gran and leave
-	 * more than total % gran (bench/RESULTS.md, green contexts on the
-	 * GPU).  Then they are the last group; else a span that ends at the
-	 * last group takes them too (cb_part_span counts total / gran). */
+	 * layout, so it may make fewer groups than total / gran and leave
+	 * more than total % gran (an H200: 15 groups of 8 and 12 left;
+	 * bench/RESULTS.md, green contexts on the GPU).  Then they are one
+	 * more group, the last; else a span that ends at the last group takes
+	 * them too (span_total() says over how many groups spans are laid). */
 	if (rest.type == CU_DEV_RESOURCE_TYPE_SM && rest.sm.smCount) {
 		if (pt.ngroups < pt.total / pt.gran)
 			pt.groups[pt.ngroups++] = rest;
 		else
 			pt.rest = rest;
 	}
+	if (pt.ngroups < pt.total / pt.gran)
+		shim_log("the driver split the device's %u SMs into %u groups (the last %u SMs), "
+			 "not %u of %u: partitions are runs of those %u", pt.total, pt.ngroups,
+			 pt.groups[pt.ngroups - 1].sm.smCount, pt.total / pt.gran, pt.gran, pt.ngroups);
 	return pt.state = 1;
 }
 
+/* The "total" cb_part_span lays spans over: the device's, where the driver
+ * made its total / gran groups (the controller's reckoning, ctlblock.h);
+ * else the groups it made, so that every span is a run of real groups. */
+static unsigned span_total(void)
+{
+	return pt.ngroups < pt.total / pt.gran ? pt.ngroups * pt.gran : pt.total;
+}
+
+/* A green context of the resources: CUDA_SUCCESS or why not. */
+static CUresult green_of(CUgreenCtx *g, CUdevResource *res, unsigned n)
+{
+	CUdevResourceDesc desc;
+	CUresult r = fn.gen_desc(&desc, res, n);
+
+	return r != CUDA_SUCCESS ? r : fn.green_create(g, desc, pt.dev, CU_GREEN_CTX_DEFAULT_STREAM);
+}
+
 /* The partition of groups [first, first + count), made at first use; NULL
- * (said once per span) when the driver refuses. */
+ * (said once per span) when the driver refuses.  fwd.mu held (res is
+ * static: a launch hook's stack is the app's). */
 static struct part *part_of(unsigned first, unsigned count)
 {
-	CUdevResource res[GROUPS_MAX + 1];
-	CUdevResourceDesc desc;
+	static CUdevResource res[GROUPS_MAX + 1];
 	struct part *q;
 	unsigned i, n = count;
 	CUresult r = CUDA_ERROR_INVALID_VALUE;
@@ -240,10 +262,16 @@ static struct part *part_of(unsigned first, unsigned count)
 		if (first + count == pt.ngroups && pt.rest.sm.smCount)
 			res[n++] = pt.rest;
 	}
-	if (pt.nparts >= PART_MAX || first + count > pt.ngroups ||
-	    (r = fn.gen_desc(&desc, res, n)) != CUDA_SUCCESS ||
-	    (memset(q, 0, sizeof(*q)),
-	     r = fn.green_create(&q->g, desc, pt.dev, CU_GREEN_CTX_DEFAULT_STREAM)) != CUDA_SUCCESS) {
+	if (pt.nparts < PART_MAX && first + count <= pt.ngroups) {
+		memset(q, 0, sizeof(*q));
+		r = green_of(&q->g, res, n);
+		/* a rest smaller than a group was never seen to combine: without it */
+		if (r != CUDA_SUCCESS && n > count) {
+			n = count;
+			r = green_of(&q->g, res, n);
+		}
+	}
+	if (r != CUDA_SUCCESS) {
 		if (pt.refused != (first << 16 | count))
 			shim_log("cannot make an SM partition of groups %u..%u of %u SMs each (CUresult "
 				 "%d%s); running on all SMs until the route changes", first,
@@ -279,7 +307,7 @@ int part_enter(uint32_t start, uint32_t pct)
 		pt.quiet = 0;          /* what ran before is not known here */
 	/* the span's groups: cb_part_span (ctlblock.h), which the simulator
 	 * and `colocate quotas` share */
-	cb_part_span(start, pct, pt.total, pt.gran, &first, &count);
+	cb_part_span(start, pct, span_total(), pt.gran, &first, &count);
 	q = part_of(first, count);
 	if (!q)
 		return -1;

@@ -23,7 +23,7 @@ from test_forwarding import HOT, result_of
 
 from processpool.rig import Rig
 from shim import paths
-from shim.ctlblock import ROUTE_PART, part_sms
+from shim.ctlblock import ROUTE_PART, part_sms, part_span_sms
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "bench" / "bin"
@@ -190,7 +190,23 @@ def test_a_span_of_the_device_is_its_own_groups(rig, tmp_path, start, pct, first
                               routes=part(pct) | start << 8)
     assert "PASS streams2" in out and set(caps) == {sms}
     k = rig.cb.control(rig.last_slot)
-    assert (k["part_first"], k["part_sms"]) == (first, sms)
+    assert (k["part_first"], k["part_sms"]) == (first, sms) == part_span_sms(start, pct, 132, 8)
+
+
+@pytest.mark.parametrize("start,pct", [(0, 99), (50, 50), (0, 50)])
+def test_a_device_whose_split_leaves_a_few_sms(rig, tmp_path, start, pct):
+    """130 SMs: simgpu makes 16 groups of 8 and leaves 2 (132 SMs leave 12,
+    as an H200 did, and those are the 16th group).  A span to the last
+    group takes the 2 as well, as part_span_sms and `colocate quotas` say."""
+    log = tmp_path / "launches.jsonl"
+    out, err, _ = rig.run("streams2", "--repeat", "1", "--rounds", "1", routes=part(pct) | start << 8,
+                          SIMGPU_SMS="130", SIMGPU_DIR=str(tmp_path / "sim130"), SIMGPU_LAUNCH_LOG=str(log))
+    assert "PASS streams2" in out and "cannot make" not in err, err
+    k = rig.cb.control(rig.last_slot)
+    want = part_span_sms(start, pct, 130, 8)
+    assert (k["part_first"], k["part_sms"]) == want and k["part_total"] == 130
+    caps = {json.loads(ln)["quota_sms"] for ln in log.read_text().splitlines()}
+    assert caps == {want[1]}, caps
 
 
 def test_graph_launches_stay_on_all_sms_and_are_counted(rig, tmp_path):

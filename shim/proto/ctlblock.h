@@ -72,7 +72,7 @@ static inline unsigned cb_part_edge(unsigned x, unsigned total, unsigned gran)
 /* The groups [*first, *first + *count) of the span from start % to
  * start + pct % (past 100 %: the last pct % of the device), at least one.
  * On an H100 (132 SMs, 8 per group, 16 groups): pct 10 -> 2 groups (16
- * SMs), 25 -> 4, 50 -> 8, 75 -> 12, 90 -> 15, 97..99 -> 16; the 16th group
+ * SMs), 25 -> 4, 50 -> 8, 75 -> 12, 90 -> 15, 94..100 -> 16; the 16th group
  * is what the driver left (an H200 made 15 groups of 8 and left 12:
  * shim_part.c), so a span to the end has all the SMs; a 30 % service
  * at 0 and a 70 % batch app at 30 take groups 0-4 and 5-15. */

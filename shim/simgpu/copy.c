@@ -15,12 +15,12 @@
  *
  * On a capturing stream an asynchronous copy or memset becomes a graph
  * node (capture.c) that reads its source when the graph runs.  A
- * synchronous copy between the device and PINNED host memory on a stream
- * that does not capture is legal while another stream captures in global
- * mode (an H200, CUDA 13.0 driver 580.159: cudaMemcpy D2H into
- * cudaMallocHost memory returned cudaSuccess and the capture stayed valid;
- * bench/progs/graphs, bench/RESULTS.md); other synchronous copies (pageable
- * host memory, device to device: not measured) stay "potentially unsafe".
+ * synchronous copy from the device into PINNED host memory is legal while
+ * another stream captures in global mode (an H200, CUDA 13.0, driver
+ * 580.159: cudaMemcpy D2H into cudaMallocHost memory returned cudaSuccess
+ * and the capture stayed valid; bench/progs/graphs, bench/RESULTS.md); the
+ * other synchronous copies (into pageable memory, from the host, device to
+ * device: not measured) stay "potentially unsafe".
  */
 #include <stdlib.h>
 #include <string.h>
@@ -96,19 +96,18 @@ static cudaError_t do_copy(void *dst, const void *src, size_t n, enum cudaMemcpy
 	sg_init();
 	if (sg_sticky() != cudaSuccess)
 		return sg_err(sg_sticky());
+	/* a synchronous copy is "potentially unsafe" during a capture, except
+	 * one from the device into pinned memory (the comment at the top) */
+	if (!async && !((kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDefault) &&
+			sg_is_dev(src) && !sg_is_dev(dst) && sg_is_pinned(dst, n)) &&
+	    (e = sg_capture_unsafe()) != cudaSuccess)
+		return sg_err(e);
 	e = sg_copy_op_new(dst, src, n, kind, &op);
 	if (e != cudaSuccess)
 		return sg_err(e);
 	if (!op)
 		return cudaSuccess;
 	dir = op->u.copy.dir;
-	/* a synchronous copy is "potentially unsafe" during a capture, except
-	 * one to or from pinned memory (measured: the comment at the top) */
-	if (!async && !((dir == SG_D2H && sg_is_pinned(dst, n)) || (dir == SG_H2D && sg_is_pinned(src, n))) &&
-	    (e = sg_capture_unsafe()) != cudaSuccess) {
-		sg_op_free(op);
-		return sg_err(e);
-	}
 	s = sg_stream_resolve(stream, ptsz);
 	if (!s) {
 		sg_op_free(op);

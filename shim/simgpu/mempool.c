@@ -424,7 +424,9 @@ int sg_pool_free_async(void *p, struct sg_stream *s, cudaError_t *err)
  * Its bytes stay in the pool's UsedMemCurrent, as on an H200 (CUDA 13.0,
  * driver 580.159: 1 MiB cudaMallocAsync'ed then cudaFree'd left used at
  * 1 MiB, after a cudaDeviceSynchronize and a trim to 0 too; the pool's
- * reserved memory went: bench/progs/pools, bench/RESULTS.md).
+ * reserved memory went: bench/progs/pools, bench/RESULTS.md).  Only that
+ * one free was measured; that every such free leaves its bytes is our
+ * extrapolation.
  * 0: not a pool block; 1: forgotten; -1: already freed.
  */
 int sg_pool_forget(void *p)

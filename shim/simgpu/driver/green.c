@@ -17,7 +17,7 @@
  * split, bench/RESULTS.md) did: a size past the device is the whole device
  * (132 -> 132, not an error), the device's smCoscheduledAlignment is 8,
  * and coscheduled groups keep to the chip's GPCs, so the device made 15
- * groups of 8 and left 12 SMs, not 16 and 4 (gpcs() below).  A
+ * groups of 8 and left 12 SMs, not 16 and 4 (groups_fit() below).  A
  * CUdevResource carries our tag in its _internal_padding: where it came
  * from and which split made it, so that a split result is not split again
  * and a descriptor takes resources of one split only, as cuda.h requires.
@@ -136,41 +136,17 @@ static CUresult whole(CUdevResource *res, CUdevResourceType type, unsigned n, in
 }
 
 /*
- * The device's GPCs, in SMs (2 per TPC); their number.  132 SMs: TPCs
- * 9,9,9,8,8,8,8,7 -- inferred, not read: it is a layout of 66 TPCs in 8
- * GPCs of at most 9 (GH100) that gives the H200's 15 groups of 8 with 12
- * SMs left; the even one (9,9,8,...) would give 16 and 4.  Other counts:
- * TPCs spread evenly over 8 GPCs.
+ * How many groups of `size` SMs a split of `total` makes.  What was
+ * measured (an H200, 132 SMs): coscheduled groups of 8 are 15, with 12 SMs
+ * left -- they keep to the chip's GPCs (TPCs 9,9,9,8,8,8,8,7 is a layout
+ * that gives that; the layout itself was not read).  Everything else is
+ * as many as fit (total / size): not measured, and not inferred further.
  */
-static unsigned gpcs(unsigned total, unsigned gpc[8])
-{
-	static const unsigned h200[8] = { 18, 18, 18, 16, 16, 16, 16, 14 };
-	unsigned tpcs = total / 2, i;
-
-	if (total == 132) {
-		memcpy(gpc, h200, sizeof(h200));
-		return 8;
-	}
-	for (i = 0; i < 8; i++)
-		gpc[i] = 2 * (tpcs / 8 + (i < tpcs % 8));
-	gpc[7] += total % 2;
-	return 8;
-}
-
-/* How many groups of `size` SMs a split of `total` makes: coscheduled
- * groups no bigger than a GPC come from one GPC each; bigger ones, and
- * groups that ignore coscheduling, from anywhere. */
 static unsigned groups_fit(unsigned size, unsigned total, unsigned flags)
 {
-	unsigned gpc[8], n = gpcs(total, gpc), fit = 0, big = 0, i;
-
-	for (i = 0; i < n; i++)
-		big = gpc[i] > big ? gpc[i] : big;
-	if ((flags & CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING) || size > big)
-		return size <= total ? total / size : 0;
-	for (i = 0; i < n; i++)
-		fit += gpc[i] / size;
-	return fit;
+	if (total == 132 && size == 8 && !(flags & CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING))
+		return 15;
+	return size <= total ? total / size : 0;
 }
 
 static CUresult device_sms(unsigned *n)
