@@ -32,6 +32,12 @@
 //          "sms" (group), "rest" (remaining), "ctx_rc"/"ctx_err" (desc +
 //          green context from that group, destroyed at once), "ctx_sms"
 //          (cuGreenCtxGetDevResource of it)}; "ignore_cosched_flag" its value.
+//          Then the whole device as the shim splits it (groups of
+//          min_partition and the rest): "groups_nb", "groups_sms", "groups_rest",
+//          contexts of the last group with the rest ("last_with_rest_*") and
+//          of all of them ("all_with_rest_*"); and "multi": for each minCount
+//          above, as many groups as the driver makes (64 asked),
+//          "min:NxSIZE+REST" (or "min:rcN").
 // bind     a compute-bound kernel (8 FMA chains per thread, 256-thread
 //          blocks, grid = sm_count * blocks/SM * --waves (4): the same grid
 //          everywhere, filling the whole GPU several times), K calibrated so
@@ -636,6 +642,10 @@ static struct {
 	 * last group with the rest, and of every group with the rest */
 	int g_rc, g_nb, g_rest, last_rc, last_sms, all_rc, all_sms;
 	char g_sms[1024];
+	/* for each minCount of SPLIT_MIN, as many groups as the driver makes
+	 * (64 asked): "min:groups x size + rest" (simgpu's model of counts
+	 * other than groups of 8 was never measured) */
+	char multi[1024];
 } SP;
 
 /* The device split as the shim splits it (groups of min_partition SMs and
@@ -701,11 +711,35 @@ static void split_whole(void)
 	SP.all_rc = (int)r;
 }
 
+static void split_multi(void)
+{
+	enum { GMAX = 64 };
+	CUdevResource grp[GMAX], rest;
+	size_t off = 0;
+
+	for (int i = 0; i < NSPLIT && off + 48 < sizeof(SP.multi); i++) {
+		unsigned nb = GMAX;
+		CUresult r;
+
+		memset(grp, 0, sizeof(grp));
+		memset(&rest, 0, sizeof(rest));
+		r = G->DevSmResourceSplitByCount(grp, &nb, &R.res, &rest, 0, SPLIT_MIN[i]);
+		if (r != CUDA_SUCCESS)
+			off += (size_t)snprintf(SP.multi + off, sizeof(SP.multi) - off, "%s%u:rc%d",
+						off ? "," : "", SPLIT_MIN[i], (int)r);
+		else
+			off += (size_t)snprintf(SP.multi + off, sizeof(SP.multi) - off, "%s%u:%ux%u+%u",
+						off ? "," : "", SPLIT_MIN[i], nb, nb ? grp[0].sm.smCount : 0,
+						rest.type == CU_DEV_RESOURCE_TYPE_SM ? rest.sm.smCount : 0);
+	}
+}
+
 static int mode_split(void)
 {
 	ab_begin(&SP.plain);
 	ab_begin(&SP.ignore);
 	split_whole();
+	split_multi();
 	for (int f = 0; f < 2; f++) {
 		unsigned flags = f ? CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING : 0;
 		struct ab *a = f ? &SP.ignore : &SP.plain;
@@ -764,6 +798,7 @@ static void emit_split(struct jl *j)
 	jl_int(j, "last_with_rest_sms", SP.last_sms);
 	jl_rc(j, "all_with_rest_rc", "all_with_rest_err", SP.all_rc);
 	jl_int(j, "all_with_rest_sms", SP.all_sms);
+	jl_str(j, "multi", SP.multi);
 }
 
 /* ============================================================ bind */
