@@ -236,8 +236,11 @@ def test_a_good_spec_and_the_examples_parse():
 
 def start_runner(place, *extra: str, queries: int = 400) -> subprocess.Popen:
     rd, spec, env = place
+    # a suite started in the background (a non-interactive shell's `cmd &`)
+    # inherits SIGINT ignored, and so would the runner: give it the default back
     return subprocess.Popen([PY, "-m", "controlplane.cli", *run_args(spec, *extra, queries=queries, rate=20)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def ls_json(place) -> list[dict]:
