@@ -444,30 +444,14 @@ struct green {
 	const char *step;             /* that step's call */
 };
 
-/* A partition of at least `want` SMs (and its stream when with_stream).
- * The failing call is kept, not noted: a size the driver refuses is an
- * answer in split and bind; green_need() makes it a failure. */
-static CUresult green_make(struct green *p, unsigned want, unsigned flags, int with_stream)
+/* p's green context of the resources (and its stream when with_stream):
+ * descriptor, context, stream; the failing step is kept in p. */
+static CUresult green_from(struct green *p, CUdevResource *res, unsigned n, int with_stream)
 {
-	CUdevResource grp, rest;
 	CUdevResourceDesc desc = NULL;
-	unsigned nb = 1;
 
-	memset(p, 0, sizeof(*p));
-	memset(&grp, 0, sizeof(grp));
-	memset(&rest, 0, sizeof(rest));
-	p->want = want;
-	p->step = "cuDevSmResourceSplitByCount";
-	if ((p->rc = G->DevSmResourceSplitByCount(&grp, &nb, &R.res, &rest, flags, want)))
-		return p->rc;
-	if (nb != 1) {
-		p->step = "cuDevSmResourceSplitByCount (no group)";
-		return p->rc = CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
-	}
-	p->sms = grp.sm.smCount;
-	p->rest = rest.type == CU_DEV_RESOURCE_TYPE_SM ? rest.sm.smCount : 0;
 	p->step = "cuDevResourceGenerateDesc";
-	if ((p->rc = G->DevResourceGenerateDesc(&desc, &grp, 1)))
+	if ((p->rc = G->DevResourceGenerateDesc(&desc, res, n)))
 		return p->rc;
 	p->step = "cuGreenCtxCreate";
 	if ((p->rc = G->GreenCtxCreate(&p->g, desc, R.dev, CU_GREEN_CTX_DEFAULT_STREAM))) {
@@ -485,6 +469,30 @@ static CUresult green_make(struct green *p, unsigned want, unsigned flags, int w
 	return CUDA_SUCCESS;
 }
 
+/* A partition of at least `want` SMs (and its stream when with_stream).
+ * The failing call is kept, not noted: a size the driver refuses is an
+ * answer in split and bind; green_need() makes it a failure. */
+static CUresult green_make(struct green *p, unsigned want, unsigned flags, int with_stream)
+{
+	CUdevResource grp, rest;
+	unsigned nb = 1;
+
+	memset(p, 0, sizeof(*p));
+	memset(&grp, 0, sizeof(grp));
+	memset(&rest, 0, sizeof(rest));
+	p->want = want;
+	p->step = "cuDevSmResourceSplitByCount";
+	if ((p->rc = G->DevSmResourceSplitByCount(&grp, &nb, &R.res, &rest, flags, want)))
+		return p->rc;
+	if (nb != 1) {
+		p->step = "cuDevSmResourceSplitByCount (no group)";
+		return p->rc = CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+	}
+	p->sms = grp.sm.smCount;
+	p->rest = rest.type == CU_DEV_RESOURCE_TYPE_SM ? rest.sm.smCount : 0;
+	return green_from(p, &grp, 1, with_stream);
+}
+
 /* The shim's way (shim/shim_part.c): the whole device split once into
  * groups of minSmPartitionSize SMs, the partition made of the run of groups
  * from SM `first` (a multiple of that size) on, at least `want` SMs.  Two
@@ -496,7 +504,6 @@ static CUresult green_span(struct green *p, unsigned first, unsigned want)
 {
 	enum { GMAX = 256 };
 	CUdevResource grp[GMAX + 1], rest;
-	CUdevResourceDesc desc = NULL;
 	unsigned gran = R.res.sm.minSmPartitionSize ? R.res.sm.minSmPartitionSize : 1;
 	unsigned g0 = first / gran, count = (want + gran - 1) / gran;
 	int nb;
@@ -514,21 +521,7 @@ static CUresult green_span(struct green *p, unsigned first, unsigned want)
 	}
 	for (unsigned i = 0; i < count; i++)
 		p->sms += grp[g0 + i].sm.smCount;
-	p->step = "cuDevResourceGenerateDesc";
-	if ((p->rc = G->DevResourceGenerateDesc(&desc, &grp[g0], count)))
-		return p->rc;
-	p->step = "cuGreenCtxCreate";
-	if ((p->rc = G->GreenCtxCreate(&p->g, desc, R.dev, CU_GREEN_CTX_DEFAULT_STREAM))) {
-		p->g = NULL;
-		return p->rc;
-	}
-	p->step = "cuGreenCtxStreamCreate";
-	if ((p->rc = G->GreenCtxStreamCreate(&p->s, p->g, CU_STREAM_NON_BLOCKING, 0))) {
-		p->s = NULL;
-		return p->rc;
-	}
-	p->step = NULL;
-	return CUDA_SUCCESS;
+	return green_from(p, &grp[g0], count, 1);
 }
 
 static int green_need(struct green *p, unsigned want)
