@@ -154,6 +154,10 @@ def gpu_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us
 
 
 def main_gpu(a: argparse.Namespace) -> int:
+    from shim import launcher
+    if not launcher.cuda_usable():
+        print("partitions: --device cuda: no NVIDIA driver answers here (use --device sim)", file=sys.stderr)
+        return 2
     rig = Rig(device="cuda", workers=False)
     try:
         res = {"device": "cuda", "cpus": os.cpu_count(),
@@ -182,13 +186,15 @@ def main() -> int:
                     help="sim (default) or cuda: a GPU with green contexts, local and partitions only "
                          "(prints JSON)")
     a = ap.parse_args()
-    if a.device == "cuda":
-        return main_gpu(a)
-    for need in (WORKER, BIN / "fwdprobe", BIN / "launchloop", paths.LIBCOLOCATE,
-                 paths.SIMGPU_DIR / "libcuda.so.1"):
+    needs = [BIN / "fwdprobe", BIN / "launchloop", paths.LIBCOLOCATE]
+    if a.device == "sim":
+        needs += [WORKER, paths.SIMGPU_DIR / "libcuda.so.1"]
+    for need in needs:
         if not need.exists():
             print(f"missing {need}; run `make build`", file=sys.stderr)
             return 2
+    if a.device == "cuda":
+        return main_gpu(a)
     rig = Rig()
     try:
         rig.start_worker(1, 10)

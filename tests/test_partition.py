@@ -339,3 +339,14 @@ def test_route_auto_takes_partitions_where_the_driver_has_green_contexts(rundir)
 def test_partition_route_needs_no_pool(pctl):
     r = pctl.call("pool")
     assert r["workers"] == [] and "partition" in (r.get("note") or ""), r
+
+
+def test_partitions_bench_on_cuda_without_a_driver_says_so():
+    """bench/partitions.py --device cuda (the GPU figures of this route) on
+    a machine without an NVIDIA driver: exit 2 and why, no traceback."""
+    from shim import launcher
+    if launcher.cuda_usable():
+        pytest.skip("an NVIDIA driver answers here")
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "partitions.py"), "--device", "cuda"], cwd=ROOT,
+                       env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no NVIDIA driver" in r.stderr and "Traceback" not in r.stderr, r.stderr
