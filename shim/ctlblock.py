@@ -48,15 +48,14 @@ def part_sms(pct: int, total: int, gran: int) -> int:
 
 def part_span_sms(start: int, pct: int, total: int, gran: int) -> tuple[int, int]:
     """(first SM, SMs) of the partition spanning start % to start + pct % of
-    `total` SMs in groups of `gran` (cb_part_span in ctlblock.h); a span
+    `total` SMs in groups of `gran` (cb_part_span_sms in ctlblock.h: a span
     that ends at the last group has the SMs no group took too, as the
-    shim's partition (shim_part.c)."""
+    shim's partition in shim_part.c)."""
     if not 1 <= pct <= 100 or not 0 <= start <= 255 or total < 1 or gran < 1:
         raise ValueError(f"part_span_sms({start}, {pct}, {total}, {gran}): bad arguments")
-    first, count = ffi.new("unsigned *"), ffi.new("unsigned *")
-    lib.cb_part_span(start, pct, total, gran, first, count)
-    sms = total - first[0] * gran if first[0] + count[0] >= total // gran else count[0] * gran
-    return first[0] * gran, sms        # the last group takes the SMs left over too
+    first, sms = ffi.new("unsigned *"), ffi.new("unsigned *")
+    lib.cb_part_span_sms(start, pct, total, gran, first, sms)
+    return first[0], sms[0]
 
 
 def part_starts(apps: list[tuple[bool, int, int]]) -> dict[int, int]:

@@ -97,16 +97,27 @@ static inline void cb_part_span(unsigned start, unsigned pct, unsigned total, un
 	*count = b - a;
 }
 
-/* SMs of the partition for pct % from the device's first SM; a span to the
- * last group has the SMs left over too (shim_part.c). */
-static inline unsigned cb_part_sms(unsigned pct, unsigned total, unsigned gran)
+/* That span in SMs: its first SM and how many, gran per group; a span to
+ * the last group has the SMs left over too (shim_part.c takes them). */
+static inline void cb_part_span_sms(unsigned start, unsigned pct, unsigned total, unsigned gran,
+				    unsigned *first_sm, unsigned *sms)
 {
 	unsigned first, count;
 
 	if (gran == 0)
 		gran = 1;
-	cb_part_span(0, pct, total, gran, &first, &count);
-	return first + count >= total / gran ? total - first * gran : count * gran;
+	cb_part_span(start, pct, total, gran, &first, &count);
+	*first_sm = first * gran;
+	*sms = first + count >= total / gran ? total - first * gran : count * gran;
+}
+
+/* SMs of the partition for pct % from the device's first SM. */
+static inline unsigned cb_part_sms(unsigned pct, unsigned total, unsigned gran)
+{
+	unsigned first_sm, sms;
+
+	cb_part_span_sms(0, pct, total, gran, &first_sm, &sms);
+	return sms;
 }
 
 struct cb_header {
