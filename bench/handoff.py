@@ -136,7 +136,7 @@ def sender(addr: str, rundir: str, sizes: list[int], seconds: float) -> None:
             expf_s.append((te - t0) + (time.perf_counter() - ts))
         for _ in range(n):                      # the copy it replaces
             t1 = time.perf_counter()
-            assert rt.cudaMemcpy(host.ctypes.data, buf.ptr, size, D2H) == 0
+            _copy(rt, host.ctypes.data, buf.ptr, size, D2H)
             td = time.perf_counter()
             sock.send(host, copy=False)
             sock.recv()
@@ -177,7 +177,8 @@ def receiver(addr: str) -> None:
         if not size:
             break
         dev = ctypes.c_void_p()
-        assert rt.cudaMalloc(ctypes.byref(dev), size) == 0
+        if rt.cudaMalloc(ctypes.byref(dev), size) != 0:
+            raise RuntimeError(f"cudaMalloc of {size} bytes failed")
         ok_h = ok_f = ok_c = True
         orl, orlf, h2d = [], [], []
         for _ in range(hdr["n"]):
@@ -203,7 +204,7 @@ def receiver(addr: str) -> None:
         for i in range(hdr["n"]):
             src = np.frombuffer(sock.recv(copy=False).buffer, np.uint8)
             t0 = time.perf_counter()
-            assert rt.cudaMemcpy(dev, src.ctypes.data, size, H2D) == 0
+            _copy(rt, dev.value, src.ctypes.data, size, H2D)
             h2d.append(time.perf_counter() - t0)
             if i == 0:
                 ok_c = _device_crc(rt, dev.value, size) == hdr["crc"]

@@ -257,12 +257,10 @@ static struct part *part_of(unsigned first, unsigned count)
 		if (pt.parts[i].first == first && pt.parts[i].count == count)
 			return &pt.parts[i];
 	q = &pt.parts[pt.nparts];
-	if (first + count <= pt.ngroups) {
+	if (pt.nparts < PART_MAX && first + count <= pt.ngroups) {
 		memcpy(res, &pt.groups[first], count * sizeof(res[0]));
 		if (first + count == pt.ngroups && pt.rest.sm.smCount)
 			res[n++] = pt.rest;
-	}
-	if (pt.nparts < PART_MAX && first + count <= pt.ngroups) {
 		memset(q, 0, sizeof(*q));
 		r = green_of(&q->g, res, n);
 		/* a rest smaller than a group was never seen to combine: without it */
