@@ -738,9 +738,7 @@ static int mode_split(void)
 		struct ab *a = f ? &SP.ignore : &SP.plain;
 
 		for (int i = 0; i < NSPLIT; i++) {
-			CUdevResource grp, rest, got;
-			CUdevResourceDesc desc = NULL;
-			CUgreenCtx g = NULL;
+			CUdevResource grp, rest;
 			unsigned nb = 1;
 			int ctx_rc = -1, ctx_sms = -1;
 			struct jl o;
@@ -748,19 +746,12 @@ static int mode_split(void)
 
 			memset(&grp, 0, sizeof(grp));
 			memset(&rest, 0, sizeof(rest));
-			memset(&got, 0, sizeof(got));
 			r = G->DevSmResourceSplitByCount(&grp, &nb, &R.res, &rest, flags, SPLIT_MIN[i]);
 			if (r == CUDA_SUCCESS && nb == 1) {
-				CUresult c = G->DevResourceGenerateDesc(&desc, &grp, 1);
+				CUresult c;
 
-				if (c == CUDA_SUCCESS)
-					c = G->GreenCtxCreate(&g, desc, R.dev, CU_GREEN_CTX_DEFAULT_STREAM);
+				ctx_sms = ctx_of(&grp, 1, &c);
 				ctx_rc = (int)c;
-				if (c == CUDA_SUCCESS &&
-				    G->GreenCtxGetDevResource(g, &got, CU_DEV_RESOURCE_TYPE_SM) == CUDA_SUCCESS)
-					ctx_sms = (int)got.sm.smCount;
-				if (c == CUDA_SUCCESS && G->GreenCtxDestroy(g) != CUDA_SUCCESS)
-					fprintf(stderr, "%s: cuGreenCtxDestroy failed\n", NAME);
 			}
 			jl_begin(&o);
 			jl_int(&o, "min", SPLIT_MIN[i]);
