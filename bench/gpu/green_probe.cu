@@ -93,9 +93,20 @@
 //          those count for gap), "violations" iterations where the tiny
 //          kernel started before the spin ended (order broken: must be 0).
 //          "timer_step_ns_min/mean": %globaltimer's resolution here (the
-//          gaps are no finer).  Idle-GPU launch latency (host call to kernel
-//          start) is not measured: that needs the host and GPU clocks
-//          related, which costs more error than the figures themselves.
+//          gaps are no finer).  Then idle round trips, each on an idle GPU
+//          (--n of each): the tiny kernel launched, its stream synchronised,
+//          then the device (what the shim does for an app's
+//          cudaDeviceSynchronize), host ns from the launch call to the
+//          return: "idle_plain_*" on S, "idle_same_*" on PA every time,
+//          "idle_alt_*" on PA and PB by turns (every launch a switch of
+//          partition on an idle GPU: does that cost more than staying?),
+//          "idle_cold_*" on PB after 50 trips on PA (--n / 50 of them),
+//          "idle_stale_*" on PB after 50 ms of trips on PA (40 of them: a
+//          partition unused as long as between bench/partitions.py's flips);
+//          each "us_med", "us_p99", "launch_ns_med" (the launch call
+//          alone).  Host call to kernel start is not measured: that needs
+//          the host and GPU clocks related, which costs more error than the
+//          figures themselves.
 // modload  a module from PTX in this file (put42: *p = 42), one partition of
 //          --sms (16) SMs and its stream GS.  Variants, in this order (a
 //          failure that poisons the context would show in those after it):
@@ -1090,6 +1101,21 @@ static void emit_create(struct jl *j)
 enum { ARM_PLAIN, ARM_APP, ARM_SHADOW, NARM };
 static const char *const ARM_NAME[NARM] = { "plain", "app", "shadow" };
 
+/* idle round trips (a launch on an idle GPU, then the syncs the shim makes
+ * for an app's cudaDeviceSynchronize: the shadow stream's, the device's):
+ * on S; on PA every time; on PA and PB by turns (each launch a switch) */
+enum { IDLE_PLAIN, IDLE_SAME, IDLE_ALT, IDLE_COLD, IDLE_STALE, NIDLE };
+static const char *const IDLE_NAME[NIDLE] = { "plain", "same", "alt", "cold", "stale" };
+#define COLD_RUN 50             /* cold: PB once after this many trips on PA */
+#define STALE_MS 50             /* stale: PB once after this long on PA */
+#define STALE_N 40
+
+/* timed samples of idle arm a */
+static int idle_count(int a, int n)
+{
+	return a == IDLE_COLD ? n / COLD_RUN : a == IDLE_STALE ? (n < STALE_N ? n : STALE_N) : n;
+}
+
 struct armstat {
 	double pair_med, pair_p99, launch_med, launch_p99, gap_med, gap_p99, gap_min;
 	int n, covered, violations;
@@ -1102,6 +1128,7 @@ static struct {
 	const char *event_ctx;
 	double step_min, step_mean;
 	struct armstat arm[NARM];
+	double idle_med[NIDLE], idle_p99[NIDLE], idle_launch_med[NIDLE];
 } SW;
 
 /* An event made in green context g (for the fallback). */
@@ -1180,6 +1207,56 @@ static void arm_stats(struct armstat *a, int arm, int n, const unsigned long lon
 	}
 }
 
+/* One idle round trip on stream cur: host ns from the launch call to the
+ * device sync's return into *rt, the launch call alone into *lc. */
+static int idle_trip(CUstream cur, unsigned long long *d, double *rt, double *lc)
+{
+	uint64_t h0, h1, h2;
+
+	h0 = now_ns();
+	stamp<<<1, 1, 0, (cudaStream_t)cur>>>(d);
+	h1 = now_ns();
+	if (RCK(cudaGetLastError()) || GCK(StreamSynchronize, cur) || RCK(cudaDeviceSynchronize()))
+		return -1;
+	h2 = now_ns();
+	*rt = (double)(h2 - h0);
+	*lc = (double)(h1 - h0);
+	return 0;
+}
+
+/* The idle arms (IDLE_NAME), each into rt[a * n ...] and lc[a * n ...]:
+ * plain, same, alt --n trips each (after warm-up ones); cold: COLD_RUN trips
+ * on PA then the timed one on PB, n / COLD_RUN times; stale: trips on PA for
+ * STALE_MS (the shim's flips in bench/partitions.py come 50 ms apart) then
+ * the timed one on PB, STALE_N times. */
+static int idle_trips(int n, CUstream S, CUstream P[2], unsigned long long *d, double *rt,
+		      double *lc)
+{
+	double x, y;
+
+	for (int a = 0; a < NIDLE; a++) {
+		int m = idle_count(a, n);
+
+		for (int i = -SWITCH_WARM; i < m; i++) {
+			double *r = i < 0 ? &x : &rt[a * n + i], *l = i < 0 ? &y : &lc[a * n + i];
+			CUstream cur = a == IDLE_PLAIN ? S : a == IDLE_ALT ? P[i & 1] : P[0];
+
+			if (a == IDLE_COLD || a == IDLE_STALE) {
+				uint64_t t0 = now_ns();
+
+				for (int k = 0; a == IDLE_COLD ? k < COLD_RUN :
+				     now_ns() - t0 < STALE_MS * 1000000ull; k++)
+					if (idle_trip(P[0], d, &x, &y))
+						return -1;
+				cur = P[1];
+			}
+			if (idle_trip(cur, d, r, l))
+				return -1;
+		}
+	}
+	return 0;
+}
+
 static int mode_switch(void)
 {
 	struct green ga, gb;
@@ -1190,7 +1267,7 @@ static int mode_switch(void)
 	unsigned long long *d_end = NULL, *d_start = NULL, *h_end = NULL, *h_start = NULL, hr[2];
 	uint64_t *h_pair = NULL, *h_launch = NULL;
 	unsigned char *cov = NULL;
-	double *tmp = NULL;
+	double *tmp = NULL, *rt = NULL;
 	int n = SW.n, rc = -1;
 	size_t per = (size_t)n + 1;
 	cudaError_t e;
@@ -1257,6 +1334,19 @@ static int mode_switch(void)
 	if (RCK(cudaMemcpy(h_end, d_end, NARM * per * sizeof(*h_end), cudaMemcpyDeviceToHost)) ||
 	    RCK(cudaMemcpy(h_start, d_start, NARM * per * sizeof(*h_start), cudaMemcpyDeviceToHost)))
 		goto out;
+	/* after the arms' times are read back: the idle trips stamp d_end */
+	if (!(rt = (double *)calloc(2 * NIDLE * (size_t)n, sizeof(double)))) {
+		fail_note(F, "calloc", ENOMEM, "no memory for the idle times");
+		goto out;
+	}
+	if (idle_trips(n, (CUstream)S, P, d_end, rt, rt + NIDLE * n))
+		goto out;
+	for (int a = 0; a < NIDLE; a++) {
+		int m = idle_count(a, n);
+
+		stats(rt + a * n, m, &SW.idle_med[a], &SW.idle_p99[a], NULL);
+		stats(rt + (NIDLE + a) * n, m, &SW.idle_launch_med[a], NULL, NULL);
+	}
 	R.ok = 1;
 	for (int a = 0; a < NARM; a++) {
 		arm_stats(&SW.arm[a], a, n, h_end + a * per, h_start + a * per, h_pair + a * per,
@@ -1289,6 +1379,7 @@ out:
 	free(h_launch);
 	free(cov);
 	free(tmp);
+	free(rt);
 	return rc;
 }
 
@@ -1322,6 +1413,13 @@ static void emit_switch(struct jl *j)
 		jl_num(j, K("gap_us_min"), s->gap_min);
 		jl_count(j, K("covered"), s->covered);
 		jl_count(j, K("violations"), s->violations);
+	}
+	for (int a = 0; a < NIDLE; a++) {
+#undef K
+#define K(suffix) (snprintf(k, sizeof(k), "idle_%s_%s", IDLE_NAME[a], suffix), k)
+		jl_num(j, K("us_med"), SW.idle_med[a] / 1e3);
+		jl_num(j, K("us_p99"), SW.idle_p99[a] / 1e3);
+		jl_num(j, K("launch_ns_med"), SW.idle_launch_med[a]);
 #undef K
 	}
 }
