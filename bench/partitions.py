@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.forwarding import _kv, probe_records, switching  # noqa: E402
+from bench.forwarding import _kv, probe_records, switching, timed_flips  # noqa: E402
 from bench.forwarding import quantile as q  # noqa: E402
 from processpool.rig import BIN, WORKER, Rig  # noqa: E402
 from shim import paths  # noqa: E402
@@ -80,6 +80,31 @@ def latency(rig: Rig, n: int, sides: dict = SIDES) -> dict:
     return res
 
 
+def noop_control(rig: Rig, route: int, n: int, period: float, interval_us: int, done: int = 3) -> dict:
+    """The switch figures' control, in the same run: the route written again
+    and again with the same partition (each write a new route epoch, which
+    the shim acts on at the next launch, as for a real change), timed to the
+    first kernel launched after the write.  What it measures is what any
+    route write costs the probe here -- the wait for its next launch, the
+    flipper's write disturbing a machine with few cores, the shim's route
+    check -- and a real switch's figure less this one is what moving to
+    another partition adds.  done: which probe record field is "the kernel"
+    (3: when it ran, simgpu's twin; 2: when the host saw it done, a GPU)."""
+    flips: list[tuple[int, int, int]] = []
+    recs = probe_records(rig.run("fwdprobe", "--n", str(n), "--interval-us", str(interval_us), "--dump",
+                                 routes=[route, route], period=period, flips=flips)[0])
+    total: list[float] = []
+    boundary: list[float] = []
+    for _t_begin, _route, t_set in timed_flips(flips, recs):
+        for rec in recs:
+            if rec[1] >= t_set:
+                total.append((rec[done] - t_set) / 1e3)
+                boundary.append((rec[done] - rec[1]) / 1e3)
+                break
+    return {"writes": len(total), "to_first_kernel_us": {"p50": q(total, 0.5), "p99": q(total, 0.99)},
+            "launch_call_to_kernel_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)}}
+
+
 def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: int = 50) -> dict:
     """fwdprobe launches one kernel per iteration, so its records and the
     launch log's rows (by seq) are the same kernels, in order."""
@@ -96,12 +121,13 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
         raise RuntimeError(f"{len(recs)} probe records but {len(rows)} launch-log rows")
     total, boundary = [], []
     # timed from the end of the control-block write: the app cannot see a route before it
-    for _t_begin, route, t_set in flips[1:]:            # the first one is the initial route
+    for _t_begin, route, t_set in timed_flips(flips, recs):
         for (_, t_launch, _t_done, t_exec, _who), row in zip(recs, rows):
             if t_exec >= t_set and row["quota_sms"] == sms_of[route]:
                 total.append((t_exec - t_set) / 1e3)
                 boundary.append((t_exec - max(t_launch, t_set)) / 1e3)
                 break
+    noop = noop_control(rig, ROUTE_PART | 10, n, period, interval_us)
     steady = {}
     for side in ("local", "partition"):
         out, _, _ = rig.run("fwdprobe", "--n", "2000", "--interval-us", str(interval_us), "--dump",
@@ -112,6 +138,7 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
             "write_us_p50": q(write, 0.5),     # how well the flipper knows when the route changed
             "to_first_kernel_us": {"p50": q(total, 0.5), "p99": q(total, 0.99)},
             "launch_call_to_kernel_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)},
+            "noop": noop,
             # the same probe without route changes: what a launch costs anyway
             "steady_launch_call_to_kernel_us": {k: {"p50": q(v, 0.5), "p99": q(v, 0.99)}
                                                 for k, v in steady.items()}}
@@ -135,7 +162,7 @@ def gpu_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us
                                  routes=[a, b], period=period, flips=flips)[0])
     total: list[float] = []
     boundary: list[float] = []
-    for _t_begin, route, t_set in flips[1:]:            # the first one is the initial route
+    for _t_begin, route, t_set in timed_flips(flips, recs):
         other = sms[b if route == a else a]              # disjoint: not there is on the new one
         for _, t_launch, t_done, _x, who in recs:
             if t_done >= t_set and who not in other:
@@ -143,12 +170,14 @@ def gpu_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us
                 boundary.append((t_done - max(t_launch, t_set)) / 1e3)
                 break
     unknown = sum(1 for *_, who in recs if who not in sms[a] | sms[b])
+    noop = noop_control(rig, a, n, period, interval_us, done=2)
     both = [x for r in (a, b) for x in steady[r]]
     return {"flips": len(total), "iterations": len(recs), "interval_us": interval_us,
             "sms": {"a": len(sms[a]), "b": len(sms[b])},
             "write_us_p50": q([(t1 - t0) / 1e3 for t0, _r, t1 in flips[1:]], 0.5),
             "to_first_kernel_done_us": {"p50": q(total, 0.5), "p99": q(total, 0.99)},
             "launch_call_to_done_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)},
+            "noop": noop,
             "steady_launch_call_to_done_us": {"p50": q(both, 0.5), "p99": q(both, 0.99)},
             "records_on_neither": unknown}
 
@@ -167,6 +196,11 @@ def main_gpu(a: argparse.Namespace) -> int:
         rig.close()
     print(json.dumps(res, indent=1))
     iss, sw = res["issue_ns_per_launch"], res["switch"]["partition"]
+    no_total, no_call = (sw["noop"][k]["p50"] for k in ("to_first_kernel_us", "launch_call_to_kernel_us"))
+    print(f"control, the same partition's route written again: first kernel after it seen done "
+          f"{no_total:.1f} us, from its launch call {no_call:.1f} us (medians); a switch adds "
+          f"{sw['to_first_kernel_done_us']['p50'] - no_total:+.1f} us and "
+          f"{sw['launch_call_to_done_us']['p50'] - no_call:+.1f} us", file=sys.stderr)
     print(f"added issue cost of a launch on a partition: {iss['partition'] - iss['local']:,.1f} ns; "
           f"route change -> first kernel on the new partition seen done by the host, median "
           f"{sw['to_first_kernel_done_us']['p50']:.1f} us (a steady launch + sync: "
@@ -228,6 +262,10 @@ def report(res: dict, n: int) -> None:
                       ("  from that launch call, p50 / p99 us", "launch_call_to_kernel_us")):
         t.add_row(what, "-", *(f"{sw[k][key]['p50']:.1f} / {sw[k][key]['p99']:.1f}"
                                for k in ("partition", "pool")))
+    no = sw["partition"]["noop"]
+    t.add_row("  control: the same partition's route written again, to the first kernel after "
+              "it, p50 / p99 us", "-", f"{no['to_first_kernel_us']['p50']:.1f} / "
+              f"{no['to_first_kernel_us']['p99']:.1f}", "-")
     st = sw["partition"]["steady_launch_call_to_kernel_us"]
     t.add_row("  the same without route changes, p50 / p99 us",
               *(f"{st[k]['p50']:.1f} / {st[k]['p99']:.1f}" for k in ("local", "partition")),
@@ -238,6 +276,10 @@ def report(res: dict, n: int) -> None:
     added = iss["partition"] - iss["local"]
     switch = sw["partition"]["to_first_kernel_us"]["p50"]
     own = sw["partition"]["launch_call_to_kernel_us"]["p50"] - st["partition"]["p50"]
+    call = sw["partition"]["launch_call_to_kernel_us"]["p50"]
+    print(f"a switch of partition against rewriting the same route (control, same run): "
+          f"{switch - no['to_first_kernel_us']['p50']:+.1f} us at the median (route change -> "
+          f"first kernel), {call - no['launch_call_to_kernel_us']['p50']:+.1f} us from the launch call")
     print(f"a route change's own cost on a partition (its launch call -> kernel, less a steady "
           f"launch's, medians): {own:+.1f} us; the rest of the figure below is the wait for the "
           f"app's next launch (the probe pauses {sw['partition']['interval_us']} us between "

@@ -350,3 +350,15 @@ def test_partitions_bench_on_cuda_without_a_driver_says_so():
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "partitions.py"), "--device", "cuda"], cwd=ROOT,
                        env=clean_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "no NVIDIA driver" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_switch_benches_time_no_route_write_made_before_the_app_ran():
+    """bench/forwarding.py and bench/partitions.py time each route write to
+    the first kernel after it.  A write made before the probe's first
+    launch timed the app's start-up (100-200 ms on an H100: the p99 of
+    every switch run); the first write is the initial route."""
+    from bench.forwarding import timed_flips
+    recs = [(0, 1_000, 1_500, 1_200, 7), (1, 2_000, 2_500, 2_200, 7)]
+    flips = [(0, 1, 10), (400, 2, 500), (1_100, 1, 1_150), (1_900, 2, 1_950)]
+    assert timed_flips(flips, recs) == [(1_100, 1, 1_150), (1_900, 2, 1_950)]
+    assert timed_flips(flips, []) == flips[1:]
