@@ -64,14 +64,17 @@ def green(simdir: str, *args: str, **env: object) -> dict:
 def test_device_resource_and_split_by_multiples_of_8(built, simdir):
     """Sizes rounded up to a multiple of 8 and a size past the device being
     the whole device (one group: as an H200 did), the whole device in groups
-    of 8 making 15 and leaving 12 SMs (as the H200 did, bench/RESULTS.md);
-    other group counts are as many as fit (not measured)."""
+    of 8 making 15 and leaving 12 SMs (as the H200 and an H100 did,
+    bench/RESULTS.md); other group counts are as many as fit.  The counts
+    below are those an H100 made (`green_probe split`, "multi", 2026-11-27):
+    minCount 9, 16 -> 8 x 16 + 4; 20, 24 -> 5 x 24 + 12; 32 -> 4 x 32 + 4;
+    64 -> 2 x 64 + 4; 66 -> 72 + 60; 100 -> 104 + 28; 128 -> 128 + 4."""
     out = green(simdir, "split")
     assert out["device"] == {"sms": 132, "min": 8, "align": 8}
     by_min = {s["min"]: s for s in out["splits"]}
     # minCount -> group size -> groups made (64 asked)
-    want = {0: (8, 15), 1: (8, 15), 8: (8, 15), 9: (16, 8), 16: (16, 8), 20: (24, 5), 64: (64, 2),
-            66: (72, 1), 67: (72, 1), 128: (128, 1), 132: (132, 1)}
+    want = {0: (8, 15), 1: (8, 15), 8: (8, 15), 9: (16, 8), 16: (16, 8), 20: (24, 5), 24: (24, 5),
+            32: (32, 4), 64: (64, 2), 66: (72, 1), 67: (72, 1), 100: (104, 1), 128: (128, 1), 132: (132, 1)}
     for m, (size, groups) in want.items():
         s = by_min[m]
         assert s["query_rc"] == 0 and s["would"] == groups, s

@@ -143,7 +143,7 @@ static CUgreenCtx make_green(unsigned min)
 
 static int split(void)
 {
-	static const unsigned mins[] = { 0, 1, 8, 9, 16, 20, 64, 66, 67, 128, 132 };
+	static const unsigned mins[] = { 0, 1, 8, 9, 16, 20, 24, 32, 64, 66, 67, 100, 128, 132 };
 	CUdevResource dev, groups[64], rem;
 	unsigned i, nb, would;
 

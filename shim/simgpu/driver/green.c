@@ -137,10 +137,12 @@ static CUresult whole(CUdevResource *res, CUdevResourceType type, unsigned n, in
 
 /*
  * How many groups of `size` SMs a split of `total` makes.  What was
- * measured (an H200, 132 SMs): coscheduled groups of 8 are 15, with 12 SMs
- * left -- they keep to the chip's GPCs (TPCs 9,9,9,8,8,8,8,7 is a layout
- * that gives that; the layout itself was not read).  Everything else is
- * as many as fit (total / size): not measured, and not inferred further.
+ * measured (an H200 and an H100, 132 SMs each): coscheduled groups of 8
+ * are 15, with 12 SMs left -- they keep to the chip's GPCs (TPCs
+ * 9,9,9,8,8,8,8,7 is a layout that gives that; the layout itself was not
+ * read).  Groups of 16, 24, 32, 64, 72, 104 and 128 on the H100 were as
+ * many as fit (8, 5, 4, 2, 1, 1, 1), which is the rule here for every
+ * other size; other SM counts were not measured.
  */
 static unsigned groups_fit(unsigned size, unsigned total, unsigned flags)
 {
