@@ -39,6 +39,7 @@ PROBE = calibrate.PROBE
 SAMPLE = ROOT / "bench" / "calib" / "sample.jsonl"
 PUBLISHED = ROOT / "bench" / "calib" / "published.jsonl"
 H200 = ROOT / "bench" / "calib" / "h200-2026-11-27.jsonl"          # measured on a GPU
+H100 = ROOT / "bench" / "calib" / "h100-2026-11-27.jsonl"          # measured on a GPU
 SIMGPU_LIB = calibrate.SIMGPU_LIB
 CUDA_INC = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 PY = sys.executable
@@ -341,9 +342,10 @@ def test_fit_published_device_apart():
 def test_h200_preset_fits_the_h200_measurements(tmp_path):
     """shim/simgpu/presets/h200.env was fitted to bench/calib/h200-*.jsonl
     (141 cases measured on an H200): with it the model's median error is
-    about 3 %, against about 5 % with the compiled-in H100 defaults, and
-    the time slice is the measured one.  Fails if the preset stops
-    loading, a value in it is lost, or the model drifts."""
+    about 2 %, against about 2.6 % with the compiled-in H100 defaults (5 %
+    before the shares of oversubscribed MPS clients and the measured slice
+    came into the model).  Fails if the preset stops loading, a value in it
+    is lost, or the model drifts."""
     def median_err(preset: str | None) -> tuple[float, dict]:
         out = tmp_path / "fit.json"
         env = {"SIMGPU_PRESET": preset} if preset else {}
@@ -356,8 +358,42 @@ def test_h200_preset_fits_the_h200_measurements(tmp_path):
 
     h100, _ = median_err(None)
     h200, rows = median_err(str(ROOT / "shim" / "simgpu" / "presets" / "h200.env"))
-    assert h200 < 0.035 < h100, (h200, h100)
+    assert h200 < 0.025 and h200 < h100, (h200, h100)
     assert rows["slice/x2/slice_us"]["err_default"] < 0.01
+
+
+def fit_rows(data: Path, tmp_path: Path, **env: str) -> tuple[float, dict]:
+    """bench/calibrate.py fit of a measured file at the defaults (or a
+    preset): the median error and {case/quantity: row}."""
+    out = tmp_path / "fit.json"
+    r = subprocess.run([PY, str(ROOT / "bench" / "calibrate.py"), "fit", str(data), "--params", "pcie_h2d",
+                        "--json", str(out)], env=clean_env(**env), cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    j = json.loads(out.read_text())
+    return j["median_err_default"], {row["case"] + "/" + row["quantity"]: row for row in j["rows"]}
+
+
+@needs_model
+def test_defaults_fit_the_h100_measurements(tmp_path):
+    """The compiled-in defaults are an H100's: against bench/calib/h100-*.jsonl
+    (142 figures measured on one) the median error is under 3.5 %, the time
+    slice, context switch and single-copy PCIe rates are the measured ones,
+    and the pairs whose MPS limits oversubscribe the device (a victim at
+    q % beside a 100 % co-runner) are within 15 % on average: the victim
+    keeps its share (engine.c, shares()); with left-over dispatch alone
+    across clients they were 23 % off (105 % at q = 50, where the GPU
+    slowed the victim 1.03x and the model 2x).  Fails if a default is lost
+    or the shares go."""
+    med, rows = fit_rows(H100, tmp_path)
+    assert med < 0.035, med
+    for q in ("slice/x2/slice_us", "slice/x2/switch_us", "pcie/h2d/x1/gbs_per_copy", "pcie/d2h/x1/gbs_per_copy"):
+        assert rows[q]["err_default"] < 0.01, rows[q]
+    over = [r["err_default"] for k, r in rows.items()
+            if k.startswith("pair/") and "/co100/" in k + "/" and "/q100/" not in k]
+    assert len(over) == 54 and sum(over) / len(over) < 0.15, sorted(over)
+    half = rows["pair/compute+compute/q50/co100/slowdown"]
+    assert half["default"] < 1.4 and half["measured"] < 1.1, half
 
 
 def test_fit_nothing_usable(tmp_path):

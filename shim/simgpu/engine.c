@@ -11,7 +11,10 @@
  *   3. dispatch in arrival order, each kernel takes the blocks its MPS cap
  *               and the free SM capacity allow; the first kernel that wants
  *               more than fits stops the walk (left-over policy); kernels up
- *               to it that refill their own SMs fold their remaining waves;
+ *               to it that refill their own SMs fold their remaining waves.
+ *               Where MPS limits oversubscribe the device, a client limited
+ *               below it keeps a fair share of SMs (shares() below says why
+ *               and how), which no one else takes and no walk stops;
  *   4. rates    each executing kernel's wave period from its SMs, their
  *               co-residents and the DRAM load; copies' share of PCIe;
  *   5. trace    executing stretches that ended are reported.
@@ -316,7 +319,7 @@ static void add_cohort(struct en_task *k, double n)
  * (blocked) keeps its last refill an event: after it nothing of it waits,
  * and the next kernel may take the room it leaves.
  */
-static void fold(const struct en_state *st, struct en_task *k, int blocked)
+static void fold(const struct en_state *st, struct en_task *k, int blocked, double most)
 {
 	double r = resident(k), w;
 	unsigned j;
@@ -324,6 +327,8 @@ static void fold(const struct en_state *st, struct en_task *k, int blocked)
 	if (r <= 0 || k->undisp < r || (st->p.mech & SIMGPU_M_NOFOLD))
 		return;
 	w = blocked ? ceil(k->undisp / r) - 1 : floor(k->undisp / r);
+	if (w > most)
+		w = most;
 	if (w <= 0)
 		return;
 	for (j = 0; j < k->ncoh; j++)
@@ -350,10 +355,127 @@ static int by_arrival(const struct en_state *st, int *idx)
 	return n;
 }
 
+/*
+ * MPS clients limited below the whole device keep a fair share of it when
+ * the limits oversubscribe the device.  Measured on an H100 and an H200
+ * (bench/calib/h100-2026-11-27.jsonl, h200-2026-11-27.jsonl, the pair
+ * cases with a 100 % co-runner): a compute-bound victim at q % beside a
+ * compute-bound co-runner at 100 % slowed 1.00, 1.14, 1.39, 1.52, 1.78,
+ * 2.00 at q = 50, 60, ..., 100 (both GPUs to the second digit) -- close to
+ * q / 50, its share of a device split evenly -- where left-over dispatch
+ * across the two made it wait behind each co-runner kernel: 2 at every q.
+ * So: the SMs are water-filled over the clients with kernels (each gets
+ * at most what its kernels could use within its limit, the rest split
+ * evenly), and a limited client's blocks may take room up to its share
+ * whatever the arrival order; no one else takes the room such a client
+ * has not filled yet.  Clients at 100 % keep left-over dispatch among
+ * themselves (the few-block kernel behind a full-device one waits: Pai et
+ * al.; not measured across clients here).  Below q = 50 the GPUs slowed the
+ * victim 1.02-1.19, which this gives as 1.00.
+ */
+struct share {
+	int32_t ctx;
+	int     limited;       /* its limit is below the device            */
+	int     kernels;       /* its kernels with blocks to run           */
+	double  cap, demand;   /* SMs: its limit; what its kernels could use */
+	double  share, used;   /* SMs: its fair share; what its blocks fill */
+};
+
+/* The clients with kernels and their shares, into sh; how many, or 0 when
+ * there is no MPS, one client, or the limits do not oversubscribe the
+ * device (then dispatch is left-over alone). */
+static int shares(const struct en_state *st, const int *idx, int n, struct share *sh)
+{
+	double total = 0, left = st->p.sms;
+	int ns = 0, a, b, open, changed;
+
+	if (!st->p.mps)
+		return 0;
+	for (a = 0; a < n; a++) {
+		const struct en_task *k = &st->t[idx[a]];
+		double r = resident(k), need;
+
+		if (!eligible(st, k) || r + k->undisp <= 0)
+			continue;
+		for (b = 0; b < ns && sh[b].ctx != k->ctx; b++)
+			;
+		if (b == ns)
+			sh[ns++] = (struct share){ .ctx = k->ctx };
+		need = ceil((r + k->undisp) / k->per_sm - 1e-9);
+		sh[b].demand += need < k->quota ? need : k->quota;
+		sh[b].kernels++;
+		sh[b].used += r / k->per_sm;
+		if (k->quota > sh[b].cap)
+			sh[b].cap = k->quota;
+	}
+	for (b = 0; b < ns; b++) {
+		if (sh[b].demand > sh[b].cap)
+			sh[b].demand = sh[b].cap;
+		sh[b].limited = sh[b].cap < st->p.sms - 0.5;
+		sh[b].share = -1;
+		total += sh[b].demand;
+	}
+	if (ns < 2 || total <= st->p.sms)
+		return 0;
+	/* water-filling: who wants less than an even split gets it */
+	open = ns;
+	do {
+		changed = 0;
+		for (b = 0; b < ns; b++)
+			if (sh[b].share < 0 && sh[b].demand <= left / open) {
+				sh[b].share = sh[b].demand;
+				left -= sh[b].demand;
+				open--;
+				changed = 1;
+			}
+	} while (changed && open > 0);
+	for (b = 0; b < ns; b++)
+		if (sh[b].share < 0)
+			sh[b].share = left / open;
+	return ns;
+}
+
+static struct share *share_of(struct share *sh, int ns, int32_t ctx)
+{
+	int b;
+
+	for (b = 0; b < ns; b++)
+		if (sh[b].ctx == ctx)
+			return &sh[b];
+	return NULL;
+}
+
+/* What limited clients' shares still lack: room no one else takes. */
+static double reserved(const struct share *sh, int ns)
+{
+	double r = 0;
+	int b;
+
+	for (b = 0; b < ns; b++)
+		if (sh[b].limited && sh[b].share > sh[b].used)
+			r += sh[b].share - sh[b].used;
+	return r;
+}
+
+/* How many more waves of its resident blocks kernel k can run before what
+ * it asks of the shares (shares(): the SMs its remaining blocks fill, at
+ * most its limit) changes. */
+static double steady_waves(const struct en_task *k)
+{
+	double r = resident(k), over;
+
+	if (r <= 0)
+		return 0;
+	over = r + k->undisp - k->quota * k->per_sm;   /* blocks past its limit's fill */
+	return over > 0 ? floor(over / r + 1e-9) : 0;
+}
+
 static void dispatch(struct en_state *st, const int *idx, int n)
 {
+	struct share sh[n > 0 ? n : 1];
+	signed char fate[n > 0 ? n : 1];   /* -1 not visited, else blocked */
 	double used = 0;
-	int a;
+	int a, ns, waiting = 0, lacking;
 
 	if (!has(st, SIMGPU_M_BLOCKS))
 		return;
@@ -363,31 +485,87 @@ static void dispatch(struct en_state *st, const int *idx, int n)
 		if (eligible(st, k))
 			used += resident(k) / k->per_sm;
 	}
+	ns = shares(st, idx, n, sh);
 	for (a = 0; a < n; a++) {
 		struct en_task *k = &st->t[idx[a]];
-		double want, room, can;
+		const struct share *c = ns ? share_of(sh, ns, k->ctx) : NULL;
+
+		k->held = c && c->limited;
+	}
+	for (a = 0; a < n; a++) {
+		struct en_task *k = &st->t[idx[a]];
+		struct share *c = ns ? share_of(sh, ns, k->ctx) : NULL;
+		int mine = c && c->limited;
+		double want, room, can, avail;
 		int blocked = 0;
 
+		fate[a] = -1;
 		if (!eligible(st, k))
+			continue;
+		/* behind a kernel that could not have all it wanted, only a
+		 * limited client's kernels still take (their share's) room */
+		if (waiting && !mine)
 			continue;
 		if (k->undisp > 0) {
 			want = floor(k->quota * k->per_sm) - resident(k);
 			if (want > k->undisp)
 				want = k->undisp;
-			room = floor((st->p.sms - used) * k->per_sm + 1e-9);
+			avail = st->p.sms - used - (ns ? reserved(sh, ns) : 0);
+			if (mine) {
+				/* its own share's room is its to take, no further:
+				 * at its share it refills its own SMs, as at its
+				 * limit (not blocked) */
+				double lack = c->share > c->used ? c->share - c->used : 0;
+				double top = floor(lack * k->per_sm + 1e-9);
+
+				avail += lack;
+				if (want > top)
+					want = top;
+			}
+			room = avail > 0 ? floor(avail * k->per_sm + 1e-9) : 0;
 			can = want < room ? want : room;
 			if (can >= 1) {
 				add_cohort(k, can);
 				k->undisp -= can;
 				used += can / k->per_sm;
+				if (c)
+					c->used += can / k->per_sm;
 				if (k->t_start < 0)
 					k->t_start = st->t_ref;
 			}
 			blocked = can < want;
 		}
-		fold(st, k, blocked);
-		if (blocked)
-			break;
+		fate[a] = (signed char)blocked;
+		if (blocked && !mine) {
+			if (!ns) {
+				a++;
+				break;
+			}
+			waiting = 1;
+		}
+	}
+	for (; a < n; a++)
+		fate[a] = -1;
+	/* While shares are kept, folding must not skip an event that changes
+	 * them (the results would differ from wave by wave): while a limited
+	 * client lacks room of its share, every wave ends in an event (the
+	 * room it leaves may go to that client); and a kernel folds only the
+	 * waves after which its remaining blocks still fill as many SMs (what
+	 * it asks of the shares) */
+	lacking = ns && reserved(sh, ns) > 1e-9;
+	for (a = 0; a < n; a++) {
+		struct en_task *k = &st->t[idx[a]];
+		const struct share *c = k->held ? share_of(sh, ns, k->ctx) : NULL;
+
+		if (fate[a] < 0 || lacking)
+			continue;
+		/* a limited client's kernel over its share (it had the room
+		 * before the share was kept) refills only its share next; of
+		 * several kernels sharing one, an earlier one takes the room a
+		 * later one's wave leaves */
+		if (c && (c->used > c->share + 1e-9 || c->kernels > 1))
+			continue;
+		fold(st, k, fate[a], ns ? steady_waves(k) : INFINITY);
 	}
 }
 
@@ -451,6 +629,24 @@ static void span(const struct en_state *st, struct en_task *k, double r)
 	k->excl = k->sms;
 }
 
+/* span(), on at most `room` SMs (no fewer than its blocks fill). */
+static void span_within(const struct en_state *st, struct en_task *k, double r, double room)
+{
+	double least = ceil(r / k->per_sm - 1e-9);
+
+	if (room < least)
+		room = least;
+	if (k->sms <= room)
+		return;
+	k->sms = room;
+	k->excl = room;
+	if (has(st, SIMGPU_M_BLOCKS) && st->p.sat_warps > 0) {
+		k->u = r / k->sms * k->warps_b / st->p.sat_warps;
+		if (k->u > 1)
+			k->u = 1;
+	}
+}
+
 /*
  * Co-residence: in arrival order each kernel takes empty SMs first; what
  * it spans beyond them lands on SMs that earlier kernels had to themselves,
@@ -476,20 +672,21 @@ static void place(struct en_state *st, const int *idx, int n)
 			for (b = 0; b < a; b++) {
 				struct en_task *e = &st->t[idx[b]];
 
-				if (e->rate < 0)
+				if (e->rate < 0 || e->held)
 					continue;
 				e->excl *= f;
 				pool += e->excl;
 			}
 		}
-		pool += k->excl;
+		if (!k->held)       /* a limited client's share is no one's pool */
+			pool += k->excl;
 	}
 }
 
 static void rates(struct en_state *st, const int *idx, int n)
 {
 	const struct simgpu_model_params *p = &st->p;
-	double tot_sms = 0, sh_w = 0, sh_uc = 0, sh_um = 0, sh_mu = 0, dsum = 0, rho;
+	double tot_sms = 0, held_sms = 0, sh_w = 0, sh_uc = 0, sh_um = 0, sh_mu = 0, dsum = 0, rho;
 	double tc[n > 0 ? n : 1], tm[n > 0 ? n : 1];
 	int a, ncopy[3] = { 0, 0, 0 };
 	uint32_t i;
@@ -503,6 +700,18 @@ static void rates(struct en_state *st, const int *idx, int n)
 			continue;
 		k->rate = 0;
 		span(st, k, r);
+		if (k->held)
+			held_sms += k->sms;
+	}
+	/* limited clients' shares (dispatch) are theirs: the others' blocks
+	 * spread over the rest of the device only */
+	for (a = 0; a < n; a++) {
+		struct en_task *k = &st->t[idx[a]];
+
+		if (k->rate < 0)
+			continue;
+		if (held_sms > 0 && !k->held)
+			span_within(st, k, resident(k), p->sms - held_sms);
 		tot_sms += k->sms;
 	}
 	if (!has(st, SIMGPU_M_BLOCKS) && tot_sms > p->sms) {

@@ -50,6 +50,8 @@ struct en_task {
 	                                  context stays for hold_s after it    */
 	/* scratch of en_rates */
 	double   sms, excl, u;
+	double   held;                 /* 1: a limited MPS client's share, its
+	                                  SMs its own (dispatch sets it)       */
 };
 
 struct en_state {

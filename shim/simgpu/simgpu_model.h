@@ -15,6 +15,10 @@
  *            et al., ASPLOS 2013, sec. 2), onto at most the SMs the kernel's
  *            MPS percentage allows, and run in waves: a kernel that arrives
  *            while others' blocks fill the device waits for them to retire.
+ *            Where MPS limits add up past the device, a client limited below
+ *            it keeps a fair share of the SMs (water-filled over the clients)
+ *            whatever the arrival order, as an H100 and an H200 did
+ *            (engine.c, shares()); clients at 100 % stay left-over.
  *            An SM whose resident warps are fewer than sat_warps runs below
  *            its peak (too few warps to hide latency, C-Laius sec. 3.3).
  *            Off: every kernel gets a proportional share of SMs at once,
