@@ -11,7 +11,7 @@
  *   SIMGPU_SM_GFLOPS=500      compute rate of one SM
  *   SIMGPU_SM_BW_GBS          bandwidth one SM can pull (3*BW/SMS)
  *   SIMGPU_LAUNCH_US=3        fixed cost of one kernel
- *   SIMGPU_PCIE_H2D_GBS=54.8, SIMGPU_PCIE_D2H_GBS=46.8   copy rates
+ *   SIMGPU_PCIE_H2D_GBS=54.8, SIMGPU_PCIE_D2H_GBS=55.1   copy rates
  *                             (SIMGPU_PCIE_GBS sets both; fluid model: 25)
  *   SIMGPU_SM_THREADS=2048, SIMGPU_SM_BLOCKS=32, SIMGPU_SM_REGS=65536,
  *   SIMGPU_SM_SMEM_KIB=228, SIMGPU_BLOCK_SMEM_RESERVED=1024,
@@ -19,7 +19,8 @@
  *   SIMGPU_SAT_WARPS=16       warps an SM needs to reach its peak
  *   SIMGPU_L1_GAMMA=0.2       L1 contention of memory-intense co-residents
  *   SIMGPU_BW_KNEE=0.85, SIMGPU_BW_BETA=0.15   DRAM queueing
- *   SIMGPU_TIMESLICE_US=1024, SIMGPU_CTX_SWITCH_US=25   no-MPS time slicing
+ *   SIMGPU_TIMESLICE_US=2091, SIMGPU_CTX_SWITCH_US=150  no-MPS time slicing
+ *                             (measured on an H100 and an H200)
  *   SIMGPU_MODEL=full|fluid   the device model (simgpu_model.h); fluid is
  *                             the model before block dispatch (all of the
  *                             mechanisms below off)
@@ -246,12 +247,12 @@ static void read_model(struct sg_config *c)
 	m->l1_gamma = env_num("SIMGPU_L1_GAMMA", 0.2, 0, 100);
 	m->bw_knee = env_num("SIMGPU_BW_KNEE", 0.85, 0, 0.999);
 	m->bw_beta = env_num("SIMGPU_BW_BETA", 0.15, 0, 100);
-	m->slice_s = env_num("SIMGPU_TIMESLICE_US", 1024, 1, 1e9) * 1e-6;
-	m->switch_s = env_num("SIMGPU_CTX_SWITCH_US", 25, 0, 1e9) * 1e-6;
+	m->slice_s = env_num("SIMGPU_TIMESLICE_US", 2091, 1, 1e9) * 1e-6;
+	m->switch_s = env_num("SIMGPU_CTX_SWITCH_US", 150, 0, 1e9) * 1e-6;
 	/* the fluid model copied at 25 GB/s both ways: keep its results */
 	pcie = env_num("SIMGPU_PCIE_GBS", fluid ? 25 : 0, 0, 1e9);
 	m->pcie_h2d = env_num("SIMGPU_PCIE_H2D_GBS", pcie > 0 ? pcie : 54.8, 1e-6, 1e9) * 1e9;
-	m->pcie_d2h = env_num("SIMGPU_PCIE_D2H_GBS", pcie > 0 ? pcie : 46.8, 1e-6, 1e9) * 1e9;
+	m->pcie_d2h = env_num("SIMGPU_PCIE_D2H_GBS", pcie > 0 ? pcie : 55.1, 1e-6, 1e9) * 1e9;
 }
 
 static void read_config(void)
