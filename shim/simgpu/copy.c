@@ -15,12 +15,13 @@
  *
  * On a capturing stream an asynchronous copy or memset becomes a graph
  * node (capture.c) that reads its source when the graph runs.  A
- * synchronous copy from the device into PINNED host memory is legal while
- * another stream captures in global mode (an H200, CUDA 13.0, driver
- * 580.159: cudaMemcpy D2H into cudaMallocHost memory returned cudaSuccess
- * and the capture stayed valid; bench/progs/graphs, bench/RESULTS.md); the
- * other synchronous copies (into pageable memory, from the host, device to
- * device: not measured) stay "potentially unsafe".
+ * synchronous copy from the device into host memory, pinned or pageable,
+ * is legal while another stream captures in global mode (an H200 and an
+ * H100, CUDA 13.0, driver 580.159: cudaMemcpy D2H into cudaMallocHost and
+ * into malloc memory returned cudaSuccess and the capture stayed valid;
+ * bench/progs/graphs, bench/RESULTS.md); the other synchronous copies
+ * (from the host, device to device: not measured) stay "potentially
+ * unsafe".
  */
 #include <stdlib.h>
 #include <string.h>
@@ -97,9 +98,9 @@ static cudaError_t do_copy(void *dst, const void *src, size_t n, enum cudaMemcpy
 	if (sg_sticky() != cudaSuccess)
 		return sg_err(sg_sticky());
 	/* a synchronous copy is "potentially unsafe" during a capture, except
-	 * one from the device into pinned memory (the comment at the top) */
+	 * one from the device into host memory (the comment at the top) */
 	if (!async && !((kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDefault) &&
-			sg_is_dev(src) && !sg_is_dev(dst) && sg_is_pinned(dst, n)) &&
+			sg_is_dev(src) && !sg_is_dev(dst)) &&
 	    (e = sg_capture_unsafe()) != cudaSuccess)
 		return sg_err(e);
 	e = sg_copy_op_new(dst, src, n, kind, &op);

@@ -17,11 +17,10 @@
 //    beginning a capture on the legacy stream, synchronising a capturing
 //    stream (then its end reports the capture invalidated), work on the
 //    legacy stream while a blocking stream captures; and what is legal: a
-//    synchronous cudaMemcpy into pinned memory in global mode (on an H200,
-//    CUDA 13.0: cudaSuccess, the capture stays valid; simgpu once called
-//    it illegal), the same once the thread is relaxed.  The same copy into
-//    pageable memory is reported, not checked ("memcpy_pageable": not yet
-//    measured on a GPU).
+//    synchronous cudaMemcpy D2H into pinned memory in global mode, and into
+//    pageable memory (on an H200 and an H100, CUDA 13.0: cudaSuccess, the
+//    capture stays valid; simgpu once called both illegal), the same once
+//    the thread is relaxed.
 // One kernel is launched directly (iota), once.
 //
 // Prints one JSON line and `PASS graphs ...` (exit 0), or `FAIL graphs
@@ -314,6 +313,7 @@ int main(int argc, char **argv)
 		(int)e_implicit, (int)e_end3, empty_nodes, pinned_nodes);
 	if (e_legacy == cudaSuccess || e_sync == cudaSuccess || e_end == cudaSuccess ||
 	    e_memcpy != cudaSuccess || e_end2 != cudaSuccess || pinned_nodes != 0 ||
+	    e_memcpy_pg != cudaSuccess || e_end2_pg != cudaSuccess ||
 	    e_relaxed != cudaSuccess || e_implicit == cudaSuccess || empty_nodes != 0)
 		fail("a call illegal during capture succeeded (or a legal one failed)%s%s", "", "");
 
