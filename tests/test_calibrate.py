@@ -346,18 +346,8 @@ def test_h200_preset_fits_the_h200_measurements(tmp_path):
     before the shares of oversubscribed MPS clients and the measured slice
     came into the model).  Fails if the preset stops loading, a value in it
     is lost, or the model drifts."""
-    def median_err(preset: str | None) -> tuple[float, dict]:
-        out = tmp_path / "fit.json"
-        env = {"SIMGPU_PRESET": preset} if preset else {}
-        r = subprocess.run([PY, str(ROOT / "bench" / "calibrate.py"), "fit", str(H200), "--params", "pcie_h2d",
-                            "--json", str(out)], env=clean_env(**env), cwd=ROOT, capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 0, r.stdout + r.stderr
-        j = json.loads(out.read_text())
-        return j["median_err_default"], {row["case"] + "/" + row["quantity"]: row for row in j["rows"]}
-
-    h100, _ = median_err(None)
-    h200, rows = median_err(str(ROOT / "shim" / "simgpu" / "presets" / "h200.env"))
+    h100, _ = fit_rows(H200, tmp_path)
+    h200, rows = fit_rows(H200, tmp_path, SIMGPU_PRESET=str(ROOT / "shim" / "simgpu" / "presets" / "h200.env"))
     assert h200 < 0.025 and h200 < h100, (h200, h100)
     assert rows["slice/x2/slice_us"]["err_default"] < 0.01
 
