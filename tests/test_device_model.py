@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import shutil
 import statistics
@@ -414,6 +415,18 @@ def test_mps_limited_client_keeps_its_share_when_limits_oversubscribe():
     # both unlimited: the later one waits behind the earlier one's blocks
     co, late = simulate(p, [kernel(**big, quota_sms=132, ctx=1), kernel(**big, quota_sms=132, ctx=2)])
     assert late[0] >= co[1] - 1.01 * (co[1] - co[0]) / 4, (late, co)
+
+
+def test_more_limited_clients_than_sms_all_finish():
+    """Three clients limited to 1 SM on a 2-SM device: shares are whole SMs,
+    so one waits for the others' kernels and then runs (a share of 2/3 SM
+    each once reserved room no block could fill, and nothing ever ran)."""
+    if not SIMGPU.exists():
+        pytest.skip("simgpu not built")
+    ks = [kernel(blocks=4, threads=1024, regs=64, flops=4e6, quota_sms=1, ctx=c) for c in (1, 2, 3)]
+    res = simulate(defaults(mps=1, sms=2), ks)
+    assert all(math.isfinite(e) and e > 0 for _, e in res), res
+    assert sorted(e for _, e in res) == pytest.approx([8e-6, 8e-6, 1.6e-5]), res
 
 
 def test_folded_waves_give_the_same_times_as_wave_by_wave():
