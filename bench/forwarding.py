@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -75,6 +76,38 @@ def timed_flips(flips: list[tuple[int, int, int]], recs: list[tuple[int, ...]]) 
     its CUDA context made, not the route change: 100-200 ms on a GPU)."""
     start = recs[0][1] if recs else 0
     return [f for f in flips[1:] if f[2] >= start]
+
+
+def first_after(flips: list[tuple[int, int, int]], recs: list[tuple[int, ...]], match,
+                done: int = 3) -> tuple[list[float], list[float], list[tuple[int, int]]]:
+    """For each timed route write (timed_flips), the first probe record i
+    with match(route, t_set, i, rec) whose kernel is at or after the write's
+    end (rec[done]: 3, when it ran, simgpu's twin; 2, when the host saw it
+    done, a GPU): write -> that kernel and its launch call -> that kernel,
+    us, and the (t_set, i) pairs.  Timed from the end of the control-block
+    write: the app cannot see a route before it."""
+    total: list[float] = []
+    boundary: list[float] = []
+    hits: list[tuple[int, int]] = []
+    for _t_begin, route, t_set in timed_flips(flips, recs):
+        for i, rec in enumerate(recs):
+            if rec[done] >= t_set and match(route, t_set, i, rec):
+                total.append((rec[done] - t_set) / 1e3)
+                boundary.append((rec[done] - max(rec[1], t_set)) / 1e3)
+                hits.append((t_set, i))
+                break
+    return total, boundary, hits
+
+
+def switch_probe_args(flips_wanted: int, period: float, interval_us: int) -> list[str]:
+    """fwdprobe's options for a run with flips_wanted route changes every
+    period s: --seconds makes it long enough whatever an iteration costs (on
+    simgpu back to back one is ~1.5 us, on an H100 ~12 us, with a 50 us pause
+    ~110 us), --n is the room for records (capped: 2 M records are 32 MB
+    on the device and a 100 MB dump)."""
+    seconds = math.ceil(flips_wanted * period) + 1
+    n = min(2_000_000, int(seconds * 1e6 / max(interval_us, 1)) + 200)
+    return ["--n", str(n), "--seconds", str(seconds), "--interval-us", str(interval_us), "--dump"]
 
 
 def quantile(v: list[float], p: float) -> float:
@@ -128,18 +161,10 @@ def switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: in
     baseline is the same probe unrouted: launch call -> kernel running."""
     pids = {w: p.pid for w, p in rig.workers.items()}
     flips: list[tuple[int, int, int]] = []
-    n = int(flips_wanted * period * 1e6 / (interval_us + 60)) + 200
-    out, _, c = rig.run("fwdprobe", "--n", str(n), "--interval-us", str(interval_us), "--dump",
+    out, _, c = rig.run("fwdprobe", *switch_probe_args(flips_wanted, period, interval_us),
                         routes=[1, 2], period=period, flips=flips)
     recs = probe_records(out)
-    total, boundary = [], []
-    # timed from the end of the control-block write: the app cannot see a route before it
-    for _t_begin, route, t_set in timed_flips(flips, recs):
-        for _, t_launch, _t_done, t_exec, who in recs:
-            if who == pids[route] and t_exec >= t_set:
-                total.append((t_exec - t_set) / 1e3)
-                boundary.append((t_exec - max(t_launch, t_set)) / 1e3)
-                break
+    total, boundary, _ = first_after(flips, recs, lambda route, _t, _i, rec: rec[4] == pids[route])
     out, _, _ = rig.run("fwdprobe", "--n", "2000", "--interval-us", str(interval_us), "--dump")
     local = [(t_exec - t_launch) / 1e3 for _, t_launch, _d, t_exec, _w in probe_records(out)]
     q = quantile

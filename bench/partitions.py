@@ -30,7 +30,12 @@ latency local and on a partition, and switch between two DISJOINT partitions
 steady run on it (fwdprobe's kernel stores %smid), and a flip's first kernel
 at the new quota is the first whose SM id is the new partition's; its time is
 taken when the host saw it done (end of the sync), an upper bound of when it
-started, since the host and GPU clocks are not related.
+started.  A tighter one: the probe kernel's %globaltimer plus the offset
+between the GPU's clock and the host's, which every record bounds (its kernel
+started after its launch call began and before the host saw it done;
+start_bracket), so the start is known to within the quickest launch + sync
+near it; on simgpu, where the start is known, the sim run checks that the
+bounds hold it (bracket_check).
 
 Targets (issue 16): a launch on a partition costs at most 1 us more than a
 local one; a route change reaches the first kernel at the new quota in at most
@@ -41,6 +46,7 @@ them on the device alone.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -52,7 +58,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.forwarding import _kv, probe_records, switching, timed_flips  # noqa: E402
+from bench.forwarding import _kv, first_after, probe_records, switch_probe_args, switching  # noqa: E402
 from bench.forwarding import quantile as q  # noqa: E402
 from processpool.rig import BIN, WORKER, Rig  # noqa: E402
 from shim import paths  # noqa: E402
@@ -80,7 +86,47 @@ def latency(rig: Rig, n: int, sides: dict = SIDES) -> dict:
     return res
 
 
-def noop_control(rig: Rig, route: int, n: int, period: float, interval_us: int, done: int = 3) -> dict:
+def start_bracket(recs: list[tuple[int, ...]], i: int, window_ns: int = 20_000_000) -> tuple[int, int] | None:
+    """When probe kernel i started, in the host's CLOCK_MONOTONIC ns, as
+    (earliest, latest).  Its record holds the device's time (on a GPU
+    %globaltimer, whose zero the host does not know) at the start; every
+    record bounds the offset between the two clocks, since its kernel
+    started after its launch call began and before the host saw it done:
+    offset in [t_launch - g, t_done - g].  Intersected over the records
+    within window_ns of record i (the clocks may drift apart over a run; 10
+    ppm is 0.2 us in 20 ms), the bounds are as tight as the quickest launch
+    and the quickest sync of the window.  It takes the device clock to count
+    ns at the host's rate; one updated coarsely (every us on some GPUs)
+    widens the true bracket by that step.  None where the bounds cross (a
+    device clock that jumped)."""
+    t = recs[i][1]
+    lo, hi = -(1 << 62), 1 << 62
+    for j in range(bisect.bisect_left(recs, t - window_ns, key=lambda r: r[1]), len(recs)):
+        _, t_launch, t_done, g, _who = recs[j]
+        if t_launch > t + window_ns:
+            break
+        lo, hi = max(lo, t_launch - g), min(hi, t_done - g)
+    return (recs[i][3] + lo, recs[i][3] + hi) if lo <= hi else None
+
+
+def started_us(recs: list[tuple[int, ...]], hits: list[tuple[int, int]]) -> dict:
+    """Route write -> the first kernel at the new quota *started*, bounded
+    (start_bracket), medians in us: latest <= the figure seen done, and the
+    median of the latest bounds is an upper bound of the true median."""
+    b = [(br[0] - t_set, br[1] - t_set) for t_set, i in hits if (br := start_bracket(recs, i))]
+    return {"p50_latest": q([x[1] / 1e3 for x in b], 0.5), "p50_earliest": q([x[0] / 1e3 for x in b], 0.5),
+            "bracketed": len(b), "of": len(hits)}
+
+
+def bracket_check(recs: list[tuple[int, ...]], hits: list[tuple[int, int]]) -> dict:
+    """start_bracket where the start is known (simgpu: the device time is
+    the host's clock): how many brackets hold it, and their median width."""
+    b = [(br, recs[i][3]) for _t, i in hits if (br := start_bracket(recs, i))]
+    return {"hold": sum(lo <= x <= hi for (lo, hi), x in b), "of": len(hits),
+            "width_us_p50": q([(hi - lo) / 1e3 for (lo, hi), _x in b], 0.5)}
+
+
+def noop_control(rig: Rig, route: int, flips_wanted: int, period: float, interval_us: int, done: int = 3) -> dict:
     """The switch figures' control, in the same run: the route written again
     and again with the same partition (each write a new route epoch, which
     the shim acts on at the next launch, as for a real change), timed to the
@@ -91,18 +137,12 @@ def noop_control(rig: Rig, route: int, n: int, period: float, interval_us: int, 
     another partition adds.  done: which probe record field is "the kernel"
     (3: when it ran, simgpu's twin; 2: when the host saw it done, a GPU)."""
     flips: list[tuple[int, int, int]] = []
-    recs = probe_records(rig.run("fwdprobe", "--n", str(n), "--interval-us", str(interval_us), "--dump",
+    recs = probe_records(rig.run("fwdprobe", *switch_probe_args(flips_wanted, period, interval_us),
                                  routes=[route, route], period=period, flips=flips)[0])
-    total: list[float] = []
-    boundary: list[float] = []
-    for _t_begin, _route, t_set in timed_flips(flips, recs):
-        for rec in recs:
-            if rec[1] >= t_set:
-                total.append((rec[done] - t_set) / 1e3)
-                boundary.append((rec[done] - rec[1]) / 1e3)
-                break
+    total, boundary, hits = first_after(flips, recs, lambda _r, t_set, _i, rec: rec[1] >= t_set, done)
     return {"writes": len(total), "to_first_kernel_us": {"p50": q(total, 0.5), "p99": q(total, 0.99)},
-            "launch_call_to_kernel_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)}}
+            "launch_call_to_kernel_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)},
+            "to_first_kernel_started_us": started_us(recs, hits)}
 
 
 def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: int = 50) -> dict:
@@ -110,24 +150,17 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
     launch log's rows (by seq) are the same kernels, in order."""
     sms_of = {ROUTE_PART | 10: 16, ROUTE_PART | 90: 120}
     flips: list[tuple[int, int, int]] = []
-    n = int(flips_wanted * period * 1e6 / (interval_us + 60)) + 200
     with tempfile.TemporaryDirectory() as d:
         log = Path(d) / "launches.jsonl"
-        out, _, _ = rig.run("fwdprobe", "--n", str(n), "--interval-us", str(interval_us), "--dump",
+        out, _, _ = rig.run("fwdprobe", *switch_probe_args(flips_wanted, period, interval_us),
                             routes=list(sms_of), period=period, flips=flips, SIMGPU_LAUNCH_LOG=str(log))
         rows = sorted((json.loads(ln) for ln in log.read_text().splitlines()), key=lambda r: r["seq"])
     recs = probe_records(out)
     if len(rows) != len(recs):
         raise RuntimeError(f"{len(recs)} probe records but {len(rows)} launch-log rows")
-    total, boundary = [], []
-    # timed from the end of the control-block write: the app cannot see a route before it
-    for _t_begin, route, t_set in timed_flips(flips, recs):
-        for (_, t_launch, _t_done, t_exec, _who), row in zip(recs, rows):
-            if t_exec >= t_set and row["quota_sms"] == sms_of[route]:
-                total.append((t_exec - t_set) / 1e3)
-                boundary.append((t_exec - max(t_launch, t_set)) / 1e3)
-                break
-    noop = noop_control(rig, ROUTE_PART | 10, n, period, interval_us)
+    total, boundary, hits = first_after(flips, recs,
+                                        lambda route, _t, i, _rec: rows[i]["quota_sms"] == sms_of[route])
+    noop = noop_control(rig, ROUTE_PART | 10, flips_wanted, period, interval_us)
     steady = {}
     for side in ("local", "partition"):
         out, _, _ = rig.run("fwdprobe", "--n", "2000", "--interval-us", str(interval_us), "--dump",
@@ -138,6 +171,9 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
             "write_us_p50": q(write, 0.5),     # how well the flipper knows when the route changed
             "to_first_kernel_us": {"p50": q(total, 0.5), "p99": q(total, 0.99)},
             "launch_call_to_kernel_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)},
+            # the GPU's bound of the start from the host's clocks, tried where
+            # the start is known (simgpu's twin reads CLOCK_MONOTONIC)
+            "bracket_check": bracket_check(recs, hits),
             "noop": noop,
             # the same probe without route changes: what a launch costs anyway
             "steady_launch_call_to_kernel_us": {k: {"p50": q(v, 0.5), "p99": q(v, 0.99)}
@@ -157,25 +193,19 @@ def gpu_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us
     if sms[a] & sms[b]:
         raise RuntimeError(f"the two partitions share SM ids {sorted(sms[a] & sms[b])}: not disjoint")
     flips: list[tuple[int, int, int]] = []
-    n = int(flips_wanted * period * 1e6 / (interval_us + 20)) + 200
-    recs = probe_records(rig.run("fwdprobe", "--n", str(n), "--interval-us", str(interval_us), "--dump",
+    recs = probe_records(rig.run("fwdprobe", *switch_probe_args(flips_wanted, period, interval_us),
                                  routes=[a, b], period=period, flips=flips)[0])
-    total: list[float] = []
-    boundary: list[float] = []
-    for _t_begin, route, t_set in timed_flips(flips, recs):
-        other = sms[b if route == a else a]              # disjoint: not there is on the new one
-        for _, t_launch, t_done, _x, who in recs:
-            if t_done >= t_set and who not in other:
-                total.append((t_done - t_set) / 1e3)
-                boundary.append((t_done - max(t_launch, t_set)) / 1e3)
-                break
+    # disjoint: an SM id not on the old partition is on the new one
+    total, boundary, hits = first_after(flips, recs,
+                                        lambda route, _t, _i, rec: rec[4] not in sms[b if route == a else a], done=2)
     unknown = sum(1 for *_, who in recs if who not in sms[a] | sms[b])
-    noop = noop_control(rig, a, n, period, interval_us, done=2)
+    noop = noop_control(rig, a, flips_wanted, period, interval_us, done=2)
     both = [x for r in (a, b) for x in steady[r]]
     return {"flips": len(total), "iterations": len(recs), "interval_us": interval_us,
             "sms": {"a": len(sms[a]), "b": len(sms[b])},
             "write_us_p50": q([(t1 - t0) / 1e3 for t0, _r, t1 in flips[1:]], 0.5),
             "to_first_kernel_done_us": {"p50": q(total, 0.5), "p99": q(total, 0.99)},
+            "to_first_kernel_started_us": started_us(recs, hits),
             "launch_call_to_done_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)},
             "noop": noop,
             "steady_launch_call_to_done_us": {"p50": q(both, 0.5), "p99": q(both, 0.99)},
@@ -201,6 +231,12 @@ def main_gpu(a: argparse.Namespace) -> int:
           f"{no_total:.1f} us, from its launch call {no_call:.1f} us (medians); a switch adds "
           f"{sw['to_first_kernel_done_us']['p50'] - no_total:+.1f} us and "
           f"{sw['launch_call_to_done_us']['p50'] - no_call:+.1f} us", file=sys.stderr)
+    st, no_st = sw["to_first_kernel_started_us"], sw["noop"]["to_first_kernel_started_us"]
+    print(f"started (bounded from the host's clocks, {st['bracketed']} of {st['of']} flips): route change -> "
+          f"first kernel on the new partition {st['p50_earliest']:.1f} .. {st['p50_latest']:.1f} us, the "
+          f"control {no_st['p50_earliest']:.1f} .. {no_st['p50_latest']:.1f} us (medians of the bounds; "
+          f"target <= {TARGETS['switch_us']:.0f} us: "
+          f"{'met' if st['p50_latest'] <= TARGETS['switch_us'] else 'not shown'})", file=sys.stderr)
     print(f"added issue cost of a launch on a partition: {iss['partition'] - iss['local']:,.1f} ns; "
           f"route change -> first kernel on the new partition seen done by the host, median "
           f"{sw['to_first_kernel_done_us']['p50']:.1f} us (a steady launch + sync: "

@@ -362,3 +362,37 @@ def test_switch_benches_time_no_route_write_made_before_the_app_ran():
     flips = [(0, 1, 10), (400, 2, 500), (1_100, 1, 1_150), (1_900, 2, 1_950)]
     assert timed_flips(flips, recs) == [(1_100, 1, 1_150), (1_900, 2, 1_950)]
     assert timed_flips(flips, []) == flips[1:]
+
+
+def test_start_bracket_holds_a_kernel_start_the_host_clock_cannot_see():
+    """bench/partitions.py bounds when a GPU kernel started, in the host's
+    clock, from its %globaltimer and the offset every record bounds
+    (launch call begun <= start <= seen done).  Made-up records with a device
+    clock 5 s off the host's and drifting 10 ppm: each bracket holds the true
+    start and is as tight as the quickest launch + sync near it; a clock that
+    jumps is not bracketed."""
+    from bench.partitions import start_bracket
+    off, recs, true = 5_000_000_000, [], []
+    for i in range(2000):
+        t_launch = 1_000_000 + i * 20_000                    # an iteration every 20 us
+        start = t_launch + 4_000 + (i % 7) * 300              # launch -> start: 4.0 .. 5.8 us
+        done = start + 2_000 + (i % 5) * 400                  # start -> seen done: 2.0 .. 3.6 us
+        g = start - off + start // 100_000                    # device time, +10 ppm
+        recs.append((i, t_launch, done, g, 0))
+        true.append(start)
+    for i in (0, 700, 1999):
+        lo, hi = start_bracket(recs, i)
+        assert lo <= true[i] <= hi, (i, lo - true[i], hi - true[i])
+        assert hi - lo <= 6_000          # the quickest launch (4.0 us) + sync (2.0 us), within the drift
+    jumped = recs[:1000] + [(i, t, d, g + 50_000, w) for i, t, d, g, w in recs[1000:]]
+    assert start_bracket(jumped, 999) is None
+
+
+def test_fwdprobe_seconds_ends_a_long_run_on_time(rig):
+    """--seconds stops the probe whatever --n leaves room for: the switch
+    benches size their runs in time (back to back an iteration on simgpu
+    is ~1.5 us, on an H100 ~12 us)."""
+    out, _, _ = rig.run("fwdprobe", "--n", "100000", "--interval-us", "200", "--seconds", "1", "--dump")
+    n = int(re.search(r"^FWDPROBE n=(\d+) ", out, re.M).group(1))
+    recs = [ln for ln in out.splitlines() if ln.startswith("I ")]
+    assert 100 < n < 100000 and len(recs) == n and f"PASS fwdprobe n={n}" in out, out[-500:]

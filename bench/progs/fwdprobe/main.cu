@@ -1,9 +1,11 @@
 // fwdprobe: where and when each kernel ran, for the forwarding benchmark.
 //
-//   fwdprobe [--n N] [--interval-us U] [--dump]
+//   fwdprobe [--n N] [--interval-us U] [--seconds S] [--dump]
 //
 // N iterations of: launch probe<<<1, 32>>>(rec, i); cudaDeviceSynchronize();
-// then sleep U microseconds.  Each probe kernel stores into rec[i] when it
+// then sleep U microseconds.  With --seconds, stop after S seconds if that
+// comes first (N is then the most there is room for): a run long enough for
+// a benchmark's route flips whatever an iteration costs on this device.  Each probe kernel stores into rec[i] when it
 // ran and who ran it: on a GPU %globaltimer and the SM id; on simgpu its
 // host twin stores CLOCK_MONOTONIC (ns) and the pid of the process that ran
 // it, i.e. the application or the process-pool worker it was forwarded to.
@@ -50,17 +52,19 @@ static int cmp_ll(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-	long long n = 1000, interval_us = 0;
+	long long n = 1000, interval_us = 0, seconds = 0;
 	int dump = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--n"))
 			n = arg_int(argc, argv, &i, 1, 10000000);
 		else if (!strcmp(argv[i], "--interval-us"))
 			interval_us = arg_int(argc, argv, &i, 0, 10000000);
+		else if (!strcmp(argv[i], "--seconds"))
+			seconds = arg_int(argc, argv, &i, 0, 3600);
 		else if (!strcmp(argv[i], "--dump"))
 			dump = 1;
 		else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-			printf("usage: fwdprobe [--n N] [--interval-us U] [--dump]\n");
+			printf("usage: fwdprobe [--n N] [--interval-us U] [--seconds S] [--dump]\n");
 			return 0;
 		} else
 			fail("unknown option %s%s", argv[i], "");
@@ -75,7 +79,12 @@ int main(int argc, char **argv)
 	CK(cudaMalloc((void **)&drec, bytes));
 	CK(cudaMemset(drec, 0, bytes));
 	struct timespec pause = { (time_t)(interval_us / 1000000), (long)(interval_us % 1000000) * 1000 };
+	long long deadline = seconds ? now_ns() + seconds * 1000000000LL : 0;
 	for (long long i = 0; i < n; i++) {
+		if (deadline && i && now_ns() >= deadline) {
+			n = i;     // the records after i stay unwritten and unreported
+			break;
+		}
 		t_launch[i] = now_ns();
 		fwdprobe_mark<<<1, 32>>>(drec, (int)i);
 		CK(cudaGetLastError());
