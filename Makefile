@@ -164,8 +164,15 @@ format: $(VENV)/.installed
 	$(BIN)/git-clang-format --binary $(BIN)/clang-format --extensions c,h,cu --force HEAD || test $$? -eq 1  # 1: it changed something
 	$(BIN)/ruff check --fix -q controlplane predictors processpool shim bench tests
 
+# the suite in parallel (pytest-xdist: one worker per core, at most 4; a
+# file's tests stay together, in order, as their module fixtures expect),
+# then the tests marked serial alone: live co-locations whose claims are
+# tail latencies, and device-model tests whose processes must overlap in
+# wall time -- other tests' load would move both
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test: build lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
 
 demo: build
 	$(BIN)/colocate demo

@@ -25,8 +25,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.skipif(not (ROOT / "bench" / "bin" / "tonic-service").exists(),
-                                reason="bench programs not built (make build)")
+# serial: `make test` runs these alone, after the parallel rest (their claims
+# are tail latencies, which other tests' CPU load moves)
+pytestmark = [pytest.mark.skipif(not (ROOT / "bench" / "bin" / "tonic-service").exists(),
+                                 reason="bench programs not built (make build)"),
+              pytest.mark.serial]
 
 
 def run(tmp_path: Path, policies: str, name: str, model: str = "full", route: str = "pool") -> dict[str, dict]:

@@ -25,6 +25,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# processes that must overlap in wall time (they start together at AT): run
+# alone (`make test` runs serial tests after the parallel rest), where the
+# other tests' load cannot keep them apart
+CO_RUN = pytest.mark.serial
 SIMGPU = ROOT / "shim" / "lib" / "simgpu" / "libcudart.so.13"
 NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
 
@@ -166,6 +170,7 @@ def hol_wait(mech: Path, dev: Path, wave_ms: float, **extra) -> tuple[dict, dict
     return big, small
 
 
+@CO_RUN
 def test_blocks_few_block_kernel_waits_for_co_runner_blocks_to_retire(mech, dev):
     runs = {w: hol_wait(mech, dev, w) for w in (40.0, 80.0)}
     for w, (big, small) in runs.items():
@@ -182,6 +187,7 @@ def test_blocks_few_block_kernel_waits_for_co_runner_blocks_to_retire(mech, dev)
     assert small["wait_us"] < 1.0, small
 
 
+@CO_RUN
 def test_blocks_small_kernel_leaves_its_sms_to_others(mech, dev):
     """8 blocks hold 8 SMs' worth of slots at most: a full-device kernel that
     arrives behind it starts at once and runs on the rest."""
@@ -193,6 +199,7 @@ def test_blocks_small_kernel_leaves_its_sms_to_others(mech, dev):
     assert big["wait_us"] < 1.0 and big["start_us"] < small["start_us"] + small["dur_us"]
 
 
+@CO_RUN
 def test_blocks_too_few_warps_run_below_peak(mech, dev):
     """One block of 1 warp cannot hide latency: sat_warps (16) / 1 slower
     than a block of 16 warps doing the same work on one SM."""
@@ -215,6 +222,7 @@ def pair_ms(mech: Path, dev: Path, flops: float, nbytes: float, **extra) -> tupl
     return alone, finish([start(mech, env, *args, at), start(mech, env, *args, at)])
 
 
+@CO_RUN
 def test_cores_co_resident_kernels_slow_each_other_below_the_bandwidth_peak(mech, dev):
     flops = SMS * SM_FLOPS * 5e-3                     # 5 ms alone, compute-bound
     nbytes = 0.2 * BW * 5e-3                          # 20 % of the peak over that time
@@ -239,6 +247,7 @@ def load_slowdown(mech: Path, dev: Path, rho: float, **extra) -> float:
     return ms / 5.0
 
 
+@CO_RUN
 def test_bwq_slowdown_is_superlinear_near_the_peak(mech, dev):
     s = {r: load_slowdown(mech, dev, r) for r in (0.5, 0.8, 0.9, 0.95)}
     assert s[0.5] == pytest.approx(1.0, rel=0.01) and s[0.8] == pytest.approx(1.0, rel=0.01)
@@ -261,6 +270,7 @@ def sliced(mech: Path, dev: Path, **extra) -> list[dict]:
     return sorted(segs, key=lambda s: s["t0_us"])
 
 
+@CO_RUN
 def test_slice_without_mps_processes_never_overlap_and_switches_cost(mech, dev):
     segs = sliced(mech, dev)
     assert len({s["pid"] for s in segs}) == 2
@@ -302,6 +312,7 @@ def copy_ms(mech: Path, dev: Path, n: int, **extra) -> list[float]:
     return finish([start(mech, env, "copy", "h2d", 8, 20, at) for _ in range(n)])
 
 
+@CO_RUN
 def test_pcie_processes_copying_at_once_share_it(mech, dev):
     alone = copy_ms(mech, dev, 1)[0]
     assert alone == pytest.approx(8 * 1048576 / 1e9 * 1e3, rel=0.02)

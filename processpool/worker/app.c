@@ -517,6 +517,8 @@ void w_app_mem_closed(uint64_t serial)
 		w_app_close(a, 0);
 }
 
+#define W_GONE_GRACE_NS 100000000ull      /* one tick of the main loop */
+
 void w_apps_tick(uint64_t now)
 {
 	int i;
@@ -528,13 +530,19 @@ void w_apps_tick(uint64_t now)
 			continue;
 		/* the app's liveness test of this worker: main loop responsive */
 		__atomic_store_n(&a->page->beat_ns, now, __ATOMIC_RELAXED);
-		if (now - a->last_alive_check_ns >= 500000000ull) {
+		/* an app that said BYE and exited may have its BYE still on the
+		 * way (zmq's I/O thread, a loaded machine): it is taken for gone
+		 * only if a tick later, after another drain, nothing closed it */
+		if (a->dead_seen_ns && now - a->dead_seen_ns >= W_GONE_GRACE_NS) {
+			w_log("app %s (pid %u) is gone; dropping its queued launches",
+			      a->name, a->pid);
+			w_app_close(a, 1);
+			continue;
+		}
+		if (!a->dead_seen_ns && now - a->last_alive_check_ns >= 500000000ull) {
 			a->last_alive_check_ns = now;
-			if (!colocate_pid_alive(a->pid)) {
-				w_log("app %s (pid %u) is gone; dropping its queued launches",
-				      a->name, a->pid);
-				w_app_close(a, 1);
-			}
+			if (!colocate_pid_alive(a->pid))
+				a->dead_seen_ns = now;
 		}
 	}
 	reap();
