@@ -98,7 +98,12 @@ def test_four_busy_apps_a_stalled_controller_and_a_sigkill(tmp_path):
 
         v = by["victim"]
         assert v["end"] == "killed", v
-        assert len(v["kernels"]) == 1 and v["kernels"][0]["launches"] == v["launches"] > 0, v
+        # a launch is counted twice, the app's total then its kernel's
+        # (shim_count_launch: two atomic adds): a SIGKILL between the two
+        # leaves the kernel's count one short, never more (seen once with
+        # four test workers on two cores: 5697269 of 5697270)
+        assert len(v["kernels"]) == 1 and v["launches"] > 0, v
+        assert v["launches"] - v["kernels"][0]["launches"] in (0, 1), v
         # what an admin sees: the killed app's kernel table
         table = colocate("kernels", "victim", "--json", "--runtime-dir", ctl.rundir)
         assert table.returncode == 0 and "launchloop_tick" in table.stdout, \
