@@ -495,6 +495,7 @@ static double steady_waves(const struct en_task *k)
 static void dispatch(struct en_state *st, const int *idx, int n)
 {
 	struct share sh[n > 0 ? n : 1];
+	struct share *cs[n > 0 ? n : 1];   /* each kernel's client's share */
 	signed char fate[n > 0 ? n : 1];   /* -1 not visited, else blocked */
 	double used = 0;
 	int a, ns, waiting = 0, lacking;
@@ -510,14 +511,13 @@ static void dispatch(struct en_state *st, const int *idx, int n)
 	ns = shares(st, idx, n, sh);
 	for (a = 0; a < n; a++) {
 		struct en_task *k = &st->t[idx[a]];
-		const struct share *c = ns ? share_of(sh, ns, k->ctx) : NULL;
 
-		k->held = c && c->limited;
+		cs[a] = ns ? share_of(sh, ns, k->ctx) : NULL;
+		k->held = cs[a] && cs[a]->limited;
 	}
 	for (a = 0; a < n; a++) {
 		struct en_task *k = &st->t[idx[a]];
-		struct share *c = ns ? share_of(sh, ns, k->ctx) : NULL;
-		int mine = c && c->limited;
+		struct share *c = cs[a];
 		double want, room, can, avail;
 		int blocked = 0;
 
@@ -526,14 +526,14 @@ static void dispatch(struct en_state *st, const int *idx, int n)
 			continue;
 		/* behind a kernel that could not have all it wanted, only a
 		 * limited client's kernels still take (their share's) room */
-		if (waiting && !mine)
+		if (waiting && !k->held)
 			continue;
 		if (k->undisp > 0) {
 			want = floor(k->quota * k->per_sm) - resident(k);
 			if (want > k->undisp)
 				want = k->undisp;
 			avail = st->p.sms - used - (ns ? reserved(sh, ns) : 0);
-			if (mine) {
+			if (k->held) {
 				/* its own share's room is its to take, no further:
 				 * at its share it refills its own SMs, as at its
 				 * limit (not blocked: what it would take beyond
@@ -559,7 +559,7 @@ static void dispatch(struct en_state *st, const int *idx, int n)
 			blocked = can < want;
 		}
 		fate[a] = (signed char)blocked;
-		if (blocked && !mine) {
+		if (blocked && !k->held) {
 			if (!ns) {
 				a++;
 				break;
@@ -578,7 +578,7 @@ static void dispatch(struct en_state *st, const int *idx, int n)
 	lacking = ns && reserved(sh, ns) > 1e-9;
 	for (a = 0; a < n; a++) {
 		struct en_task *k = &st->t[idx[a]];
-		const struct share *c = k->held ? share_of(sh, ns, k->ctx) : NULL;
+		const struct share *c = k->held ? cs[a] : NULL;
 
 		if (fate[a] < 0 || lacking)
 			continue;

@@ -50,8 +50,9 @@ struct en_task {
 	                                  context stays for hold_s after it    */
 	/* scratch of en_rates */
 	double   sms, excl, u;
-	double   held;                 /* 1: a limited MPS client's share, its
-	                                  SMs its own (dispatch sets it)       */
+	int      held;                 /* 1: its client is limited below the
+	                                  device and keeps a share, whose SMs
+	                                  are its own (dispatch sets it)       */
 };
 
 struct en_state {
