@@ -166,9 +166,10 @@ format: $(VENV)/.installed
 
 # the suite in parallel (pytest-xdist: one worker per core, at most 4; a
 # file's tests stay together, in order, as their module fixtures expect),
-# then the tests marked serial alone: live co-locations whose claims are
-# tail latencies, and device-model tests whose processes must overlap in
-# wall time -- other tests' load would move both
+# then the tests marked serial alone: claims that wall time decides (live
+# co-locations' tail latencies, processes that must overlap, modelled times
+# at a timescale > 0, rates timed by sleeps) -- other tests' load would
+# move them
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test: build lint
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not serial"

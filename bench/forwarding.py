@@ -39,6 +39,7 @@ The rig (processpool/rig.py) is also what the forwarding tests drive.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import os
@@ -90,8 +91,10 @@ def first_after(flips: list[tuple[int, int, int]], recs: list[tuple[int, ...]], 
     boundary: list[float] = []
     hits: list[tuple[int, int]] = []
     for _t_begin, route, t_set in timed_flips(flips, recs):
-        for i, rec in enumerate(recs):
-            if rec[done] >= t_set and match(route, t_set, i, rec):
+        # the probe runs one iteration at a time: rec[done] grows with i
+        for i in range(bisect.bisect_left(recs, t_set, key=lambda r: r[done]), len(recs)):
+            rec = recs[i]
+            if match(route, t_set, i, rec):
                 total.append((rec[done] - t_set) / 1e3)
                 boundary.append((rec[done] - max(rec[1], t_set)) / 1e3)
                 hits.append((t_set, i))
@@ -104,7 +107,8 @@ def switch_probe_args(flips_wanted: int, period: float, interval_us: int) -> lis
     period s: --seconds makes it long enough whatever an iteration costs (on
     simgpu back to back one is ~1.5 us, on an H100 ~12 us, with a 50 us pause
     ~110 us), --n is the room for records (capped: 2 M records are 32 MB
-    on the device and a 100 MB dump)."""
+    on the device and a 100 MB dump; back to back on simgpu the cap ends a
+    run after ~3 s, so fewer flips than asked are timed)."""
     seconds = math.ceil(flips_wanted * period) + 1
     n = min(2_000_000, int(seconds * 1e6 / max(interval_us, 1)) + 200)
     return ["--n", str(n), "--seconds", str(seconds), "--interval-us", str(interval_us), "--dump"]

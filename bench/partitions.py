@@ -86,7 +86,8 @@ def latency(rig: Rig, n: int, sides: dict = SIDES) -> dict:
     return res
 
 
-def start_bracket(recs: list[tuple[int, ...]], i: int, window_ns: int = 20_000_000) -> tuple[int, int] | None:
+def start_bracket(recs: list[tuple[int, ...]], i: int, window_ns: int = 20_000_000,
+                  step_ns: int = 0) -> tuple[int, int] | None:
     """When probe kernel i started, in the host's CLOCK_MONOTONIC ns, as
     (earliest, latest).  Its record holds the device's time (on a GPU
     %globaltimer, whose zero the host does not know) at the start; every
@@ -96,8 +97,8 @@ def start_bracket(recs: list[tuple[int, ...]], i: int, window_ns: int = 20_000_0
     within window_ns of record i (the clocks may drift apart over a run; 10
     ppm is 0.2 us in 20 ms), the bounds are as tight as the quickest launch
     and the quickest sync of the window.  It takes the device clock to count
-    ns at the host's rate; one updated coarsely (every us on some GPUs)
-    widens the true bracket by that step.  None where the bounds cross (a
+    ns at the host's rate; step_ns is how coarsely it is updated (every us
+    on some GPUs), which widens both bounds.  None where the bounds cross (a
     device clock that jumped)."""
     t = recs[i][1]
     lo, hi = -(1 << 62), 1 << 62
@@ -106,22 +107,30 @@ def start_bracket(recs: list[tuple[int, ...]], i: int, window_ns: int = 20_000_0
         if t_launch > t + window_ns:
             break
         lo, hi = max(lo, t_launch - g), min(hi, t_done - g)
-    return (recs[i][3] + lo, recs[i][3] + hi) if lo <= hi else None
+    return (recs[i][3] + lo - step_ns, recs[i][3] + hi + step_ns) if lo <= hi else None
 
 
-def started_us(recs: list[tuple[int, ...]], hits: list[tuple[int, int]]) -> dict:
+# %globaltimer's update step assumed on a GPU: 1 us, the coarsest reported
+GPU_TIMER_STEP_NS = 1000
+
+
+def started_us(recs: list[tuple[int, ...]], hits: list[tuple[int, int]], step_ns: int = GPU_TIMER_STEP_NS) -> dict:
     """Route write -> the first kernel at the new quota *started*, bounded
-    (start_bracket), medians in us: latest <= the figure seen done, and the
-    median of the latest bounds is an upper bound of the true median."""
-    b = [(br[0] - t_set, br[1] - t_set) for t_set, i in hits if (br := start_bracket(recs, i))]
+    (start_bracket), medians in us: the median of the latest bounds is an
+    upper bound of the true median."""
+    b = [(br[0] - t_set, br[1] - t_set) for t_set, i in hits if (br := start_bracket(recs, i, step_ns=step_ns))]
     return {"p50_latest": q([x[1] / 1e3 for x in b], 0.5), "p50_earliest": q([x[0] / 1e3 for x in b], 0.5),
             "bracketed": len(b), "of": len(hits)}
 
 
 def bracket_check(recs: list[tuple[int, ...]], hits: list[tuple[int, int]]) -> dict:
-    """start_bracket where the start is known (simgpu: the device time is
-    the host's clock): how many brackets hold it, and their median width."""
-    b = [(br, recs[i][3]) for _t, i in hits if (br := start_bracket(recs, i))]
+    """start_bracket where the start is known (simgpu: the twin reads the
+    host's clock), on a device clock made up from it -- 5 s off and 20 ppm
+    fast, as a GPU's might be -- so that the bounds must undo both: how many
+    brackets hold the start, and their median width."""
+    t0 = recs[0][1] if recs else 0
+    dev = [(i, tl, td, x - 5_000_000_000 + (x - t0) // 50_000, w) for i, tl, td, x, w in recs]
+    b = [(br, recs[i][3]) for _t, i in hits if (br := start_bracket(dev, i))]
     return {"hold": sum(lo <= x <= hi for (lo, hi), x in b), "of": len(hits),
             "width_us_p50": q([(hi - lo) / 1e3 for (lo, hi), _x in b], 0.5)}
 

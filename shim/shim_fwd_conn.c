@@ -645,7 +645,11 @@ void fconn_close(struct fconn *c, int bye)
 			struct fwd_hdr h;
 			int linger = 100;
 
-			/* the BYE is worth a short linger; nothing else is queued */
+			/* the BYE is worth a short linger; nothing else is queued.
+			 * The page says it first: a process that exits at once
+			 * may take the frame with it */
+			if (c->page)
+				__atomic_store_n(&c->page->bye, 1, __ATOMIC_RELEASE);
 			fwd_hdr_init(&h, FWD_T_BYE, 0, sizeof(h));
 			zmq.setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger));
 			zmq.send(c->sock, &h, sizeof(h), ZMQ_DONTWAIT);

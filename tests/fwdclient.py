@@ -105,7 +105,7 @@ class RingApp:
     """Plays the shim's side of one connection: a page with a launch ring,
     HELLO on a DEALER, frames written into the ring."""
 
-    def __init__(self, r: Rig, wid: int, name: str = "ringtest", twins: str = ""):
+    def __init__(self, r: Rig, wid: int, name: str = "ringtest", twins: str = "", pid: int | None = None):
         self.r, self.path = r, r.dir / f"page-{os.urandom(4).hex()}"
         size = lib.FWD_RING_OFF + RING
         with open(self.path, "wb") as f:
@@ -121,7 +121,7 @@ class RingApp:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(f"ipc://{r.dir}/worker-{wid}.sock")
         dev = os.path.realpath(r.env["SIMGPU_DIR"]).encode()     # the same simulated device
-        self.sock.send(hello(wid, str(self.path).encode(), name.encode(), twins.encode(), dev))
+        self.sock.send(hello(wid, str(self.path).encode(), name.encode(), twins.encode(), dev, pid=pid))
         reply = self.sock.recv() if self.sock.poll(3000) else b""
         ok = (len(reply) >= ffi.sizeof("struct fwd_hello_reply") and reply[2] == T_HELLO_REPLY
               and reply[3] & HF_RING and hello_reply(reply).status == lib.FWD_S_OK)

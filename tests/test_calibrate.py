@@ -187,6 +187,7 @@ def test_probe_slice_timer_needs_a_gpu(tmp_path):
     assert rc == 1 and "globaltimer" in d["error"] and d["method"] == "timer"
 
 
+@pytest.mark.serial      # modelled or wall time that other tests' load would move
 @built
 def test_probe_corunner_ends_on_sigterm_with_a_report(tmp_path, twins):
     env = sim_env(tmp_path, twins, timescale=1)
@@ -455,6 +456,7 @@ def test_round_trip_without_scipy():
 
 # ---------------------------------------------------------------- sim, run, the session step
 
+@pytest.mark.serial      # modelled or wall time that other tests' load would move
 @built
 @needs_model
 def test_sim_small_plan_then_fit(tmp_path):

@@ -392,6 +392,7 @@ def test_control_block_wrapper(tmp_path):
         ControlBlock(tmp_path / "bad")
 
 
+@pytest.mark.serial      # modelled or wall time that other tests' load would move
 def test_batch_throughput_normalised_to_solo(tmp_path, sleeper):
     """serve --solo: a batch app's launch rate over the recent window while
     live and over its run once exited, divided by its solo rate; QoS apps none."""

@@ -25,9 +25,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# processes that must overlap in wall time (they start together at AT): run
-# alone (`make test` runs serial tests after the parallel rest), where the
-# other tests' load cannot keep them apart
+# modelled times at a timescale > 0: processes that must overlap in wall
+# time (they start together at AT), or a host that must keep up with its
+# device; run alone (`make test` runs serial tests after the parallel
+# rest), where the other tests' load cannot move them
 CO_RUN = pytest.mark.serial
 SIMGPU = ROOT / "shim" / "lib" / "simgpu" / "libcudart.so.13"
 NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
@@ -260,7 +261,10 @@ def test_bwq_slowdown_is_superlinear_near_the_peak(mech, dev):
 # ------------------------------------------------------------ 4. time slicing
 
 def sliced(mech: Path, dev: Path, **extra) -> list[dict]:
-    env = env_for(dev, **{"SIMGPU_MPS": "0", "SIMGPU_TIMESLICE_US": "2000", "SIMGPU_CTX_SWITCH_US": "300", **extra})
+    # 4x slower than real time: a host late with its next launch (which
+    # ends a context's hold of the device early) needs 4x the hiccup
+    env = env_for(dev, **{"SIMGPU_MPS": "0", "SIMGPU_TIMESLICE_US": "2000", "SIMGPU_CTX_SWITCH_US": "300",
+                          "SIMGPU_TIMESCALE": "4", **extra})
     at = time.time() + 0.5
     # each process: 12 kernels of 1.5 ms on 66 SMs; together they would fit
     args = ("kernel", 66 * SM_FLOPS * 1.5e-3, 0, 66 * 8, 256, 0, 12, 1, at)
@@ -551,6 +555,7 @@ void simgpu_cost__Z7k_plaindPf(const simgpu_launch *l, double *f, double *b) { *
 '''
 
 
+@CO_RUN
 def test_blocks_occupancy_comes_from_the_cubin(dev, tmp_path):
     """Registers and static shared memory per block are read from the
     kernel's cubin, as ptxas reports them; cudaFuncGetAttributes and the

@@ -425,6 +425,33 @@ def test_hello_without_a_ring_is_refused(fuzz_worker):
         app.close()
 
 
+def test_an_app_that_said_bye_and_died_is_not_taken_for_gone(fuzz_worker):
+    """The shim sets the page's bye before its BYE frame, which a process
+    exiting at once may take with it: the worker, finding the app's pid
+    dead, closes it as at a BYE.  Without bye it says the app is gone and
+    drops its queued launches, one tick after it found the pid dead."""
+    r = fuzz_worker
+    pids = []
+    for _ in range(2):
+        p = subprocess.Popen(["true"])
+        p.wait()
+        pids.append(p.pid)                  # dead: as an app that exited
+    said = RingApp(r, 5, name="saidbye", pid=pids[0])
+    quiet = RingApp(r, 5, name="quietexit", pid=pids[1])
+    try:
+        off = fwd.page_off("bye")
+        said.mm[off:off + 4] = (1).to_bytes(4, "little")
+        assert wait_until(lambda: r.stats(5)["apps"] == 0, 5), r.stats(5)
+        log = r.worker_log(5)
+        assert f"app quietexit (pid {pids[1]}) is gone" in log, log
+        assert f"app saidbye (pid {pids[0]}) is gone" not in log, log
+    finally:
+        for a in (said, quiet):
+            a.sock.close()
+            a.mm.close()
+            a.path.unlink()
+
+
 def test_timed_launches_get_their_device_times_in_the_page(fuzz_worker):
     """FWD_LF_TIMED: the worker writes the launch's device start and
     duration into time slot seq % TIMES_N, then timed[sidx] = seq; an untimed

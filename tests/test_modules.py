@@ -233,6 +233,7 @@ def test_two_apps_of_one_binary_load_one_library(rig):
 LOAD_DELAY_MS = 3000      # longer than the apps' 2 s heartbeat timeout
 
 
+@pytest.mark.serial      # modelled or wall time that other tests' load would move
 def test_a_slow_module_load_stalls_nothing(rig):
     """Loads run outside the module table's mutex and never on the main
     thread (COLOCATE_WORKER_LOAD_DELAY_MS makes each take 3 s, as a big or

@@ -716,6 +716,7 @@ def test_dead_process_arena_is_reclaimed(progs, simdir):
 
 # ---------------------------------------------------------------- device model
 
+@pytest.mark.serial      # modelled or wall time that other tests' load would move
 def test_compute_bound_scales_with_quota(progs, simdir):
     full = model_ms(progs, simdir, "compute", 100)
     half = model_ms(progs, simdir, "compute", 50)
@@ -723,6 +724,7 @@ def test_compute_bound_scales_with_quota(progs, simdir):
     assert half / full == pytest.approx(2.0, rel=0.2)
 
 
+@pytest.mark.serial      # modelled or wall time that other tests' load would move
 def test_memory_bound_has_a_knee(progs, simdir):
     t = {q: model_ms(progs, simdir, "memory", q) for q in (10, 25, 50, 100)}
     # one SM pulls 3*BW/SMS, so ~1/3 of the SMs saturate memory; at the peak
@@ -744,6 +746,7 @@ def _together(progs: Progs, simdir: str, kind: str, quota: int) -> list[float]:
     return res
 
 
+@pytest.mark.serial      # modelled or wall time that other tests' load would move
 def test_concurrent_memory_bound_processes_slow_each_other(progs, simdir):
     solo = model_ms(progs, simdir, "memory", 100, reps=100, timescale=0.25)
     both = _together(progs, simdir, "memory", 100)
@@ -752,6 +755,7 @@ def test_concurrent_memory_bound_processes_slow_each_other(progs, simdir):
     assert min(both) > 1.5 * solo, (solo, both)
 
 
+@pytest.mark.serial      # modelled or wall time that other tests' load would move
 def test_mps_quota_is_a_cap_not_a_reservation(progs, simdir):
     # two compute-bound halves fit side by side: no slowdown ...
     halves = _together(progs, simdir, "compute", 50)

@@ -541,8 +541,15 @@ void w_apps_tick(uint64_t now)
 		}
 		if (!a->dead_seen_ns && now - a->last_alive_check_ns >= 500000000ull) {
 			a->last_alive_check_ns = now;
-			if (!colocate_pid_alive(a->pid))
-				a->dead_seen_ns = now;
+			if (colocate_pid_alive(a->pid))
+				continue;
+			if (__atomic_load_n(&a->page->bye, __ATOMIC_ACQUIRE)) {
+				/* it said BYE (synchronised first); the frame was
+				 * lost at its exit: as at a BYE */
+				w_app_close(a, 0);
+				continue;
+			}
+			a->dead_seen_ns = now;
 		}
 	}
 	reap();

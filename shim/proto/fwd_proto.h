@@ -384,10 +384,10 @@ _Static_assert(sizeof(struct fwd_errmsg) == 32, "error");
  * consumer indexes live on lines of their own.
  */
 #define FWD_PAGE_MAGIC   0x45474150445746ULL    /* "FWDPAGE" */
-#define FWD_PAGE_VERSION 5u                     /* 4: timed[], time slots;
+#define FWD_PAGE_VERSION 6u                     /* 4: timed[], time slots;
                                                    5: defines_done,
                                                    refused_kid[]: soft
-                                                   refusals */
+                                                   refusals; 6: bye */
 #define FWD_PAGE_SIZE    4096u                  /* the time slots start here */
 #define FWD_TIMES_N      8192u                  /* time slots (2 x the shim's window) */
 #define FWD_RING_MIN     (64u << 10)
@@ -417,7 +417,10 @@ struct fwd_page {
 	/* line 2: ring producer (shim) */
 	_Alignas(64) uint64_t ring_head;  /* bytes ever written               */
 	uint32_t ring_wake;      /* futex: bumped to wake a sleeping consumer  */
-	uint32_t pad2[13];
+	uint32_t bye;            /* set before the BYE frame is sent: an app
+	                            found dead with it set left, even if the
+	                            frame itself was lost at its exit          */
+	uint32_t pad2[12];
 	/* line 3: ring consumer (worker) */
 	_Alignas(64) uint64_t ring_tail;  /* bytes ever consumed              */
 	uint32_t ring_sleeping;  /* consumer sleeps (or is about to) on ring_wake */

@@ -5,10 +5,11 @@
 // N iterations of: launch probe<<<1, 32>>>(rec, i); cudaDeviceSynchronize();
 // then sleep U microseconds.  With --seconds, stop after S seconds if that
 // comes first (N is then the most there is room for): a run long enough for
-// a benchmark's route flips whatever an iteration costs on this device.  Each probe kernel stores into rec[i] when it
-// ran and who ran it: on a GPU %globaltimer and the SM id; on simgpu its
-// host twin stores CLOCK_MONOTONIC (ns) and the pid of the process that ran
-// it, i.e. the application or the process-pool worker it was forwarded to.
+// a benchmark's route flips whatever an iteration costs on this device.
+// Each probe kernel stores into rec[i] when it ran and who ran it: on a
+// GPU %globaltimer and the SM id; on simgpu its host twin stores
+// CLOCK_MONOTONIC (ns) and the pid of the process that ran it, i.e. the
+// application or the process-pool worker it was forwarded to.
 // The host times each iteration (launch to end of sync).
 //
 // Prints `FWDPROBE n=N lat_us_p50=... lat_us_p99=... lat_us_mean=...`,
