@@ -517,8 +517,6 @@ void w_app_mem_closed(uint64_t serial)
 		w_app_close(a, 0);
 }
 
-#define W_GONE_GRACE_NS 100000000ull      /* one tick of the main loop */
-
 void w_apps_tick(uint64_t now)
 {
 	int i;
@@ -530,27 +528,20 @@ void w_apps_tick(uint64_t now)
 			continue;
 		/* the app's liveness test of this worker: main loop responsive */
 		__atomic_store_n(&a->page->beat_ns, now, __ATOMIC_RELAXED);
-		/* an app that said BYE and exited may have its BYE still on the
-		 * way (zmq's I/O thread, a loaded machine): it is taken for gone
-		 * only if a tick later, after another drain, nothing closed it */
-		if (a->dead_seen_ns && now - a->dead_seen_ns >= W_GONE_GRACE_NS) {
-			w_log("app %s (pid %u) is gone; dropping its queued launches",
-			      a->name, a->pid);
-			w_app_close(a, 1);
+		if (now - a->last_alive_check_ns < 500000000ull)
+			continue;
+		a->last_alive_check_ns = now;
+		if (colocate_pid_alive(a->pid))
+			continue;
+		/* an app that said BYE (synchronised first) may have taken the
+		 * frame with it at its exit, or it is still on its way: its page
+		 * says so, and it left as at a BYE */
+		if (__atomic_load_n(&a->page->bye, __ATOMIC_ACQUIRE)) {
+			w_app_close(a, 0);
 			continue;
 		}
-		if (!a->dead_seen_ns && now - a->last_alive_check_ns >= 500000000ull) {
-			a->last_alive_check_ns = now;
-			if (colocate_pid_alive(a->pid))
-				continue;
-			if (__atomic_load_n(&a->page->bye, __ATOMIC_ACQUIRE)) {
-				/* it said BYE (synchronised first); the frame was
-				 * lost at its exit: as at a BYE */
-				w_app_close(a, 0);
-				continue;
-			}
-			a->dead_seen_ns = now;
-		}
+		w_log("app %s (pid %u) is gone; dropping its queued launches", a->name, a->pid);
+		w_app_close(a, 1);
 	}
 	reap();
 }

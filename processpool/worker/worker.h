@@ -134,7 +134,6 @@ struct wapp {
 	atomic_int finished;           /* launcher thread has cleaned up        */
 	int closing;                   /* main thread: no longer routable       */
 	uint64_t last_alive_check_ns;
-	uint64_t dead_seen_ns;         /* its pid found gone (0: not yet)       */
 	int vmm;                       /* HELLO said FWD_HF_VMM                 */
 	uint64_t serial;               /* unique per app entry (main thread)    */
 	int mem_paired;                /* main thread: its mem connection came  */
