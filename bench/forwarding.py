@@ -79,14 +79,15 @@ def timed_flips(flips: list[tuple[int, int, int]], recs: list[tuple[int, ...]]) 
     return [f for f in flips[1:] if f[2] >= start]
 
 
-def first_after(flips: list[tuple[int, int, int]], recs: list[tuple[int, ...]], match,
-                done: int = 3) -> tuple[list[float], list[float], list[tuple[int, int]]]:
+def first_after(flips: list[tuple[int, int, int]], recs: list[tuple[int, ...]], match, done: int = 3,
+                launched_after: bool = False) -> tuple[list[float], list[float], list[tuple[int, int]]]:
     """For each timed route write (timed_flips), the first probe record i
-    with match(route, t_set, i, rec) whose kernel is at or after the write's
-    end (rec[done]: 3, when it ran, simgpu's twin; 2, when the host saw it
-    done, a GPU): write -> that kernel and its launch call -> that kernel,
-    us, and the (t_set, i) pairs.  Timed from the end of the control-block
-    write: the app cannot see a route before it."""
+    with match(route, i, rec) whose kernel is at or after the write's end
+    (rec[done]: 3, when it ran, simgpu's twin; 2, when the host saw it done,
+    a GPU) -- with launched_after, whose launch call also began after it --:
+    write -> that kernel and its launch call -> that kernel, us, and the
+    (t_set, i) pairs.  Timed from the end of the control-block write: the
+    app cannot see a route before it."""
     total: list[float] = []
     boundary: list[float] = []
     hits: list[tuple[int, int]] = []
@@ -94,7 +95,7 @@ def first_after(flips: list[tuple[int, int, int]], recs: list[tuple[int, ...]], 
         # the probe runs one iteration at a time: rec[done] grows with i
         for i in range(bisect.bisect_left(recs, t_set, key=lambda r: r[done]), len(recs)):
             rec = recs[i]
-            if match(route, t_set, i, rec):
+            if (not launched_after or rec[1] >= t_set) and match(route, i, rec):
                 total.append((rec[done] - t_set) / 1e3)
                 boundary.append((rec[done] - max(rec[1], t_set)) / 1e3)
                 hits.append((t_set, i))
@@ -168,7 +169,7 @@ def switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: in
     out, _, c = rig.run("fwdprobe", *switch_probe_args(flips_wanted, period, interval_us),
                         routes=[1, 2], period=period, flips=flips)
     recs = probe_records(out)
-    total, boundary, _ = first_after(flips, recs, lambda route, _t, _i, rec: rec[4] == pids[route])
+    total, boundary, _ = first_after(flips, recs, lambda route, _i, rec: rec[4] == pids[route])
     out, _, _ = rig.run("fwdprobe", "--n", "2000", "--interval-us", str(interval_us), "--dump")
     local = [(t_exec - t_launch) / 1e3 for _, t_launch, _d, t_exec, _w in probe_records(out)]
     q = quantile

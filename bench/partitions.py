@@ -150,7 +150,7 @@ def noop_control(rig: Rig, route: int, flips_wanted: int, period: float, interva
     flips: list[tuple[int, int, int]] = []
     recs = probe_records(rig.run("fwdprobe", *switch_probe_args(flips_wanted, period, interval_us),
                                  routes=[route, route], period=period, flips=flips, **env)[0])
-    total, boundary, hits = first_after(flips, recs, lambda _r, t_set, _i, rec: rec[1] >= t_set, done)
+    total, boundary, hits = first_after(flips, recs, lambda _r, _i, _rec: True, done, launched_after=True)
     return {"writes": len(total), "to_first_kernel_us": {"p50": q(total, 0.5), "p99": q(total, 0.99)},
             "launch_call_to_kernel_us": {"p50": q(boundary, 0.5), "p99": q(boundary, 0.99)},
             "to_first_kernel_started_us": started_us(recs, hits)}
@@ -169,13 +169,14 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
     recs = probe_records(out)
     if len(rows) != len(recs):
         raise RuntimeError(f"{len(recs)} probe records but {len(rows)} launch-log rows")
-    total, boundary, hits = first_after(flips, recs,
-                                        lambda route, _t, i, _rec: rows[i]["quota_sms"] == sms_of[route])
+    def at_new(route: int, i: int, _rec: tuple[int, ...]) -> bool:
+        return rows[i]["quota_sms"] == sms_of[route]
+
+    total, boundary, hits = first_after(flips, recs, at_new)
     # timed as the control is: the first kernel *launched* after the write
     # (a launch begun just before it may see the change; the control cannot
     # tell which did)
-    strict, _, _ = first_after(flips, recs, lambda route, t_set, i, rec:
-                               rec[1] >= t_set and rows[i]["quota_sms"] == sms_of[route])
+    strict, _, _ = first_after(flips, recs, at_new, launched_after=True)
     with tempfile.TemporaryDirectory() as d:
         noop = noop_control(rig, ROUTE_PART | 10, flips_wanted, period, interval_us,
                             SIMGPU_LAUNCH_LOG=str(Path(d) / "launches.jsonl"))
@@ -214,11 +215,11 @@ def gpu_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us
     flips: list[tuple[int, int, int]] = []
     recs = probe_records(rig.run("fwdprobe", *switch_probe_args(flips_wanted, period, interval_us),
                                  routes=[a, b], period=period, flips=flips)[0])
-    # disjoint: an SM id not on the old partition is on the new one
-    total, boundary, hits = first_after(flips, recs,
-                                        lambda route, _t, _i, rec: rec[4] not in sms[b if route == a else a], done=2)
-    strict, _, _ = first_after(flips, recs, lambda route, t_set, _i, rec:
-                               rec[1] >= t_set and rec[4] not in sms[b if route == a else a], done=2)
+    def at_new(route: int, _i: int, rec: tuple[int, ...]) -> bool:
+        return rec[4] not in sms[b if route == a else a]   # disjoint: not on the old one is on the new
+
+    total, boundary, hits = first_after(flips, recs, at_new, done=2)
+    strict, _, _ = first_after(flips, recs, at_new, done=2, launched_after=True)
     unknown = sum(1 for *_, who in recs if who not in sms[a] | sms[b])
     noop = noop_control(rig, a, flips_wanted, period, interval_us, done=2)
     both = [x for r in (a, b) for x in steady[r]]
