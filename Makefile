@@ -55,7 +55,14 @@ native: $(VENV)/.installed
 	$(BIN)/python -m predictors.build
 	$(BIN)/python -m controlplane.policies.build
 
-progs: $(BINS) $(TESTPROGS) $(STATIC) $(GPUPROBES) $(DRVPROG)
+# host-only microbenchmarks (bench/micro/NAME.c, plain C): what this machine's
+# scheduler adds to simgpu's wall-time figures
+MICRO   := $(patsubst bench/micro/%.c,bench/bin/%,$(wildcard bench/micro/*.c))
+progs: $(BINS) $(TESTPROGS) $(STATIC) $(GPUPROBES) $(DRVPROG) $(MICRO)
+
+bench/bin/%: bench/micro/%.c
+	@mkdir -p bench/bin
+	$(CC) -O2 -Wall -pthread -o $@ $<
 
 COMMON_H := $(wildcard bench/common/*.h shim/include/*.h)
 # a program also depends on the headers in its own folder ($$* is its name)

@@ -23,6 +23,13 @@ software path alone), on this machine's cores.
                       forwarding.py's figure: the first kernel that ran in
                       the new worker)
            and from that iteration's launch call to the kernel.
+  host     bench/bin/hostwake: how long this machine takes to run a thread
+           that slept (50 ms, and back to back).  simgpu runs each stream on
+           a thread that sleeps when idle, so the first kernel on a
+           partition not used since the last flip waits for one wake-up; a
+           GPU starts it without one.  On a small VM (2 vCPUs here) a wake
+           onto an idle vCPU takes tens of us, and that, not the route,
+           is most of the partition switch figure there.
 
 --device cuda (a GPU with green contexts; no MPS daemon, no pool): issue and
 latency local and on a partition, and switch between two DISJOINT partitions
@@ -50,6 +57,7 @@ import bisect
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -67,6 +75,19 @@ from shim.ctlblock import ROUTE_PART  # noqa: E402
 SIDES = {"local": None, "partition": ROUTE_PART | 50, "pool": 2}
 GPU_SIDES = {"local": None, "partition": ROUTE_PART | 50}
 TARGETS = {"added_issue_ns": 1000.0, "switch_us": 20.0}
+
+
+def host_wake() -> dict:
+    """This machine's wake-up of a sleeping thread (bench/micro/hostwake.c),
+    p50 us: after 50 ms asleep, as the stream thread of a partition not used
+    since the last flip is at a switch, and back to back.  simgpu's first
+    kernel on that partition waits for it; a GPU's does not."""
+    res = {}
+    for key, idle in (("after_50ms_us", "50000"), ("back_to_back_us", "0")):
+        out = subprocess.run([str(BIN / "hostwake"), "--n", "100" if idle != "0" else "2000", "--idle-us", idle],
+                             capture_output=True, text=True, check=True).stdout
+        res[key] = _kv(r"^HOSTWAKE (.*)$", out)["p50_us"]
+    return res
 
 
 def issue(rig: Rig, reps: int = 5, sides: dict = SIDES) -> dict:
@@ -281,7 +302,7 @@ def main() -> int:
     a = ap.parse_args()
     needs = [BIN / "fwdprobe", BIN / "launchloop", paths.LIBCOLOCATE]
     if a.device == "sim":
-        needs += [WORKER, paths.SIMGPU_DIR / "libcuda.so.1"]
+        needs += [WORKER, paths.SIMGPU_DIR / "libcuda.so.1", BIN / "hostwake"]
     for need in needs:
         if not need.exists():
             print(f"missing {need}; run `make build`", file=sys.stderr)
@@ -295,7 +316,8 @@ def main() -> int:
         res = {"device": "simgpu, SIMGPU_TIMESCALE=0", "cpus": os.cpu_count(),
                "issue_ns_per_launch": issue(rig), "latency": latency(rig, a.n),
                "switch": {"partition": partition_switching(rig, a.flips, interval_us=a.switch_interval_us),
-                          "pool": switching(rig, a.flips, interval_us=a.switch_interval_us)}}
+                          "pool": switching(rig, a.flips, interval_us=a.switch_interval_us)},
+               "host_wake_p50": host_wake()}
     finally:
         rig.close()
     if a.json:
@@ -343,6 +365,10 @@ def report(res: dict, n: int) -> None:
           f"app's next launch (the probe pauses {sw['partition']['interval_us']} us between "
           f"iterations) and simgpu's stream threads; the flipper's control-block write took "
           f"{sw['partition']['write_us_p50']:.1f} us (p50), timed from its end")
+    hw = res["host_wake_p50"]
+    print(f"this machine runs a thread that slept 50 ms {hw['after_50ms_us']:.1f} us after its wake-up "
+          f"({hw['back_to_back_us']:.1f} us back to back; bench/bin/hostwake, p50): simgpu's first kernel "
+          f"on a partition waits for its stream thread's, a GPU's for nothing of the kind")
     for name, v, tgt, unit in (("added issue cost of a launch on a partition", added,
                                 TARGETS["added_issue_ns"], "ns"),
                                ("route change -> first kernel on the new partition, median", switch,
