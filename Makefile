@@ -178,9 +178,12 @@ format: $(VENV)/.installed
 # at a timescale > 0, rates timed by sleeps) -- other tests' load would
 # move them
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
+# both phases run whatever the first gives, so that one run lists every failure
 test: build lint
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not serial"
-	$(BIN)/python -m pytest -q -m serial
+	@$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not serial"; a=$$?; \
+	 $(BIN)/python -m pytest -q -m serial; b=$$?; \
+	 if [ $$a -ne 0 ] || [ $$b -ne 0 ]; then \
+	   echo "make test: FAILED (parallel phase exit $$a, serial phase exit $$b)"; exit 1; fi
 
 demo: build
 	$(BIN)/colocate demo
