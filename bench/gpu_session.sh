@@ -29,6 +29,11 @@
 #           partition, and route changes between two disjoint partitions,
 #           with the probe pausing 50 us between launches (partitions.json)
 #           and back to back (partitions_b2b.json)
+#   partsim bench/partitions.py on simgpu, on this (GPU) host's CPUs, with the
+#           pause and back to back (partsim.json, partsim_b2b.json): issue
+#           16's simgpu switch figure where the 2-vCPU dev machine's thread
+#           wake-ups (tens of us) do not make it, beside the host's own
+#           wake-up (host_wake_p50); no GPU needed, about a minute
 #   handoff bench/handoff.py --device cuda alone (also inside camelot)
 #   calib   bench/calibrate.py run: a kernel next to co-runners of each kind
 #           at MPS percentages 10..100 (with and without oversubscription),
@@ -371,9 +376,11 @@ for s in "$@"; do
 	apis) step apis 240 apis ;;
 	parts) step parts 180 sh -c "$PY bench/partitions.py --device $DEV --flips 100 >$OUT/partitions.json &&
 		$PY bench/partitions.py --device $DEV --flips 100 --switch-interval-us 0 >$OUT/partitions_b2b.json" ;;
+	partsim) step partsim 150 sh -c "$PY bench/partitions.py --device sim --flips 100 --json >$OUT/partsim.json &&
+		$PY bench/partitions.py --device sim --flips 100 --switch-interval-us 0 --json >$OUT/partsim_b2b.json" ;;
 	handoff) step handoff 150 $PY bench/handoff.py --device "$DEV" --out "$OUT/handoff" ;;
 	green) step green 240 green ;;
 	camelot) step camelot 300 camelot ;;
-	*) echo "unknown step $s (build pool fwd demo vmmapp greenapp calib apis parts handoff green camelot)" | tee -a "$OUT/session.log"; exit 2 ;;
+	*) echo "unknown step $s (build pool fwd demo vmmapp greenapp calib apis parts partsim handoff green camelot)" | tee -a "$OUT/session.log"; exit 2 ;;
 	esac
 done
