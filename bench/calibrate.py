@@ -67,7 +67,7 @@ parameters it ran with), are not fitted.
 How `fit` predicts each case with the model (simgpu_model_simulate through
 ctypes, from shim/lib/simgpu/libcudart.so.13; each case under its own MPS
 mode and the SM count its probes saw; a task's quota_sms is
-round(quota_pct / 100 * sms)):
+quota_pct / 100 * sms in whole TPCs, as the GPUs gave it):
 
   solo   the victim alone: end - arrive of one launch (compared in absolute
          time: sm_flops, sm_bw and bw are absolute rates).
@@ -277,8 +277,10 @@ def preset_lines(p: ModelParams, names: Iterable[str]) -> list[str]:
 # ---------------------------------------------------------------- predicting a case
 
 def quota_sms(pct: float, sms: float) -> float:
-    """The SMs an MPS percentage allows, as the live device counts them (lround)."""
-    return float(min(sms, max(1, math.floor(pct / 100.0 * sms + 0.5))))
+    """The SMs an MPS percentage allows, as the live device counts them
+    (whole TPCs: shim/devmodel.py quota_sms)."""
+    from shim.devmodel import quota_sms as whole_tpcs
+    return float(whole_tpcs(pct, int(sms)))
 
 
 def make_task(t: dict[str, Any], p: ModelParams, arrive: float = 0.0, ctx: int | None = None) -> ModelTask:

@@ -76,9 +76,9 @@ class Device:
 
 
 def quota_sms(dev: Device, pct: float) -> int:
-    """config.c: lround(pct / 100 * sms), at least 1, at most sms."""
-    s = int(math.floor(pct / 100.0 * dev.sms + 0.5))
-    return max(1, min(dev.sms, s))
+    """config.c: the percentage's SMs in whole TPCs (shim/devmodel.py)."""
+    from shim.devmodel import quota_sms as whole_tpcs
+    return whole_tpcs(pct, dev.sms)
 
 
 def kernel_sms(dev: Device, grid: tuple[int, int, int], block: tuple[int, int, int],

@@ -106,14 +106,19 @@ def default_params(mps: bool = True, slowdown: float = 1.0) -> Params:
     return p
 
 
+# SMs per TPC (simgpu_impl.h SG_TPC_SMS): MPS hands out whole TPCs
+TPC_SMS = 2
+
+
 def quota_sms(pct: float, sms: int) -> int:
     """SMs a process's MPS percentage allows, as the live simgpu counts them
-    (config.c: lround(pct / 100 * sms), at least 1, at most sms)."""
+    and as an H100 and an H200 gave them (config.c): the percentage's SMs
+    rounded down to whole TPCs, at least one TPC, at most sms (10 % of 132
+    is 12, 40 % is 52, 50 % is 66)."""
     if not 1e-9 <= pct <= 100:
         raise ValueError(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE {pct}: want (0, 100]")
-    x = pct / 100.0 * sms
-    n = int(x) + (1 if x - int(x) >= 0.5 else 0)       # lround: halves away from 0
-    return min(sms, max(1, n))
+    n = TPC_SMS * math.floor(pct / 100.0 * sms / TPC_SMS + 1e-9)
+    return min(sms, max(TPC_SMS, n))
 
 
 def _fill(d: Any, kind: int, blocks: float, threads: float, regs: float, smem: float,

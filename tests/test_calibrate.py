@@ -249,9 +249,11 @@ def test_ctypes_layout_matches_the_header(tmp_path):
 # ---------------------------------------------------------------- pure parts
 
 def test_quota_sms_rounds_as_the_live_device():
-    assert calibrate.quota_sms(10, 132) == 13 and calibrate.quota_sms(50, 132) == 66
-    assert calibrate.quota_sms(0.1, 132) == 1 and calibrate.quota_sms(100, 132) == 132
-    assert calibrate.quota_sms(25, 10) == 3, "lround: halves go up"
+    """Whole TPCs, as the H100 and H200 gave them (test_devmodel checks the
+    rule against the measured counts)."""
+    assert calibrate.quota_sms(10, 132) == 12 and calibrate.quota_sms(50, 132) == 66
+    assert calibrate.quota_sms(0.1, 132) == 2 and calibrate.quota_sms(100, 132) == 132
+    assert calibrate.quota_sms(40, 132) == 52
 
 
 def test_parameter_groups_and_names():

@@ -214,9 +214,21 @@ def test_default_params_ignore_this_processs_simgpu_settings():
     assert json.loads(r.stdout) == live_params(clean_env()) == as_dict(dm.default_params())
 
 
-def test_quota_sms_rounds_as_config_c():
-    assert [dm.quota_sms(x, 132) for x in (100, 50, 45, 10, 1, 0.1)] == [132, 66, 59, 13, 1, 1]
-    assert dm.quota_sms(25, 10) == 3 and dm.quota_sms(15, 10) == 2, "lround: halves go up"
+def test_quota_sms_gives_whole_tpcs_as_the_gpus_did():
+    """MPS percentages became these SM counts on an H100 and an H200 (each
+    calibration run's cudaDevAttrMultiProcessorCount under MPS): the
+    percentage's SMs rounded down to whole TPCs of 2.  quota_sms (and
+    config.c, which the launch-log test above ties to it) must give them."""
+    for name in ("h100-2026-11-27.jsonl", "h200-2026-11-27.jsonl"):
+        seen = {}
+        for ln in (ROOT / "bench" / "calib" / name).read_text().splitlines():
+            for run in json.loads(ln).get("runs", []):
+                if run.get("mps_enabled") and run.get("quota_env"):
+                    seen[int(run["quota_env"])] = run["sm_count"]
+        assert len(seen) == 10, (name, seen)
+        assert {q: dm.quota_sms(q, 132) for q in seen} == seen, name
+    assert [dm.quota_sms(x, 132) for x in (100, 45, 1, 0.1)] == [132, 58, 2, 2]
+    assert dm.quota_sms(25, 10) == 2 and dm.quota_sms(100, 1) == 1
     with pytest.raises(ValueError):
         dm.quota_sms(0, 132)
 

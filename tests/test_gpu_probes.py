@@ -359,7 +359,8 @@ def _pool(tmp_path: Path, args: list[str], runner=None, mps_fail: bool = False):
 
 @built
 def test_gpu_pool_whole_plan_on_simgpu(tmp_path, testdrv, monkeypatch, capsys):
-    for k, v in sim_env(tmp_path, testdrv, SIMGPU_SMS="2", SIMGPU_SM_GFLOPS="0.01").items():
+    # 4 SMs: two TPCs, so that 50 % is half the device (MPS gives whole TPCs)
+    for k, v in sim_env(tmp_path, testdrv, SIMGPU_SMS="4", SIMGPU_SM_GFLOPS="0.01").items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "55")     # must not leak into runs
     rc, data, mps = _pool(tmp_path, ["--quotas", "50", "--pairs", "30/70", "--reps", "3",

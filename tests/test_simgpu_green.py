@@ -142,8 +142,9 @@ def test_mps_quota_and_green_partition_take_the_smaller(built, tmp_path):
     green(str(tmp_path / "sim"), "run", str(FATBIN), "64", SIMGPU_LAUNCH_LOG=str(log),
           CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="25")
     rows = sorted((json.loads(ln) for ln in log.read_text().splitlines()), key=lambda r: r["seq"])
-    # 25 % of 132 SMs is 33: below the 64-SM partition, and caps the primary too
-    assert [r["quota_sms"] for r in rows] == [33] * 6
+    # 25 % of 132 SMs is 32 in whole TPCs: below the 64-SM partition, and
+    # caps the primary too
+    assert [r["quota_sms"] for r in rows] == [32] * 6
     log.unlink()
     green(str(tmp_path / "sim2"), "run", str(FATBIN), "16", SIMGPU_LAUNCH_LOG=str(log),
           CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="50")

@@ -146,7 +146,7 @@ def test_route_partition_gives_a_kernel_its_partitions_sms(pct):
         return ends[0]
 
     want = part_sms(pct, 132, 8) / quota_sms(pct, 132)
-    assert (part_sms(pct, 132, 8), quota_sms(pct, 132)) == {10: (16, 13), 50: (64, 66)}[pct]
+    assert (part_sms(pct, 132, 8), quota_sms(pct, 132)) == {10: (16, 12), 50: (64, 66)}[pct]
     assert kernel_s("pool") / kernel_s("partition") == pytest.approx(want, rel=0.03)
     with pytest.raises(ValueError, match="route"):
         Simulator(StaticAt(pct), Device(default_params()), [Workload("b", "batch", iteration=[])],

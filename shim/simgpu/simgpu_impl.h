@@ -63,6 +63,10 @@
 
 /* ------------------------------------------------------------------ config.c */
 
+/* SMs per TPC on sm_90 (and on the 2080Ti's and V100's parts the simulator
+ * rescales to): MPS hands out whole TPCs (config.c) */
+#define SG_TPC_SMS 2
+
 struct sg_config {
 	int    sms;              /* SIMGPU_SMS                                  */
 	double mem_bytes;        /* SIMGPU_MEM_GIB, in bytes                    */
