@@ -181,6 +181,7 @@ TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; ec
 # both phases run whatever the first gives, so that one run lists every failure
 test: build lint
 	@$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not serial"; a=$$?; \
+	 [ $$a -eq 2 ] && exit 2; \
 	 $(BIN)/python -m pytest -q -m serial; b=$$?; \
 	 if [ $$a -ne 0 ] || [ $$b -ne 0 ]; then \
 	   echo "make test: FAILED (parallel phase exit $$a, serial phase exit $$b)"; exit 1; fi

@@ -117,6 +117,8 @@ def quota_sms(pct: float, sms: int) -> int:
     is 12, 40 % is 52, 50 % is 66)."""
     if not 1e-9 <= pct <= 100:
         raise ValueError(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE {pct}: want (0, 100]")
+    if pct >= 100:
+        return sms                  # no limit: every SM, an odd count too
     n = TPC_SMS * math.floor(pct / 100.0 * sms / TPC_SMS + 1e-9)
     return min(sms, max(TPC_SMS, n))
 

@@ -229,6 +229,7 @@ def test_quota_sms_gives_whole_tpcs_as_the_gpus_did():
         assert {q: dm.quota_sms(q, 132) for q in seen} == seen, name
     assert [dm.quota_sms(x, 132) for x in (100, 45, 1, 0.1)] == [132, 58, 2, 2]
     assert dm.quota_sms(25, 10) == 2 and dm.quota_sms(100, 1) == 1
+    assert dm.quota_sms(100, 131) == 131 and dm.quota_sms(50, 131) == 64
     with pytest.raises(ValueError):
         dm.quota_sms(0, 132)
 

@@ -285,6 +285,8 @@ static void read_config(void)
 	 * below one TPC.  shim/devmodel.py quota_sms() is the same rule. */
 	c->quota_pct = env_num("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", 100, 1e-9, 100);
 	c->quota_sms = SG_TPC_SMS * (int)floor(c->quota_pct / 100.0 * c->sms / SG_TPC_SMS + 1e-9);
+	if (c->quota_pct >= 100)
+		c->quota_sms = c->sms;       /* no limit: every SM, an odd count too */
 	if (c->quota_sms < SG_TPC_SMS)
 		c->quota_sms = SG_TPC_SMS;
 	if (c->quota_sms > c->sms)

@@ -78,7 +78,7 @@ struct sg_config {
 	double flops_per_thread; /* SIMGPU_DEFAULT_FLOPS_PER_THREAD             */
 	double bytes_per_thread; /* SIMGPU_DEFAULT_BYTES_PER_THREAD             */
 	double quota_pct;        /* CUDA_MPS_ACTIVE_THREAD_PERCENTAGE           */
-	int    quota_sms;        /* SMs the quota allows, at least 1            */
+	int    quota_sms;        /* SMs the quota allows, whole TPCs (config.c) */
 	int    debug;            /* SIMGPU_DEBUG                                */
 	int    sync;             /* SIMGPU_SYNC: run all work at enqueue        */
 	int    timing_only;      /* SIMGPU_TIMING_ONLY: skip twins, keep time   */
