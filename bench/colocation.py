@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from controlplane import client  # noqa: E402
+from shim import paths  # noqa: E402
 from shim.rundir import ColocateError, ensure  # noqa: E402
 
 BIN = ROOT / "bench" / "bin"
@@ -84,11 +85,20 @@ class Setup:
     route: str = "pool"                   # serve --route: pool or partition (no workers)
 
     def key(self) -> str:
-        """What the models depend on: the device settings and the programs."""
+        """What the models depend on: the device settings and the programs,
+        and the builds of both (simgpu's runtime, the service and batch
+        binaries: a model profiled on an older simgpu is stale)."""
         d = {"service": self.service, "service_args": self.service_args, "sizes": self.sizes,
              "batch": self.batch, "slowdown": self.slowdown, "reps": self.profile_reps,
-             "model": self.model, "off": self.model_off, "profile": "timing-only"}
+             "model": self.model, "off": self.model_off, "profile": "timing-only",
+             "builds": builds([paths.SIMGPU_DIR / "libcudart.so.13", BIN / "tonic-service",
+                               *(BIN / b for b in self.batch)])}
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def builds(files: list[Path]) -> dict[str, str]:
+    """{name: sha1 of its bytes} of the files that exist."""
+    return {f.name: hashlib.sha1(f.read_bytes()).hexdigest() for f in files if f.is_file()}
 
 
 @dataclass

@@ -267,3 +267,18 @@ def test_a_table_of_max_tasks():
         dev.add(dm.H2D, 1, 1, 0, 0, 0, 1e6, 1, 0, 0.0)
     t, done = dev.advance_to_next()
     assert len(done) == dm.MAX_TASKS and t == pytest.approx(dm.MAX_TASKS * 1e6 / 54.8e9)
+
+
+def test_colocation_models_are_cached_per_build(tmp_path, monkeypatch):
+    """bench/colocation.py caches the profiled models by Setup.key(): a new
+    simgpu runtime (or a rebuilt program) must give a new key, or `make demo`
+    replays models profiled on the old device (it did, once, after the MPS
+    quota rule changed)."""
+    lib = tmp_path / "libcudart.so.13"
+    lib.write_bytes(b"one build")
+    monkeypatch.setattr(colocation.paths, "SIMGPU_DIR", tmp_path)
+    before = colocation.Setup().key()
+    assert colocation.Setup().key() == before
+    lib.write_bytes(b"another build")
+    assert colocation.Setup().key() != before
+    assert colocation.Setup(batch=["hotspot"]).key() != colocation.Setup(batch=["lud"]).key()
