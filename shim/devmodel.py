@@ -106,21 +106,14 @@ def default_params(mps: bool = True, slowdown: float = 1.0) -> Params:
     return p
 
 
-# SMs per TPC (simgpu_impl.h SG_TPC_SMS): MPS hands out whole TPCs
-TPC_SMS = 2
-
-
 def quota_sms(pct: float, sms: int) -> int:
     """SMs a process's MPS percentage allows, as the live simgpu counts them
-    and as an H100 and an H200 gave them (config.c): the percentage's SMs
-    rounded down to whole TPCs, at least one TPC, at most sms (10 % of 132
-    is 12, 40 % is 52, 50 % is 66)."""
+    and as an H100 and an H200 gave them (engine.c en_quota_sms, which
+    config.c calls too): the percentage's SMs rounded down to whole TPCs, at
+    least one TPC, every SM at 100 % (10 % of 132 is 12, 40 % is 52)."""
     if not 1e-9 <= pct <= 100:
         raise ValueError(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE {pct}: want (0, 100]")
-    if pct >= 100:
-        return sms                  # no limit: every SM, an odd count too
-    n = TPC_SMS * math.floor(pct / 100.0 * sms / TPC_SMS + 1e-9)
-    return min(sms, max(TPC_SMS, n))
+    return int(lib.en_quota_sms(pct, sms))
 
 
 def _fill(d: Any, kind: int, blocks: float, threads: float, regs: float, smem: float,

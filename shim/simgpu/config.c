@@ -61,6 +61,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine.h"
 #include "simgpu_impl.h"
 
 struct sg_config sg_cfg;
@@ -276,21 +277,10 @@ static void read_config(void)
 	c->bytes_per_thread = env_num("SIMGPU_DEFAULT_BYTES_PER_THREAD", 8, 0, 1e15);
 	read_model(c);
 
-	/* MPS reads the percentage once, at context creation; so do we.  It
-	 * gives whole TPCs: on an H100 and an H200 alike, 10, 20 ... 100 % gave
-	 * 12, 26, 38, 52, 66, 78, 92, 104, 118 and 132 of 132 SMs (the
-	 * calibration probe's cudaDevAttrMultiProcessorCount under MPS,
-	 * bench/calib/h100-2026-11-27.jsonl and h200-2026-11-27.jsonl): the
-	 * percentage's SMs rounded down to a multiple of SG_TPC_SMS, never
-	 * below one TPC.  shim/devmodel.py quota_sms() is the same rule. */
+	/* MPS reads the percentage once, at context creation; so do we (whole
+	 * TPCs: en_quota_sms, which the simulator shares) */
 	c->quota_pct = env_num("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", 100, 1e-9, 100);
-	c->quota_sms = SG_TPC_SMS * (int)floor(c->quota_pct / 100.0 * c->sms / SG_TPC_SMS + 1e-9);
-	if (c->quota_pct >= 100)
-		c->quota_sms = c->sms;       /* no limit: every SM, an odd count too */
-	if (c->quota_sms < SG_TPC_SMS)
-		c->quota_sms = SG_TPC_SMS;
-	if (c->quota_sms > c->sms)
-		c->quota_sms = c->sms;
+	c->quota_sms = en_quota_sms(c->quota_pct, c->sms);
 
 	v = setting("SIMGPU_NAME");
 	snprintf(c->name, sizeof(c->name), "%s", v && *v ? v : "simgpu H100-like (CPU model)");

@@ -85,6 +85,29 @@ void en_init(struct en_state *st, const struct simgpu_model_params *p, uint32_t 
 	st->cap = cap;
 }
 
+/* SMs per TPC on sm_90 (and on the 2080Ti's and V100's parts the simulator
+ * rescales to) */
+#define TPC_SMS 2
+
+/*
+ * MPS gives whole TPCs: on an H100 and an H200 alike, 10, 20 ... 100 % gave
+ * 12, 26, 38, 52, 66, 78, 92, 104, 118 and 132 of 132 SMs (the calibration
+ * probe's cudaDevAttrMultiProcessorCount under MPS,
+ * bench/calib/h100-2026-11-27.jsonl and h200-2026-11-27.jsonl): the
+ * percentage's SMs rounded down to a multiple of TPC_SMS, never below one
+ * TPC; at 100 % (no limit) every SM, an odd count too.
+ */
+int en_quota_sms(double pct, int sms)
+{
+	int n = TPC_SMS * (int)floor(pct / 100.0 * sms / TPC_SMS + 1e-9);
+
+	if (pct >= 100)
+		n = sms;
+	if (n < TPC_SMS)
+		n = TPC_SMS;
+	return n > sms ? sms : n;
+}
+
 double en_blocks_per_sm(const struct simgpu_model_params *p, double threads, double regs,
 			double smem)
 {

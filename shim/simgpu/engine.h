@@ -102,6 +102,10 @@ void   en_drop(struct en_state *st, int i, en_seg_fn seg, void *arg);
 double en_span_sms(const struct simgpu_model_params *p, const struct simgpu_model_task *d);
 /* A kernel alone on the device: seconds from arrival to its last block. */
 double en_solo(const struct simgpu_model_params *p, const struct simgpu_model_task *d);
+/* SMs an MPS active-thread percentage gives a client on a device of sms
+ * SMs: whole TPCs, rounded down, at least one; every SM at 100 %.  The live
+ * device (config.c) and the simulator (shim/devmodel.py) both ask here. */
+int    en_quota_sms(double pct, int sms);
 /* Occupancy: blocks of this shape one SM holds, at least 1. */
 double en_blocks_per_sm(const struct simgpu_model_params *p, double threads, double regs,
 			double smem);

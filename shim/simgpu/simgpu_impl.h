@@ -63,10 +63,6 @@
 
 /* ------------------------------------------------------------------ config.c */
 
-/* SMs per TPC on sm_90 (and on the 2080Ti's and V100's parts the simulator
- * rescales to): MPS hands out whole TPCs (config.c) */
-#define SG_TPC_SMS 2
-
 struct sg_config {
 	int    sms;              /* SIMGPU_SMS                                  */
 	double mem_bytes;        /* SIMGPU_MEM_GIB, in bytes                    */
@@ -78,7 +74,7 @@ struct sg_config {
 	double flops_per_thread; /* SIMGPU_DEFAULT_FLOPS_PER_THREAD             */
 	double bytes_per_thread; /* SIMGPU_DEFAULT_BYTES_PER_THREAD             */
 	double quota_pct;        /* CUDA_MPS_ACTIVE_THREAD_PERCENTAGE           */
-	int    quota_sms;        /* SMs the quota allows, whole TPCs (config.c) */
+	int    quota_sms;        /* SMs the quota allows (en_quota_sms)         */
 	int    debug;            /* SIMGPU_DEBUG                                */
 	int    sync;             /* SIMGPU_SYNC: run all work at enqueue        */
 	int    timing_only;      /* SIMGPU_TIMING_ONLY: skip twins, keep time   */
