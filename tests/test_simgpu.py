@@ -101,14 +101,21 @@ static int basic(void)
 	int sms, mps, warp, v; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
 	CK(cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, 0));
 	CK(cudaDeviceGetAttribute(&warp, cudaDevAttrWarpSize, 0));
-	EXPECT(sms == p.multiProcessorCount && mps == 0 && warp == 32);
+	EXPECT(sms == p.multiProcessorCount && warp == 32);
 	CK(cudaRuntimeGetVersion(&v)); EXPECT(v == 13000);
 	CK(cudaDriverGetVersion(&v)); EXPECT(v == 13000);
 	size_t fr, tot; CK(cudaMemGetInfo(&fr, &tot)); EXPECT(fr < tot);
 	cudaPointerAttributes a; CK(cudaPointerGetAttributes(&a, d)); EXPECT(a.type == cudaMemoryTypeDevice);
 	cudaFuncAttributes fa; CK(cudaFuncGetAttributes(&fa, (const void *)add_one)); EXPECT(fa.maxThreadsPerBlock == 1024);
 	int (*quota)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "simgpu_quota_pct");
-	printf("name=%s sms=%d quota=%d\n", p.name, sms, quota ? quota() : -1);
+	/* under MPS with a percentage, a coresident grid past the share is refused */
+	int cn = n; void *cargs[] = { &d, &cn };
+	cudaError_t big = cudaLaunchCooperativeKernel((const void *)add_one, dim3(8 * sms + 1), dim3(256), cargs, 0, 0);
+	cudaGetLastError();
+	cudaError_t fits = cudaLaunchCooperativeKernel((const void *)add_one, dim3(8 * sms), dim3(256), cargs, 0, 0);
+	CK(cudaDeviceSynchronize());
+	printf("name=%s sms=%d quota=%d mps=%d coop_past_share=%d coop_share=%d\n", p.name, sms,
+	       quota ? quota() : -1, mps, big == cudaErrorCooperativeLaunchTooLarge, fits == cudaSuccess);
 	printf("twin add_one=%d notwin=%d unknown=%d\n", has_twin("_Z7add_onePfi"), has_twin("_Z6notwinPfi"), has_twin("_Z7nothingv"));
 	CK(cudaFree(d));
 	CK(cudaFree(x));
@@ -597,7 +604,20 @@ def test_twins_compute_results(progs, simdir):
     assert "BASIC PASS" in out
     # add_one has a twin, notwin has none, an unknown name is unknown
     assert "twin add_one=1 notwin=0 unknown=-1" in out
-    assert "sms=132 quota=100" in out
+    assert "sms=132 quota=100 mps=1 coop_past_share=1 coop_share=1" in out
+
+
+def test_device_reports_an_mps_clients_share_as_the_gpus_did(progs, simdir):
+    """Under an MPS percentage the SM-count attribute (and the properties)
+    is the client's share, whole TPCs: the H100 and H200 calibration runs
+    read 52 at 40 % and 12 at 10 % (tests/test_devmodel.py checks every
+    count); cudaDevAttrMpsEnabled is 1 under MPS and 0 without.  A
+    cooperative grid must fit the share."""
+    for pct, sms in (("40", 52), ("10", 12)):
+        out = run(progs.func, "basic", env=sim_env(simdir, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=pct))
+        assert f"sms={sms} quota={pct} mps=1 coop_past_share=1 coop_share=1" in out, out
+    out = run(progs.func, "basic", env=sim_env(simdir, SIMGPU_MPS="0"))
+    assert "sms=132 quota=100 mps=0" in out, out
 
 
 def test_per_thread_default_stream_build(progs, simdir):

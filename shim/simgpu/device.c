@@ -159,7 +159,7 @@ SG_API cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int devi
 	prop->minor = 0;
 	prop->textureAlignment = 512;
 	prop->texturePitchAlignment = 32;
-	prop->multiProcessorCount = c->sms;
+	prop->multiProcessorCount = c->quota_sms;     /* as the attribute, below */
 	prop->canMapHostMemory = 1;
 	prop->maxTexture1D = 131072;
 	prop->surfaceAlignment = 512;
@@ -227,7 +227,10 @@ SG_API cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, 
 	case cudaDevAttrClockRate:                        v = 1980000; break;
 	case cudaDevAttrTextureAlignment:                 v = 512; break;
 	case cudaDevAttrGpuOverlap:                       v = 1; break;
-	case cudaDevAttrMultiProcessorCount:              v = c->sms; break;
+	/* Under MPS a client is told its own SMs, not the device's: the H100
+	 * and H200 calibration runs (bench/calib/*-2026-11-27.jsonl, sm_count)
+	 * read 12, 26 ... 118 at 10, 20 ... 90 %, en_quota_sms's counts. */
+	case cudaDevAttrMultiProcessorCount:              v = c->quota_sms; break;
 	case cudaDevAttrIntegrated:                       v = 0; break;
 	case cudaDevAttrCanMapHostMemory:                 v = 1; break;
 	case cudaDevAttrComputeMode:                      v = 0; break;
@@ -261,7 +264,9 @@ SG_API cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, 
 	case cudaDevAttrNumaConfig:                       v = 0; break;
 	case cudaDevAttrNumaId:                           v = -1; break;
 	case cudaDevAttrHostNumaId:                       v = -1; break;
-	case cudaDevAttrMpsEnabled:                       v = 0; break;   /* no daemon */
+	/* 1 for an MPS client, as the calibration runs read under MPS (0
+	 * without): simgpu's MPS is SIMGPU_MPS, on by default */
+	case cudaDevAttrMpsEnabled:                       v = c->mp.mps ? 1 : 0; break;
 	default:
 		if ((int)attr <= 0 || (int)attr >= (int)cudaDevAttrMax)
 			return sg_err(cudaErrorInvalidValue);

@@ -245,6 +245,18 @@ GLUE int simgpu_drv_device_attr(int *value, int attr)
 	QUIET(rt.dev_attr(value, (enum cudaDeviceAttr)attr, 0));
 }
 
+/* The device's SMs, whatever this process's MPS share (the attribute says
+ * the share, as a GPU's does): what green contexts split. */
+GLUE int simgpu_drv_device_sms(int *value)
+{
+	if (!value)
+		return cudaErrorInvalidValue;
+	if (!rt_ready())
+		return cudaErrorInitializationError;
+	*value = sg_cfg.sms;
+	return cudaSuccess;
+}
+
 static int props(struct cudaDeviceProp *p)
 {
 	QUIET(rt.dev_props(p, 0));

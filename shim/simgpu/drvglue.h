@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SIMGPU_DRV_ABI 2               /* 2: green-context streams */
+#define SIMGPU_DRV_ABI 3               /* 3: simgpu_drv_device_sms */
 
 /* Directions of simgpu_drv_copy: cudaMemcpyKind's values. */
 enum { SG_DRV_H2H = 0, SG_DRV_H2D = 1, SG_DRV_D2H = 2, SG_DRV_D2D = 3, SG_DRV_ANY = 4 };
@@ -41,6 +41,7 @@ void *simgpu_drv_vmm_entry(const char *name);      /* vmm.c's, or NULL    */
 
 /* device */
 int simgpu_drv_device_attr(int *value, int attr);  /* CUdevice_attribute  */
+int simgpu_drv_device_sms(int *value);             /* all, not the share  */
 int simgpu_drv_device_name(char *name, int len);
 int simgpu_drv_device_uuid(unsigned char uuid[16]);
 int simgpu_drv_sync_all(void);

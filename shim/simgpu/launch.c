@@ -82,7 +82,8 @@ static int max_coresident(dim3 b)
 		bps = 1;
 	if (bps > 32)
 		bps = 32;
-	return bps * sg_cfg.sms;
+	/* co-resident on the SMs this process may use (its MPS share) */
+	return bps * sg_cfg.quota_sms;
 }
 
 static void wait_consumed(atomic_int *flag)

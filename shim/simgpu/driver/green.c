@@ -151,10 +151,15 @@ static unsigned groups_fit(unsigned size, unsigned total, unsigned flags)
 	return size <= total ? total / size : 0;
 }
 
+/* The device's SMs.  Under an MPS percentage the SM-count attribute says
+ * the client's share (as a GPU's does); what cuDeviceGetDevResource says
+ * there has not been measured, so simgpu keeps the whole device, which is
+ * what it says without MPS and what the shim's partitions see (it clears
+ * the percentage when it uses them). */
 static CUresult device_sms(unsigned *n)
 {
 	int v = 0;
-	CUresult r = drv_err(simgpu_drv_device_attr(&v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT));
+	CUresult r = drv_err(simgpu_drv_device_sms(&v));
 
 	if (r == CUDA_SUCCESS && v <= 0)
 		r = CUDA_ERROR_INVALID_DEVICE;
