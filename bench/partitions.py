@@ -23,6 +23,11 @@ software path alone), on this machine's cores.
                       forwarding.py's figure: the first kernel that ran in
                       the new worker)
            and from that iteration's launch call to the kernel.
+           partition  again with simgpu in real time (SIMGPU_TIMESCALE=1),
+                      where the probe's twin records its kernel's start on
+                      simgpu's device clock (simgpu_globaltimer: the modelled
+                      start, as %globaltimer on a GPU) instead of when its
+                      stream thread ran it
   host     bench/bin/hostwake: how long this machine takes to run a thread
            that slept 50 ms, on the waker's CPU and on another.  simgpu runs
            each stream on a thread that sleeps when idle, so the first
@@ -147,8 +152,9 @@ def started_us(recs: list[tuple[int, ...]], hits: list[tuple[int, int]], step_ns
 
 
 def bracket_check(recs: list[tuple[int, ...]], hits: list[tuple[int, int]]) -> dict:
-    """start_bracket where the start is known (simgpu: the twin reads the
-    host's clock), on a device clock made up from it -- 5 s off and 20 ppm
+    """start_bracket where the start is known (simgpu: the twin's record is
+    the host's clock, at timescale 0 when it ran, at 1 the modelled start), on
+    a device clock made up from it -- 5 s off and 20 ppm
     fast, as a GPU's might be -- so that the bounds must undo both: how many
     brackets hold the start, and their median width."""
     t0 = recs[0][1] if recs else 0
@@ -179,15 +185,17 @@ def noop_control(rig: Rig, route: int, flips_wanted: int, period: float, interva
             "to_first_kernel_started_us": started_us(recs, hits)}
 
 
-def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: int = 50) -> dict:
+def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: int = 50,
+                        **env: str) -> dict:
     """fwdprobe launches one kernel per iteration, so its records and the
-    launch log's rows (by seq) are the same kernels, in order."""
+    launch log's rows (by seq) are the same kernels, in order.  env: for
+    every run (device_clock_env: on simgpu's device clock)."""
     sms_of = {ROUTE_PART | 10: 16, ROUTE_PART | 90: 120}
     flips: list[tuple[int, int, int]] = []
     with tempfile.TemporaryDirectory() as d:
         log = Path(d) / "launches.jsonl"
         out, _, _ = rig.run("fwdprobe", *switch_probe_args(flips_wanted, period, interval_us),
-                            routes=list(sms_of), period=period, flips=flips, SIMGPU_LAUNCH_LOG=str(log))
+                            routes=list(sms_of), period=period, flips=flips, SIMGPU_LAUNCH_LOG=str(log), **env)
         rows = sorted((json.loads(ln) for ln in log.read_text().splitlines()), key=lambda r: r["seq"])
     recs = probe_records(out)
     if len(rows) != len(recs):
@@ -202,11 +210,11 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
     strict, _, _ = first_after(flips, recs, at_new, launched_after=True)
     with tempfile.TemporaryDirectory() as d:
         noop = noop_control(rig, ROUTE_PART | 10, flips_wanted, period, interval_us,
-                            SIMGPU_LAUNCH_LOG=str(Path(d) / "launches.jsonl"))
+                            SIMGPU_LAUNCH_LOG=str(Path(d) / "launches.jsonl"), **env)
     steady = {}
     for side in ("local", "partition"):
         out, _, _ = rig.run("fwdprobe", "--n", "2000", "--interval-us", str(interval_us), "--dump",
-                            routes=SIDES[side])
+                            routes=SIDES[side], **env)
         steady[side] = [(t_exec - t_launch) / 1e3 for _, t_launch, _d, t_exec, _w in probe_records(out)]
     write = [(t1 - t0) / 1e3 for t0, _r, t1 in flips[1:]]
     return {"flips": len(total), "iterations": len(recs), "interval_us": interval_us,
@@ -221,6 +229,15 @@ def partition_switching(rig: Rig, flips_wanted: int, period: float = 0.05, inter
             # the same probe without route changes: what a launch costs anyway
             "steady_launch_call_to_kernel_us": {k: {"p50": q(v, 0.5), "p99": q(v, 0.99)}
                                                 for k, v in steady.items()}}
+
+
+def device_clock_env(rig: Rig) -> dict[str, str]:
+    """simgpu in real time (SIMGPU_TIMESCALE=1) on a device of its own: the
+    probe's twin then records its kernel's modelled start on simgpu's device
+    clock (simgpu_globaltimer, which at timescale 1 reads the host's
+    CLOCK_MONOTONIC), as the kernel's %globaltimer does on a GPU, free of
+    when simgpu's stream thread got to run it."""
+    return {"SIMGPU_TIMESCALE": "1", "SIMGPU_DIR": str(rig.dir / "sim-clock")}
 
 
 def gpu_switching(rig: Rig, flips_wanted: int, period: float = 0.05, interval_us: int = 50) -> dict:
@@ -318,6 +335,9 @@ def main() -> int:
         res = {"device": "simgpu, SIMGPU_TIMESCALE=0", "cpus": os.cpu_count(),
                "issue_ns_per_launch": issue(rig), "latency": latency(rig, a.n),
                "switch": {"partition": partition_switching(rig, a.flips, interval_us=a.switch_interval_us),
+                          "partition_device_clock": partition_switching(rig, a.flips,
+                                                                        interval_us=a.switch_interval_us,
+                                                                        **device_clock_env(rig)),
                           "pool": switching(rig, a.flips, interval_us=a.switch_interval_us)},
                "host_wake_p50": host_wake()}
     finally:
@@ -355,6 +375,17 @@ def report(res: dict, n: int) -> None:
               f"{sw['pool']['local_launch_call_to_kernel_us']['p50']:.1f} / "
               f"{sw['pool']['local_launch_call_to_kernel_us']['p99']:.1f} (local)")
     t.add_row("flips timed", "-", str(sw["partition"]["flips"]), str(sw["pool"]["flips"]))
+    dc = sw["partition_device_clock"]
+    t.add_section()
+    for what, v in (("on simgpu's device clock (SIMGPU_TIMESCALE=1): route change -> first kernel at the "
+                     "new quota started, p50 / p99 us", dc["to_first_kernel_us"]),
+                    ("  from that launch call, p50 / p99 us", dc["launch_call_to_kernel_us"]),
+                    ("  control: the same route written again, p50 / p99 us", dc["noop"]["to_first_kernel_us"]),
+                    ("  its launch call -> kernel, p50 / p99 us", dc["noop"]["launch_call_to_kernel_us"])):
+        t.add_row(what, "-", f"{v['p50']:.1f} / {v['p99']:.1f}", "-")
+    t.add_row("  without route changes, launch call -> kernel, p50 / p99 us",
+              *(f"{dc['steady_launch_call_to_kernel_us'][k]['p50']:.1f} / "
+                f"{dc['steady_launch_call_to_kernel_us'][k]['p99']:.1f}" for k in ("local", "partition")), "-")
     Console().print(t)
     added = iss["partition"] - iss["local"]
     switch = sw["partition"]["to_first_kernel_us"]["p50"]
@@ -372,9 +403,15 @@ def report(res: dict, n: int) -> None:
     print(f"this machine runs a thread that slept 50 ms {hw['same_cpu_us']:.1f} us after its wake-up on the "
           f"waker's CPU, {other} us on another (bench/bin/hostwake, p50): simgpu's first kernel on a "
           f"partition waits for its stream thread's wake-up, a GPU's for nothing of the kind")
+    dc_own = dc["launch_call_to_kernel_us"]["p50"] - dc["steady_launch_call_to_kernel_us"]["partition"]["p50"]
+    print(f"on the device clock, a switch against the control: "
+          f"{dc['as_control_us']['p50'] - dc['noop']['to_first_kernel_us']['p50']:+.1f} us at the median; "
+          f"its launch call -> kernel against a steady one: {dc_own:+.1f} us")
     for name, v, tgt, unit in (("added issue cost of a launch on a partition", added,
                                 TARGETS["added_issue_ns"], "ns"),
                                ("route change -> first kernel on the new partition, median", switch,
+                                TARGETS["switch_us"], "us"),
+                               ("the same on simgpu's device clock", dc["to_first_kernel_us"]["p50"],
                                 TARGETS["switch_us"], "us")):
         print(f"{name}: {v:,.1f} {unit} (target <= {tgt:,.0f} {unit}: {'met' if v <= tgt else 'MISSED'})")
 

@@ -835,3 +835,33 @@ def test_launch_log_has_one_line_per_kernel_with_its_work(simdir, tmp_path):
         # hotspot's cost function: 14 flops per cell, 18x18 tile + 2 floats per cell
         assert r["flops"] == 64 * 64 * 14 and r["bytes"] == 16 * 18 * 18 * 4 + 64 * 64 * 8
         assert r["dur_us"] > 0 and 0 < r["sms"] <= 132 * 0.3
+
+
+def test_a_twin_reads_its_kernels_start_on_the_device_clock(simdir, tmp_path):
+    """simgpu_globaltimer (the twin's %globaltimer) is the kernel's modelled
+    start: at SIMGPU_TIMESCALE=1 its readings differ by exactly what the
+    launch log's start_us do, and each lies between its launch call and the
+    host seeing it done, however late the stream thread ran the twin; at 0
+    it is the host's clock when the twin ran; outside a twin it is 0."""
+    probe = ROOT / "bench" / "bin" / "fwdprobe"
+    if not probe.exists():
+        pytest.skip("bench programs not built")
+    log = tmp_path / "launches.jsonl"
+    out = run(probe, "--n", "300", "--interval-us", "200", "--dump",
+              env=sim_env(simdir, SIMGPU_TIMESCALE="1", SIMGPU_LAUNCH_LOG=str(log), SIMGPU_LAUNCH_US="50"))
+    recs = [tuple(map(int, ln.split()[1:5])) for ln in out.splitlines() if ln.startswith("I ")]
+    rows = sorted((json.loads(ln) for ln in log.read_text().splitlines()), key=lambda r: r["seq"])
+    assert len(recs) == len(rows) == 300
+    g0, s0 = recs[0][3], rows[0]["start_us"]
+    for (_i, t_launch, t_done, g), row in zip(recs, rows):
+        assert abs((g - g0) - (row["start_us"] - s0) * 1e3) <= 2, (g - g0, row["start_us"] - s0)
+        # 50 us of modelled launch latency after the call, before the sync saw it
+        assert t_launch + 50_000 <= g <= t_done
+    out = run(probe, "--n", "50", "--dump", env=sim_env(simdir, SIMGPU_TIMESCALE="0"))
+    recs = [tuple(map(int, ln.split()[1:5])) for ln in out.splitlines() if ln.startswith("I ")]
+    assert len(recs) == 50 and all(t_launch <= g <= t_done for _i, t_launch, t_done, g in recs)
+    code = ("import ctypes; rt = ctypes.CDLL('libcudart.so.13'); "
+            "rt.simgpu_globaltimer.restype = ctypes.c_ulonglong; print(rt.simgpu_globaltimer())")
+    r = subprocess.run([sys.executable, "-c", code], env=sim_env(simdir), capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == "0", r.stdout + r.stderr

@@ -335,27 +335,36 @@ double sg_dev_now(void)
 	return (sg_mono() - epoch) / sg_cfg.timescale;
 }
 
+double sg_dev_clock(double dev_t)
+{
+	return epoch + dev_t;
+}
+
 double sg_wall_of(double dev_t)
 {
 	return epoch + dev_t * sg_cfg.timescale;
 }
 
+/* Sleep until SG_WAKE_MARGIN_S before it, then poll. */
 void sg_sleep_until(double dev_t)
 {
 	struct timespec ts;
-	double w;
+	double w, s;
 
 	if (sg_cfg.timescale <= 0)
 		return;
 	w = sg_wall_of(dev_t);
-	if (w <= sg_mono())
-		return;
-	ts.tv_sec = (time_t)w;
-	ts.tv_nsec = (long)((w - (double)ts.tv_sec) * 1e9);
-	if (ts.tv_nsec >= 1000000000L) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000L;
+	s = w - SG_WAKE_MARGIN_S;
+	if (s > sg_mono()) {
+		ts.tv_sec = (time_t)s;
+		ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+			;
 	}
-	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-		;
+	while (sg_mono() < w)
+		sg_cpu_relax();
 }

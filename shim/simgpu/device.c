@@ -228,7 +228,7 @@ SG_API cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, 
 	case cudaDevAttrTextureAlignment:                 v = 512; break;
 	case cudaDevAttrGpuOverlap:                       v = 1; break;
 	/* Under MPS a client is told its own SMs, not the device's: the H100
-	 * and H200 calibration runs (bench/calib/*-2026-11-27.jsonl, sm_count)
+	 * and H200 calibration runs (bench/calib/h100-2026-11-27.jsonl and h200-, sm_count)
 	 * read 12, 26 ... 118 at 10, 20 ... 90 %, en_quota_sms's counts. */
 	case cudaDevAttrMultiProcessorCount:              v = c->quota_sms; break;
 	case cudaDevAttrIntegrated:                       v = 0; break;

@@ -61,6 +61,19 @@ static void call_twin(void *arg)
 	c->twin(c->l);
 }
 
+/* The running twin's kernel start on the device clock (simgpu_globaltimer),
+ * device seconds; NAN outside a twin. */
+static __thread double twin_start = NAN;
+
+SG_API unsigned long long simgpu_globaltimer(void)
+{
+	if (isnan(twin_start))
+		return 0;
+	if (sg_cfg.timescale <= 0)      /* no device clock: the host's, now */
+		return (unsigned long long)llround(sg_mono() * 1e9);
+	return (unsigned long long)llround(sg_dev_clock(twin_start) * 1e9);
+}
+
 static void call_cost(void *arg)
 {
 	struct twin_call *c = arg;
@@ -137,10 +150,13 @@ static double exec_kernel(struct sg_stream *s, struct sg_op *op, double t0)
 
 	memset(&w, 0, sizeof(w));
 
+	tj = t0 + sg_cfg.launch_s;
+	twin_start = tj;
 	if (k->twin && !sg_cfg.timing_only && sg_protected_call(call_twin, &c) < 0) {
 		sg_log("kernel %s faulted: illegal address", k->name);
 		sg_async_error(cudaErrorIllegalAddress, 1);
 	}
+	twin_start = NAN;
 	if (k->cost && sg_protected_call(call_cost, &c) == 0 &&
 	    isfinite(c.flops) && isfinite(c.bytes) && c.flops >= 0 && c.bytes >= 0) {
 		w.t.flops = c.flops;
@@ -164,7 +180,6 @@ static double exec_kernel(struct sg_stream *s, struct sg_op *op, double t0)
 		op->consumed = NULL;
 		l->args = NULL;
 	}
-	tj = t0 + sg_cfg.launch_s;
 	if (sg_cfg.timescale > 0) {
 		sg_sleep_until(tj);
 		end = sg_model_run(&w, tj);

@@ -392,7 +392,7 @@ double sg_model_run(struct sg_work *w, double t)
 
 	for (;;) {
 		struct en_task *e = &dev->en.t[i];
-		double tn;
+		double tn, wall;
 		unsigned v;
 
 		lock_dev();
@@ -415,9 +415,17 @@ double sg_model_run(struct sg_work *w, double t)
 		if (!(tn < now + 0.05 / sg_cfg.timescale))
 			tn = now + 0.05 / sg_cfg.timescale;   /* look again in 50 ms */
 		v = atomic_load(&dev->seq);
+		wall = sg_wall_of(tn);
+		if (wall - sg_mono() <= SG_WAKE_MARGIN_S) {
+			/* too close to sleep through: poll for it or a change */
+			unlock_dev();
+			while (atomic_load(&dev->seq) == v && sg_mono() < wall)
+				sg_cpu_relax();
+			continue;
+		}
 		atomic_fetch_add(&dev->nwait, 1);
 		unlock_dev();
-		futex_wait_until(&dev->seq, v, sg_wall_of(tn));
+		futex_wait_until(&dev->seq, v, wall - SG_WAKE_MARGIN_S);
 		atomic_fetch_sub(&dev->nwait, 1);
 	}
 alone:

@@ -95,10 +95,31 @@ static inline void sg_init(void)
 		sg_init_slow();
 }
 
+/*
+ * A thread put to sleep wakes late by the host's wake-up latency: a few us
+ * on an idle machine, tens in a virtual machine or beside busy threads
+ * (bench/bin/hostwake: 10-50 us on the 2-vCPU dev guest).  Waits for a
+ * modelled time therefore sleep until this much before it and poll the
+ * rest, so that the host sees the device finish when the model says, as a
+ * GPU's spinning cudaDeviceSynchronize does (cudaDeviceScheduleAuto spins
+ * while contexts are fewer than cores).  Wall seconds.
+ */
+#define SG_WAKE_MARGIN_S 60e-6
+
+static inline void sg_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#else
+	__asm__ __volatile__("" ::: "memory");
+#endif
+}
+
 double sg_mono(void);                 /* CLOCK_MONOTONIC, seconds          */
 void   sg_set_epoch(double mono);     /* device time 0, shared per device  */
 double sg_dev_now(void);              /* device seconds; 0 if timescale 0  */
 double sg_wall_of(double dev_t);      /* CLOCK_MONOTONIC s of a device t   */
+double sg_dev_clock(double dev_t);    /* the device clock's reading, s     */
 void   sg_sleep_until(double dev_t);  /* no-op when timescale is 0         */
 void   sg_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -54,6 +54,23 @@ typedef void (*simgpu_twin_fn)(const simgpu_launch *l);
 typedef void (*simgpu_cost_fn)(const simgpu_launch *l, double *flops,
 			       double *bytes);
 
+/*
+ * The device's clock at the start of the kernel whose twin is running, in
+ * ns: what %globaltimer reads in the kernel's first instruction (exported by
+ * simgpu's libcudart.so.13, as the texture functions below).  simgpu's
+ * device clock reads the host's CLOCK_MONOTONIC at the device's epoch and
+ * counts modelled time from there, so at SIMGPU_TIMESCALE=1 it is the
+ * host's clock at the kernel's modelled start, free of when the twin ran;
+ * at other timescales it runs at the device's rate.  The start is when the
+ * kernel was sent to the SMs: its stream's earlier work, its dependencies
+ * and its own launch call done, plus SIMGPU_LAUNCH_US; a kernel that then
+ * waits for SMs held by other contexts' blocks starts later (the launch
+ * log's wait_us), which the model decides after the twin has run.  At
+ * SIMGPU_TIMESCALE=0 there is no device clock: it reads the host's clock
+ * when called.  0 outside a twin.
+ */
+unsigned long long simgpu_globaltimer(void);
+
 #define SIMGPU_TWIN_PREFIX "simgpu_twin_"
 #define SIMGPU_COST_PREFIX "simgpu_cost_"
 

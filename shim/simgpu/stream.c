@@ -41,7 +41,9 @@
 
 #define RING       1024
 #define SPIN_EXEC  30e-6    /* seconds an idle executor polls         */
-#define SPIN_WAIT  200      /* polls before a waiter sleeps           */
+#define SPIN_WAIT  100e-6   /* seconds a waiter polls before sleeping:
+				* a device finishing within it is seen at
+				* once (SG_WAKE_MARGIN_S)               */
 
 enum { K_LEGACY, K_PTDS, K_USER };
 
@@ -83,15 +85,6 @@ static struct sg_hset handles = SG_HSET_INIT;
 static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
 static pthread_key_t ptds_key;
 static __thread struct sg_stream *ptds;
-
-static void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#else
-	__asm__ __volatile__("" ::: "memory");
-#endif
-}
 
 /* ---------------------------------------------------------------- queue */
 
@@ -363,14 +356,18 @@ double sg_stream_time_of(struct sg_stream *s, uint64_t seq)
 
 void sg_stream_wait(struct sg_stream *s, uint64_t seq)
 {
+	double until;
 	int i;
 
 	if (atomic_load(&s->done) >= seq)
 		return;
-	for (i = 0; i < SPIN_WAIT; i++) {
-		cpu_relax();
+	until = sg_mono() + SPIN_WAIT;
+	for (i = 1;; i++) {
+		sg_cpu_relax();
 		if (atomic_load(&s->done) >= seq)
 			return;
+		if ((i & 63) == 0 && sg_mono() > until)
+			break;
 	}
 	atomic_fetch_add(&s->nwaiters, 1);
 	pthread_mutex_lock(&s->mu);
@@ -461,7 +458,7 @@ static struct sg_op *next_op(struct sg_stream *s)
 			return op;
 		until = sg_mono() + SPIN_EXEC;
 		for (i = 1;; i++) {
-			cpu_relax();
+			sg_cpu_relax();
 			if ((op = q_pop(s)))
 				return op;
 			if ((i & 63) == 0 && sg_mono() > until)
