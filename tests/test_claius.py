@@ -541,3 +541,23 @@ def test_fast_path_decides_like_the_reference_on_random_runs():
             got = [getattr(p, ev[0])(*ev[1:]) for p in pols]
             assert got[0] == got[1], (run, step, ev)
             assert pols[0].sent == pols[1].sent and pols[0].held == pols[1].held
+
+
+def test_model_predictor_scales_ipc_by_the_sms_a_quota_gives():
+    """The task model's IPC is per active SM; a quota delivers it on the SMs
+    MPS gives (whole TPCs: 12 at 10 %, 52 at 40 %), not floor(q x 132)
+    (13 and 52).  The query's device time is its duration less its copies."""
+    from controlplane.policies.predict import ModelPredictor
+
+    class Const:
+        def __init__(self, v: float):
+            self.v = v
+
+        def predict_quotas(self, row, quotas):
+            return np.full(len(quotas), self.v)
+
+    p = ModelPredictor(Const(5000.0), Const(1500.0), Const(2000.0), Const(80.0), Const(0.5), n_sms=132)
+    q = np.array([10.0, 40.0, 45.0, 100.0])
+    assert p.task_ipc("a", {}, q).tolist() == [6.0, 26.0, 29.0, 66.0]
+    assert p.query_ms("a", 1.0, q).tolist() == [3.5] * 4 and p.pcie_ms("a", 1.0, q).tolist() == [1.5] * 4
+    assert p.task_ms("a", {}, q).tolist() == [2.0] * 4 and p.task_bw("a", {}, q).tolist() == [80.0] * 4

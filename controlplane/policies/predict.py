@@ -5,6 +5,7 @@ TablePredictor (fixed curves, for tests and benchmarks) and ModelPredictor
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
@@ -90,7 +91,8 @@ class ModelPredictor:
     batched call per question.  query.duration_us is end to end, so the
     device time is duration - pcie.  The task model's IPC is per active SM;
     the knapsack needs what a quota delivers, so task_ipc scales it by the
-    SMs of the quota (n_sms of the device)."""
+    SMs the quota gives on a device of n_sms: whole TPCs, as MPS gives them
+    on an H100 and an H200 (shim.devmodel.quota_sms, the rule simgpu uses)."""
 
     def __init__(self, query_dur: Any, query_pcie: Any, task_dur: Any, task_bw: Any,
                  task_ipc: Any, n_sms: int = 132, batch: Callable[[float], int] = lambda s: 1):
@@ -127,5 +129,12 @@ class ModelPredictor:
         return self.tb.predict_quotas(task, quotas)
 
     def task_ipc(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
-        sms = np.maximum(1.0, np.floor(np.asarray(quotas) / 100.0 * self.n_sms))
+        sms = np.array([_quota_sms(float(q), self.n_sms) for q in np.asarray(quotas, dtype=np.float64)])
         return self.ti.predict_quotas(task, quotas) * sms
+
+
+@lru_cache(maxsize=4096)
+def _quota_sms(pct: float, n_sms: int) -> float:
+    """SMs a quota gives (shim.devmodel.quota_sms); one TPC below 0+."""
+    from shim.devmodel import quota_sms
+    return float(quota_sms(min(pct, 100.0), n_sms) if pct > 0 else quota_sms(1e-9, n_sms))
