@@ -5,6 +5,7 @@ TablePredictor (fixed curves, for tests and benchmarks) and ModelPredictor
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
@@ -129,12 +130,15 @@ class ModelPredictor:
         return self.tb.predict_quotas(task, quotas)
 
     def task_ipc(self, app: str, task: Row, quotas: np.ndarray) -> np.ndarray:
-        sms = np.array([_quota_sms(float(q), self.n_sms) for q in np.asarray(quotas, dtype=np.float64)])
+        sms = np.array([_quota_sms(float(q), self.n_sms) for q in np.atleast_1d(np.asarray(quotas, np.float64))])
         return self.ti.predict_quotas(task, quotas) * sms
 
 
 @lru_cache(maxsize=4096)
 def _quota_sms(pct: float, n_sms: int) -> float:
-    """SMs a quota gives (shim.devmodel.quota_sms); one TPC below 0+."""
+    """SMs a quota gives (shim.devmodel.quota_sms), the quota clamped to
+    (0, 100] (nothing still gets one TPC); NaN stays NaN."""
     from shim.devmodel import quota_sms
-    return float(quota_sms(min(pct, 100.0), n_sms) if pct > 0 else quota_sms(1e-9, n_sms))
+    if math.isnan(pct):
+        return math.nan
+    return float(quota_sms(min(max(pct, 1e-9), 100.0), n_sms))

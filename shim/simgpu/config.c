@@ -28,6 +28,9 @@
  *   SIMGPU_MPS=1              0: no MPS daemon: processes are time-sliced
  *   SIMGPU_DEVICE_TRACE=FILE  one JSON line per stretch a kernel executed
  *   SIMGPU_TIMESCALE=1.0      wall seconds per modelled second; 0 = never wait
+ *   SIMGPU_WAKE_MARGIN_US=60  a wait for a modelled time sleeps until this
+ *                             long before it and polls the rest (0: sleeps
+ *                             throughout, waking by the host's latency late)
  *   SIMGPU_DEFAULT_FLOPS_PER_THREAD=16, SIMGPU_DEFAULT_BYTES_PER_THREAD=8
  *   SIMGPU_NAME               device name
  *   SIMGPU_DIR                shared state (default /dev/shm/simgpu-$UID)
@@ -272,6 +275,7 @@ static void read_config(void)
 	c->sm_flops = env_num("SIMGPU_SM_GFLOPS", 500, 1e-6, 1e12) * 1e9;
 	c->sm_bw = env_num("SIMGPU_SM_BW_GBS", 3.0 * c->bw / 1e9 / c->sms, 1e-6, 1e9) * 1e9;
 	c->launch_s = env_num("SIMGPU_LAUNCH_US", 3, 0, 1e9) * 1e-6;
+	c->wake_margin_s = env_num("SIMGPU_WAKE_MARGIN_US", 60, 0, 1e6) * 1e-6;
 	c->timescale = env_num("SIMGPU_TIMESCALE", 1.0, 0, 1e6);
 	c->flops_per_thread = env_num("SIMGPU_DEFAULT_FLOPS_PER_THREAD", 16, 0, 1e15);
 	c->bytes_per_thread = env_num("SIMGPU_DEFAULT_BYTES_PER_THREAD", 8, 0, 1e15);
@@ -345,7 +349,7 @@ double sg_wall_of(double dev_t)
 	return epoch + dev_t * sg_cfg.timescale;
 }
 
-/* Sleep until SG_WAKE_MARGIN_S before it, then poll. */
+/* Sleep until wake_margin_s before it, then poll (simgpu_impl.h). */
 void sg_sleep_until(double dev_t)
 {
 	struct timespec ts;
@@ -354,7 +358,7 @@ void sg_sleep_until(double dev_t)
 	if (sg_cfg.timescale <= 0)
 		return;
 	w = sg_wall_of(dev_t);
-	s = w - SG_WAKE_MARGIN_S;
+	s = w - sg_cfg.wake_margin_s;
 	if (s > sg_mono()) {
 		ts.tv_sec = (time_t)s;
 		ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);

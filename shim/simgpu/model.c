@@ -416,7 +416,7 @@ double sg_model_run(struct sg_work *w, double t)
 			tn = now + 0.05 / sg_cfg.timescale;   /* look again in 50 ms */
 		v = atomic_load(&dev->seq);
 		wall = sg_wall_of(tn);
-		if (wall - sg_mono() <= SG_WAKE_MARGIN_S) {
+		if (wall - sg_mono() <= sg_cfg.wake_margin_s) {
 			/* too close to sleep through: poll for it or a change */
 			unlock_dev();
 			while (atomic_load(&dev->seq) == v && sg_mono() < wall)
@@ -425,7 +425,7 @@ double sg_model_run(struct sg_work *w, double t)
 		}
 		atomic_fetch_add(&dev->nwait, 1);
 		unlock_dev();
-		futex_wait_until(&dev->seq, v, wall - SG_WAKE_MARGIN_S);
+		futex_wait_until(&dev->seq, v, wall - sg_cfg.wake_margin_s);
 		atomic_fetch_sub(&dev->nwait, 1);
 	}
 alone:

@@ -70,6 +70,7 @@ struct sg_config {
 	double sm_flops;         /* SIMGPU_SM_GFLOPS, flop/s of one SM          */
 	double sm_bw;            /* SIMGPU_SM_BW_GBS, bytes/s one SM can pull   */
 	double launch_s;         /* SIMGPU_LAUNCH_US, seconds                   */
+	double wake_margin_s;    /* SIMGPU_WAKE_MARGIN_US, seconds              */
 	double timescale;        /* SIMGPU_TIMESCALE: wall s per device s       */
 	double flops_per_thread; /* SIMGPU_DEFAULT_FLOPS_PER_THREAD             */
 	double bytes_per_thread; /* SIMGPU_DEFAULT_BYTES_PER_THREAD             */
@@ -98,14 +99,13 @@ static inline void sg_init(void)
 /*
  * A thread put to sleep wakes late by the host's wake-up latency: a few us
  * on an idle machine, tens in a virtual machine or beside busy threads
- * (bench/bin/hostwake: 10-50 us on the 2-vCPU dev guest).  Waits for a
- * modelled time therefore sleep until this much before it and poll the
- * rest, so that the host sees the device finish when the model says, as a
- * GPU's spinning cudaDeviceSynchronize does (cudaDeviceScheduleAuto spins
- * while contexts are fewer than cores).  Wall seconds.
+ * (bench/bin/hostwake: 10-50 us on the 2-vCPU dev guest, up to 90 with a
+ * third thread spinning).  Waits for a modelled time therefore sleep until
+ * sg_cfg.wake_margin_s (SIMGPU_WAKE_MARGIN_US, default 60) before it and
+ * poll the rest, so that the host sees the device finish when the model
+ * says, as a GPU's spinning cudaDeviceSynchronize does
+ * (cudaDeviceScheduleAuto spins while contexts are fewer than cores).
  */
-#define SG_WAKE_MARGIN_S 60e-6
-
 static inline void sg_cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)

@@ -60,12 +60,13 @@ typedef void (*simgpu_cost_fn)(const simgpu_launch *l, double *flops,
  * simgpu's libcudart.so.13, as the texture functions below).  simgpu's
  * device clock reads the host's CLOCK_MONOTONIC at the device's epoch and
  * counts modelled time from there, so at SIMGPU_TIMESCALE=1 it is the
- * host's clock at the kernel's modelled start, free of when the twin ran;
- * at other timescales it runs at the device's rate.  The start is when the
+ * host's clock at the kernel's modelled start, not when the twin ran; at
+ * other timescales it runs at the device's rate.  The start is when the
  * kernel was sent to the SMs: its stream's earlier work, its dependencies
- * and its own launch call done, plus SIMGPU_LAUNCH_US; a kernel that then
- * waits for SMs held by other contexts' blocks starts later (the launch
- * log's wait_us), which the model decides after the twin has run.  At
+ * and its own launch call done, plus SIMGPU_LAUNCH_US.  The model decides
+ * after the twin has run whether its first block started later: when SMs
+ * were held by other contexts' blocks, or when its stream thread ran it
+ * after the device's next event had passed (the launch log's wait_us).  At
  * SIMGPU_TIMESCALE=0 there is no device clock: it reads the host's clock
  * when called.  0 outside a twin.
  */

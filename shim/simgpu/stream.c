@@ -43,7 +43,7 @@
 #define SPIN_EXEC  30e-6    /* seconds an idle executor polls         */
 #define SPIN_WAIT  100e-6   /* seconds a waiter polls before sleeping:
 				* a device finishing within it is seen at
-				* once (SG_WAKE_MARGIN_S)               */
+				* once (simgpu_impl.h, wake margin)     */
 
 enum { K_LEGACY, K_PTDS, K_USER };
 
