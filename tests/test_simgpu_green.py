@@ -94,7 +94,8 @@ def run_16(built, tmp_path_factory) -> tuple[dict, list[dict]]:
     log = d / "launches.jsonl"
     out = green(str(d / "sim"), "run", str(FATBIN), "16", SIMGPU_LAUNCH_LOG=str(log))
     rows = sorted((json.loads(ln) for ln in log.read_text().splitlines()), key=lambda r: r["seq"])
-    assert [r["name"] for r in rows] == ["add_one"] * 3 + ["scale2"] + ["add_one"] * 2
+    # the last two: the cooperative grids that fit (green, then primary)
+    assert [r["name"] for r in rows] == ["add_one"] * 3 + ["scale2"] + ["add_one"] * 4
     return out, rows
 
 
@@ -106,6 +107,16 @@ def test_green_stream_kernel_capped_to_its_partition(run_16):
     assert on_green["quota_sms"] == 16 and on_green["sms"] == 16
     # 1056 blocks of 256 threads: one wave on 132 SMs, several on 16
     assert on_green["dur_us"] > 1.5 * primary["dur_us"], (primary, on_green)
+
+
+def test_cooperative_grid_must_fit_the_partition(run_16):
+    """cuLaunchCooperativeKernel on a green stream: 8 blocks of 256 threads
+    an SM on its 16 SMs fit, one block more is
+    CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE (720); on the primary stream
+    (all 132 SMs) the larger grid fits."""
+    out, rows = run_16
+    assert (out["coop_fits"], out["coop_over"], out["coop_primary"]) == (0, 720, 0), out
+    assert [(r["grid"][0], r["quota_sms"]) for r in rows[6:]] == [(128, 16), (129, 132)]
 
 
 def test_green_context_current_caps_the_null_stream(run_16):
@@ -139,17 +150,18 @@ def test_primary_stream_waits_for_green_event(run_16):
 
 def test_mps_quota_and_green_partition_take_the_smaller(built, tmp_path):
     log = tmp_path / "launches.jsonl"
-    green(str(tmp_path / "sim"), "run", str(FATBIN), "64", SIMGPU_LAUNCH_LOG=str(log),
-          CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="25")
+    out = green(str(tmp_path / "sim"), "run", str(FATBIN), "64", SIMGPU_LAUNCH_LOG=str(log),
+                CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="25")
     rows = sorted((json.loads(ln) for ln in log.read_text().splitlines()), key=lambda r: r["seq"])
     # 25 % of 132 SMs is 32 in whole TPCs: below the 64-SM partition, and
-    # caps the primary too
+    # caps the primary too; so no cooperative grid of 8 x 64 blocks fits
     assert [r["quota_sms"] for r in rows] == [32] * 6
+    assert (out["coop_fits"], out["coop_primary"]) == (720, 720), out
     log.unlink()
     green(str(tmp_path / "sim2"), "run", str(FATBIN), "16", SIMGPU_LAUNCH_LOG=str(log),
           CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="50")
     rows = sorted((json.loads(ln) for ln in log.read_text().splitlines()), key=lambda r: r["seq"])
-    assert [r["quota_sms"] for r in rows] == [66, 16, 16, 66, 16, 66]
+    assert [r["quota_sms"] for r in rows] == [66, 16, 16, 66, 16, 66, 16, 66]
 
 
 def test_bad_arguments_are_errors(built, simdir):

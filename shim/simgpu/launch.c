@@ -74,16 +74,18 @@ static int bad_dims(dim3 g, dim3 b)
 	       b.z > 64 || threads > 1024;
 }
 
-static int max_coresident(dim3 b)
+static int max_coresident(dim3 b, const struct sg_stream *s)
 {
 	int tpb = (int)(b.x * b.y * b.z), bps = 2048 / (tpb ? tpb : 1);
+	unsigned g = sg_stream_sms(s);
 
 	if (bps < 1)
 		bps = 1;
 	if (bps > 32)
 		bps = 32;
-	/* co-resident on the SMs this process may use (its MPS share) */
-	return bps * sg_cfg.quota_sms;
+	/* co-resident on the SMs this stream's kernels may use: the process's
+	 * MPS share, and within it its green context's partition */
+	return bps * (g > 0 && g < (unsigned)sg_cfg.quota_sms ? (int)g : sg_cfg.quota_sms);
 }
 
 static void wait_consumed(atomic_int *flag)
@@ -169,11 +171,11 @@ static cudaError_t launch(struct sg_kernel *k, dim3 g, dim3 b, void **args, size
 		return sg_err(cudaErrorInvalidConfiguration);
 	if (SG_UNLIKELY(shmem > 227 * 1024))
 		return sg_err(cudaErrorInvalidValue);
-	if (coop && (unsigned long long)g.x * g.y * g.z > (unsigned long long)max_coresident(b))
-		return sg_err(cudaErrorCooperativeLaunchTooLarge);
 	s = sg_stream_resolve(stream, ptsz);
 	if (SG_UNLIKELY(!s))
 		return sg_err(cudaErrorInvalidResourceHandle);
+	if (coop && (unsigned long long)g.x * g.y * g.z > (unsigned long long)max_coresident(b, s))
+		return sg_err(cudaErrorCooperativeLaunchTooLarge);
 	e = sg_capture_gate(s, &capturing);
 	if (SG_UNLIKELY(e != cudaSuccess))
 		return sg_err(e);

@@ -81,6 +81,7 @@ FN(cuMemcpyDtoH);
 FN(cuLibraryLoadData);
 FN(cuLibraryGetKernel);
 FN(cuLaunchKernel);
+FN(cuLaunchCooperativeKernel);
 
 #define GET(name) (p_##name = (__typeof__(p_##name))sym(#name))
 
@@ -100,7 +101,7 @@ static void load(void)
 	GET(cuStreamCreate), GET(cuStreamDestroy), GET(cuStreamSynchronize);
 	GET(cuStreamWaitEvent), GET(cuEventCreate), GET(cuEventRecord), GET(cuCtxSynchronize);
 	GET(cuMemAlloc), GET(cuMemcpyHtoD), GET(cuMemcpyDtoH), GET(cuLibraryLoadData);
-	GET(cuLibraryGetKernel), GET(cuLaunchKernel);
+	GET(cuLibraryGetKernel), GET(cuLaunchKernel), GET(cuLaunchCooperativeKernel);
 }
 
 #define OK(call)                                                                   \
@@ -216,6 +217,7 @@ static int run(const char *fatbin, unsigned sms)
 	float *host = malloc(N * sizeof(float));
 	void *image = test_read_file(fatbin, NULL);
 	long bad_a, bad_b, bad_c;
+	CUresult coop_fits, coop_over, coop_primary;
 	int i;
 
 	if (!host || !image) {
@@ -269,6 +271,24 @@ static int run(const char *fatbin, unsigned sms)
 	OK(p_cuStreamWaitEvent(ps, ev, 0));
 	OK(p_cuCtxSynchronize());
 
+	/* a cooperative grid must be co-resident on the partition's SMs: 256
+	 * threads a block is 8 blocks an SM (simgpu's occupancy rule) */
+	{
+		CUdeviceptr co;
+		int n = N;
+		void *cargs[] = { &co, &n };
+
+		OK(p_cuMemAlloc(&co, N * sizeof(float)));
+
+		coop_fits = p_cuLaunchCooperativeKernel((CUfunction)add_one, 8 * res.sm.smCount, 1, 1,
+							THREADS, 1, 1, 0, gs, cargs);
+		coop_over = p_cuLaunchCooperativeKernel((CUfunction)add_one, 8 * res.sm.smCount + 1, 1, 1,
+							THREADS, 1, 1, 0, gs, cargs);
+		coop_primary = p_cuLaunchCooperativeKernel((CUfunction)add_one, 8 * res.sm.smCount + 1, 1,
+							   1, THREADS, 1, 1, 0, ps, cargs);
+		OK(p_cuCtxSynchronize());
+	}
+
 	bad_a = check(a, host, 2, 1);       /* two add_one */
 	bad_b = check(b, host, 2, 1);
 	bad_c = check(c, host, 1, 2);       /* (x + 1) * 2: scale2 came after */
@@ -277,10 +297,10 @@ static int run(const char *fatbin, unsigned sms)
 	OK(p_cuGreenCtxDestroy(g));
 	printf("{\"green_sms\":%u,\"stream_green\":%s,\"primary_stream_green\":%s,"
 	       "\"null_stream_green\":%s,\"current_is_green\":%s,\"bad_a\":%ld,\"bad_b\":%ld,"
-	       "\"bad_c\":%ld}\n",
+	       "\"bad_c\":%ld,\"coop_fits\":%d,\"coop_over\":%d,\"coop_primary\":%d}\n",
 	       res.sm.smCount, of_green == g ? "true" : "false", of_primary ? "true" : "false",
 	       of_null == g ? "true" : "false", cur == gctx ? "true" : "false", bad_a, bad_b,
-	       bad_c);
+	       bad_c, (int)coop_fits, (int)coop_over, (int)coop_primary);
 	return bad_a >= 0 || bad_b >= 0 || bad_c >= 0;
 }
 
