@@ -370,5 +370,5 @@ void sg_sleep_until(double dev_t)
 			;
 	}
 	while (sg_mono() < w)
-		sg_cpu_relax();
+		sg_poll_yield();
 }

@@ -420,7 +420,7 @@ double sg_model_run(struct sg_work *w, double t)
 			/* too close to sleep through: poll for it or a change */
 			unlock_dev();
 			while (atomic_load(&dev->seq) == v && sg_mono() < wall)
-				sg_cpu_relax();
+				sg_poll_yield();
 			continue;
 		}
 		atomic_fetch_add(&dev->nwait, 1);

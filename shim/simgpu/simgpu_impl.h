@@ -51,6 +51,7 @@
 
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -106,6 +107,18 @@ static inline void sg_init(void)
  * says, as a GPU's spinning cudaDeviceSynchronize does
  * (cudaDeviceScheduleAuto spins while contexts are fewer than cores).
  */
+/*
+ * One turn of those polls: give the CPU to any thread that wants it.  On a
+ * small machine the device model's own threads (stream threads, other
+ * simgpu processes, the controller, the pool's workers) need the CPUs the
+ * pollers would spin on; CUDA's cudaDeviceScheduleYield does the same.  On
+ * an idle CPU sched_yield returns at once.
+ */
+static inline void sg_poll_yield(void)
+{
+	sched_yield();
+}
+
 static inline void sg_cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)

@@ -363,7 +363,10 @@ void sg_stream_wait(struct sg_stream *s, uint64_t seq)
 		return;
 	until = sg_mono() + SPIN_WAIT;
 	for (i = 1;; i++) {
-		sg_cpu_relax();
+		if (i > 200)            /* a short spin, then polls that yield */
+			sg_poll_yield();
+		else
+			sg_cpu_relax();
 		if (atomic_load(&s->done) >= seq)
 			return;
 		if ((i & 63) == 0 && sg_mono() > until)
