@@ -122,22 +122,6 @@ static void log_launch(const struct sg_op *op, const struct sg_work *w, double s
 		sg_log("SIMGPU_LAUNCH_LOG: %s", strerror(errno));
 }
 
-/*
- * The SMs a kernel may use: the process's MPS quota, and within it the
- * partition of the green context its stream belongs to.  cuda.h says that
- * under an MPS active-thread percentage a green context's kernels may be
- * scaled up to the client's SMs; simgpu takes the smaller of the two until
- * a GPU run says which.
- */
-static int quota_sms(const struct sg_op *op)
-{
-	unsigned g = op->u.kern.sms;
-
-	if (g > 0 && g < (unsigned)sg_cfg.quota_sms)
-		return (int)g;
-	return sg_cfg.quota_sms;
-}
-
 static double exec_kernel(struct sg_stream *s, struct sg_op *op, double t0)
 {
 	struct sg_kernel *k = op->u.kern.k;
@@ -170,7 +154,7 @@ static double exec_kernel(struct sg_stream *s, struct sg_op *op, double t0)
 	w.t.threads = (double)l->block.x * l->block.y * l->block.z;
 	w.t.regs = k->regs;
 	w.t.smem = (double)l->shmem + k->smem_static;
-	w.t.quota_sms = quota_sms(op);
+	w.t.quota_sms = sg_cap_sms(op->u.kern.sms);
 	/* only a time-sliced device asks whether its context stays busy */
 	w.follow = sg_cfg.timescale > 0 && !sg_cfg.mp.mps && sg_stream_kernel_follows(s, op);
 	if (op->consumed) {

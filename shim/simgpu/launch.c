@@ -77,15 +77,13 @@ static int bad_dims(dim3 g, dim3 b)
 static int max_coresident(dim3 b, const struct sg_stream *s)
 {
 	int tpb = (int)(b.x * b.y * b.z), bps = 2048 / (tpb ? tpb : 1);
-	unsigned g = sg_stream_sms(s);
 
 	if (bps < 1)
 		bps = 1;
 	if (bps > 32)
 		bps = 32;
-	/* co-resident on the SMs this stream's kernels may use: the process's
-	 * MPS share, and within it its green context's partition */
-	return bps * (g > 0 && g < (unsigned)sg_cfg.quota_sms ? (int)g : sg_cfg.quota_sms);
+	/* co-resident on the SMs this stream's kernels may use */
+	return bps * sg_cap_sms(sg_stream_sms(s));
 }
 
 static void wait_consumed(atomic_int *flag)

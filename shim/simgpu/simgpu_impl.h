@@ -104,11 +104,9 @@ static inline void sg_init(void)
  * third thread spinning).  Waits for a modelled time therefore sleep until
  * sg_cfg.wake_margin_s (SIMGPU_WAKE_MARGIN_US, default 60) before it and
  * poll the rest, so that the host sees the device finish when the model
- * says, as a GPU's spinning cudaDeviceSynchronize does
- * (cudaDeviceScheduleAuto spins while contexts are fewer than cores).
- */
-/*
- * One turn of those polls: give the CPU to any thread that wants it.  On a
+ * says, as a GPU's spinning cudaDeviceSynchronize does.
+ *
+ * Each turn of those polls gives the CPU to any thread that wants it: on a
  * small machine the device model's own threads (stream threads, other
  * simgpu processes, the controller, the pool's workers) need the CPUs the
  * pollers would spin on; CUDA's cudaDeviceScheduleYield does the same.  On
@@ -126,6 +124,20 @@ static inline void sg_cpu_relax(void)
 #else
 	__asm__ __volatile__("" ::: "memory");
 #endif
+}
+
+/*
+ * The SMs a kernel may use: the process's MPS quota, and within it the
+ * partition of the green context its stream belongs to (green_sms, 0 for
+ * none).  cuda.h says that under an MPS active-thread percentage a green
+ * context's kernels may be scaled up to the client's SMs; simgpu takes the
+ * smaller of the two until a GPU run says which.
+ */
+static inline int sg_cap_sms(unsigned green_sms)
+{
+	if (green_sms > 0 && green_sms < (unsigned)sg_cfg.quota_sms)
+		return (int)green_sms;
+	return sg_cfg.quota_sms;
 }
 
 double sg_mono(void);                 /* CLOCK_MONOTONIC, seconds          */
