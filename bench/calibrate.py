@@ -85,7 +85,7 @@ quota_pct / 100 * sms in whole TPCs, as the GPUs gave it):
          the mean GB/s of one.
 
 The residual of a case is log(model / measured); parameters are fitted on
-log scale (rates, times) or linearly (sat_warps, l1_gamma, bw_knee, bw_beta)
+log scale (rates, times) or linearly (sat_warps, l1_gamma, bw_sharp, bw_beta, bw_share)
 within bounds, by scipy.optimize.least_squares (soft-L1 loss: one bad case
 does not drag the rest), or by a coordinate search without scipy.
 Parameters that touch disjoint cases (the kernel parameters, slice_s and
@@ -140,7 +140,7 @@ NO_DRIVER = gpu_pool.NO_DRIVER
 KERNEL_KINDS = ("compute", "memory", "fewblock")
 DEFAULT_QUOTAS = "10,20,30,40,50,60,70,80,90,100"
 QUICK_QUOTAS = "30,70,100"
-DEFAULT_FIT = "sm_flops,sm_bw,sat_warps,l1_gamma,bw_knee,bw_beta,slice_s,switch_s,pcie_h2d,pcie_d2h"
+DEFAULT_FIT = "sm_flops,sm_bw,sat_warps,l1_gamma,bw_sharp,bw_beta,bw_share,slice_s,switch_s,pcie_h2d,pcie_d2h"
 VICTIM_LAUNCHES = 7          # launches of the victim's chain in a predicted pair (the
                              # mean of all but the first is its time with the co-runner)
 MAX_CHAIN = 400              # co-runner launches in one predicted pair, at most
@@ -155,8 +155,8 @@ class ModelParams(ctypes.Structure):
     _fields_ = [("abi", ctypes.c_uint32), ("mech", ctypes.c_uint32), ("mps", ctypes.c_uint32),
                 ("pad", ctypes.c_uint32)] + [(n, ctypes.c_double) for n in (
                     "sms", "bw", "sm_flops", "sm_bw", "sm_threads", "sm_blocks", "sm_regs",
-                    "sm_smem", "block_smem", "regs_default", "sat_warps", "l1_gamma", "bw_knee",
-                    "bw_beta", "slice_s", "switch_s", "pcie_h2d", "pcie_d2h")]
+                    "sm_smem", "block_smem", "regs_default", "sat_warps", "l1_gamma", "bw_sharp",
+                    "bw_beta", "bw_share", "slice_s", "switch_s", "pcie_h2d", "pcie_d2h")]
 
 
 class ModelTask(ctypes.Structure):
@@ -167,7 +167,7 @@ class ModelTask(ctypes.Structure):
         ("start", ctypes.c_double), ("end", ctypes.c_double)]
 
 
-MODEL_ABI = 1
+MODEL_ABI = 2
 TASK_KINDS = {"kernel": 0, "h2d": 1, "d2h": 2}
 PARAM_FIELDS = [n for n, _ in ModelParams._fields_[4:]]
 
@@ -190,8 +190,9 @@ SPECS: dict[str, Spec] = {
     "bw": Spec("SIMGPU_BW_GBS", 1e9, 1e10, 1e13, True, KERNEL_CASES),
     "sat_warps": Spec("SIMGPU_SAT_WARPS", 1, 0, 64, False, KERNEL_CASES),
     "l1_gamma": Spec("SIMGPU_L1_GAMMA", 1, 0, 4, False, KERNEL_CASES),
-    "bw_knee": Spec("SIMGPU_BW_KNEE", 1, 0, 0.99, False, KERNEL_CASES),
+    "bw_sharp": Spec("SIMGPU_BW_SHARPNESS", 1, 0.5, 20, False, KERNEL_CASES),
     "bw_beta": Spec("SIMGPU_BW_BETA", 1, 0, 20, False, KERNEL_CASES),
+    "bw_share": Spec("SIMGPU_BW_SHARE", 1, 0, 4, False, KERNEL_CASES),
     "slice_s": Spec("SIMGPU_TIMESLICE_US", 1e-6, 1e-5, 1.0, True, ("slice",)),
     "switch_s": Spec("SIMGPU_CTX_SWITCH_US", 1e-6, 1e-7, 0.1, True, ("slice",)),
     "pcie_h2d": Spec("SIMGPU_PCIE_H2D_GBS", 1e9, 1e8, 1e12, True, ("pcie:h2d",)),

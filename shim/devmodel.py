@@ -86,9 +86,8 @@ def _compiled_in() -> Params:
 
 def default_params(mps: bool = True, slowdown: float = 1.0) -> Params:
     """The compiled-in H100 preset, as the device of bench/colocation.py
-    (device_env) sets it: slowdown divides SIMGPU_SM_GFLOPS and
-    SIMGPU_BW_GBS, and so the per-SM bandwidth derived from them
-    (3 BW / SMS); mps=False time-slices contexts (SIMGPU_MPS=0).  A fresh
+    (device_env) sets it: slowdown divides SIMGPU_SM_GFLOPS, SIMGPU_BW_GBS
+    and SIMGPU_SM_BW_GBS; mps=False time-slices contexts (SIMGPU_MPS=0).  A fresh
     struct the caller may change."""
     if not slowdown > 0 or not math.isfinite(slowdown):
         raise ValueError(f"slowdown {slowdown}: want a positive number")
@@ -98,11 +97,9 @@ def default_params(mps: bool = True, slowdown: float = 1.0) -> Params:
     p.mps = 1 if mps else 0
     if slowdown != 1.0:
         # the same arithmetic as config.c on the settings device_env writes
-        derived = base.sm_bw == 3.0 * base.bw / 1e9 / base.sms * 1e9
         p.sm_flops = (base.sm_flops / 1e9 / slowdown) * 1e9
         p.bw = (base.bw / 1e9 / slowdown) * 1e9
-        if derived:
-            p.sm_bw = 3.0 * p.bw / 1e9 / p.sms * 1e9
+        p.sm_bw = (base.sm_bw / 1e9 / slowdown) * 1e9
     return p
 
 

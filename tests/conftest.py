@@ -280,7 +280,8 @@ TONIC_SMALL = {
 # the simulated device the classification tests pin: simgpu's defaults,
 # spelled out so that a change of default does not move their thresholds
 PINNED_DEVICE = {"SIMGPU_SMS": "132", "SIMGPU_SM_GFLOPS": "500", "SIMGPU_BW_GBS": "3350",
-                 "SIMGPU_SM_BW_GBS": str(3 * 3350 / 132)}
+                 "SIMGPU_SM_BW_GBS": "101.3", "SIMGPU_BW_SHARPNESS": "2.32", "SIMGPU_BW_BETA": "0.179",
+                 "SIMGPU_BW_SHARE": "0.83"}
 
 
 def pinned_sim_env(tmp: Path, **extra: str) -> dict[str, str]:

@@ -4,25 +4,27 @@ the shim counts what they say they did, and simgpu's device model sees them
 as memory-bound.
 
 Classification thresholds, for the device pinned in conftest.PINNED_DEVICE (132 SMs,
-500 GFLOP/s and 3 * 3350 / 132 = 76 GB/s per SM, 3350 GB/s in all), with
-the launch overhead set to 0 because it is the same at every quota and
-only pulls every ratio towards 1:
+500 GFLOP/s, 3350 GB/s, and simgpu's DRAM model of 2026-11-28: 101.3 GB/s
+pulled per SM, DRAM delivering at most 84.8 % of its peak), with the launch
+overhead set to 0 because it is the same at every quota and only pulls every
+ratio towards 1:
 
   * a compute-bound kernel that fills the device takes 132 / 26 = 5.08x
     longer at quota 20 % (26 SMs) than at 100 %;
-  * a memory-bound one gets 26 * 76 = 1979 GB/s at 20 % and the 3350 GB/s
-    cap from 44 SMs (33 %) up: 1.69x, and no gain from 50 % to 100 %.
+  * a memory-bound one gets 2026 GB/s at 20 %, 2687 at 50 % and 2806 at
+    100 % (simgpu_model.h, bwq): 1.39x and 1.04x (the H100 gave 1.43x and
+    1.04x, bench/calib/h100-2026-11-27.jsonl).
 
 A compute-bound kernel whose grid fills only S < 132 SMs gives S / 26
 instead, and is flat past S SMs too, so "flat" alone does not tell the
 two apart; the ceiling does.  The thresholds:
 
   * every app: t(20)/t(100) < 2.5 (clearly below 5) and t(50)/t(100) <
-    1.05 (flat past the knee);
+    1.05 (DRAM nearly saturated from half the SMs up);
   * apps whose wide input fills at least 47 SMs (bfs, btree, pathfinder):
-    1.3 < t(20)/t(100) < 1.8 - at most the 1.69 of a memory-bound kernel
+    1.3 < t(20)/t(100) < 1.8 - about the 1.39 of a memory-bound kernel
     (a compute-bound grid of 47+ SMs gives 1.8 or more), and clearly more
-    than 1: below the knee the quota still matters, so their cost
+    than 1: with few SMs the quota still matters, so their cost
     functions hand the model real bytes;
   * nw: t(20)/t(100) < 1.05.  A diagonal of N/16 blocks of 16 threads fits
     on N/512 SMs of the model, so nw's time does not depend on the quota.
@@ -167,9 +169,9 @@ def test_memory_bound_in_the_device_model(name, tmp_path):
     t20, t50, t100 = (modelled_us(name, q, tmp_path) for q in (20, 50, 100))
     assert t100 > 0
     assert t20 / t100 < 2.5, (t20, t100)          # a compute-bound app gives ~5.08
-    assert t50 / t100 < 1.05, (t50, t100)         # flat past the bandwidth knee
+    assert t50 / t100 < 1.05, (t50, t100)         # DRAM nearly saturated from 66 SMs
     if APPS[name].fills_device:
-        assert 1.3 < t20 / t100 < 1.8, (t20, t100)  # 1.69: per-SM bandwidth, then the cap
+        assert 1.3 < t20 / t100 < 1.8, (t20, t100)  # 1.39: the SMs' pull, then DRAM's limit
     else:
         assert t20 / t100 < 1.05, (t20, t100)
 

@@ -28,15 +28,23 @@
  *   s_m    = max(1, u mu + partner's u mu) (1 + l1_gamma mu mu')  (L1/LSU)
  *   C      = sm_flops u (x + (m - x) / s_c)      compute rate
  *   M      = sm_bw    u (x + (m - x) / s_m)      memory rate its SMs pull
- *   t_c    = R flops_b / C,  t_m = R bytes_b / min(M, bw)
- *   P0     = max(t_c, t_m), its DRAM demand D = R bytes_b / P0
- *   rho    = sum D / bw
- *   period = max(t_c, t_m L(rho))   with bwq; without, P0 max(1, rho)
+ *   t_c    = R flops_b / C,  t_m = R bytes_b / M  (min(M, bw) without bwq)
+ *   P0     = max(t_c, t_m), its DRAM pull D_k = R bytes_b / P0
+ *   rho    = sum D_k / bw
+ *   period = max(t_c, t_m S_k)      with bwq; without, P0 max(1, rho)
  *            for kernels that move DRAM bytes (the fluid model's scale)
  *
  * where c and mu (compute and memory intensity) are a block's compute and
  * memory times on one SM over the larger of the two.  A cohort's remaining
  * work falls by 1 / period per second.
+ *
+ * With bwq, the kernels pulling D = sum D_k get D / L(rho) in all,
+ * L(rho) = (1 + (rho (1 + bw_beta))^k)^(1/k), k = bw_sharp: a soft minimum
+ * of the pull and what DRAM delivers, bw / (1 + bw_beta).  D_k is uncapped
+ * (each SM keeps so many requests in flight, Little's law: a kernel on 120
+ * SMs keeps more in flight than one on 40, though either alone would
+ * saturate DRAM), and the kernels share in proportion to D_k^bw_share
+ * (dram_stretch); a kernel's stretch S_k is its pull over its share.
  *
  * Approximations, on purpose: co-residence is counted, not placed (how many
  * of a kernel's SMs host others' blocks, each kernel taking empty SMs
@@ -617,27 +625,73 @@ static void dispatch(struct en_state *st, const int *idx, int n)
 
 /* ---------------------------------------------------------------- rates */
 
-/* Memory-time stretch at DRAM load rho (bwq on). */
+/* Memory-time stretch of a kernel alone at DRAM load rho (bwq on): the
+ * SMs' pull, rho bw, over what DRAM delivers of it, a soft minimum of the
+ * pull and bw / (1 + beta) (simgpu_model.h; fitted to an H100's and an
+ * H200's memory-bound kernel alone on 12..132 SMs, bench/RESULTS.md). */
 static double queueing(const struct simgpu_model_params *p, double rho)
 {
-	double x;
+	double x = rho * (1 + p->bw_beta);
 
-	if (rho > 1)
-		return rho * (1 + p->bw_beta);
-	if (rho <= p->bw_knee || p->bw_knee >= 1)
+	if (x <= 0)
 		return 1;
-	x = (rho - p->bw_knee) / (1 - p->bw_knee);
-	return 1 + p->bw_beta * x * x;
+	return pow(1 + pow(x, p->bw_sharp), 1 / p->bw_sharp);
 }
 
-/* Wave period from compute and memory times at DRAM load rho. */
-static double period(const struct simgpu_model_params *p, double t_c, double t_m, double rho)
+/*
+ * DRAM shared by n kernels pulling d[a] bytes/s (bwq on): all together
+ * get what one kernel pulling the sum would (queueing()), split in
+ * proportion to d^bw_share, no kernel above its own pull (water-filled).
+ * bw_share = 1 shares in proportion to the pull, and so to the SMs; below
+ * 1 a kernel on few SMs keeps more than its SMs' share, as the H100's and
+ * H200's memory-bound pairs did.  s[a]: each kernel's memory-time stretch.
+ */
+static void dram_stretch(const struct simgpu_model_params *p, const double *d, double *s, int n)
+{
+	double sum = 0, left, wsum, w[n > 0 ? n : 1];
+	int a, open = 0, moved = 1;
+
+	for (a = 0; a < n; a++) {
+		s[a] = 1;
+		w[a] = d[a] > 0 ? pow(d[a], p->bw_share) : 0;
+		sum += d[a] > 0 ? d[a] : 0;
+		open += d[a] > 0;
+	}
+	if (sum <= 0)
+		return;
+	left = sum / queueing(p, sum / p->bw);
+	while (open > 0 && moved) {       /* satisfied kernels leave */
+		moved = 0;
+		wsum = 0;
+		for (a = 0; a < n; a++)
+			wsum += w[a];
+		for (a = 0; a < n; a++)
+			if (w[a] > 0 && left * w[a] / wsum >= d[a]) {
+				left -= d[a];
+				w[a] = 0;
+				open--;
+				moved = 1;
+			}
+	}
+	wsum = 0;
+	for (a = 0; a < n; a++)
+		wsum += w[a];
+	for (a = 0; a < n; a++)
+		if (w[a] > 0)
+			s[a] = left > 0 ? d[a] * wsum / (left * w[a]) : 1e30;
+}
+
+/* Wave period from compute and memory times: with bwq the memory time
+ * stretched by s (its DRAM share, dram_stretch); without, P0 max(1, rho)
+ * for a kernel that moves DRAM bytes (the fluid model's uniform scale). */
+static double period(const struct simgpu_model_params *p, double t_c, double t_m, double rho,
+		     double s)
 {
 	double p0 = t_c > t_m ? t_c : t_m;
 
-	if (!(p->mech & SIMGPU_M_BWQ))      /* the fluid model's uniform scale */
+	if (!(p->mech & SIMGPU_M_BWQ))
 		return rho > 1 && t_m > 0 ? p0 * rho : p0;
-	t_m *= queueing(p, rho);
+	t_m *= s;
 	return t_c > t_m ? t_c : t_m;
 }
 
@@ -650,7 +704,7 @@ static void wave_times(const struct simgpu_model_params *p, const struct en_task
 	double c = p->sm_flops * u * (x + (m - x) / s_c);
 	double mm = p->sm_bw * u * (x + (m - x) / s_m);
 
-	if (mm > p->bw)
+	if (mm > p->bw && !(p->mech & SIMGPU_M_BWQ))  /* the fluid model's cap */
 		mm = p->bw;
 	*t_c = k->flops_b > 0 ? r * k->flops_b / c : 0;
 	*t_m = k->bytes_b > 0 ? r * k->bytes_b / mm : 0;
@@ -733,7 +787,7 @@ static void rates(struct en_state *st, const int *idx, int n)
 {
 	const struct simgpu_model_params *p = &st->p;
 	double tot_sms = 0, held_sms = 0, sh_w = 0, sh_uc = 0, sh_um = 0, sh_mu = 0, dsum = 0, rho;
-	double tc[n > 0 ? n : 1], tm[n > 0 ? n : 1];
+	double tc[n > 0 ? n : 1], tm[n > 0 ? n : 1], dem[n > 0 ? n : 1], str[n > 0 ? n : 1];
 	int a, ncopy[3] = { 0, 0, 0 };
 	uint32_t i;
 
@@ -788,7 +842,7 @@ static void rates(struct en_state *st, const int *idx, int n)
 		struct en_task *k = &st->t[idx[a]];
 		double r = resident(k), sh = k->sms - k->excl, s_c = 1, s_m = 1, w, p0;
 
-		tc[a] = tm[a] = 0;
+		tc[a] = tm[a] = dem[a] = 0;
 		if (k->rate < 0)
 			continue;
 		w = sh_w - sh;
@@ -805,9 +859,10 @@ static void rates(struct en_state *st, const int *idx, int n)
 		wave_times(p, k, r, k->sms, k->excl, k->u, s_c, s_m, &tc[a], &tm[a]);
 		p0 = tc[a] > tm[a] ? tc[a] : tm[a];
 		if (p0 > 0)
-			dsum += r * k->bytes_b / p0;
+			dsum += dem[a] = r * k->bytes_b / p0;
 	}
 	rho = dsum / p->bw;
+	dram_stretch(p, dem, str, n);
 	for (a = 0; a < n; a++) {
 		struct en_task *k = &st->t[idx[a]];
 		double per;
@@ -816,7 +871,7 @@ static void rates(struct en_state *st, const int *idx, int n)
 			k->rate = 0;
 			continue;
 		}
-		per = period(p, tc[a], tm[a], rho);
+		per = period(p, tc[a], tm[a], rho, str[a]);
 		k->rate = per > 0 ? 1.0 / per : 1e30;
 	}
 	/* copies: each direction's PCIe shared fairly */
@@ -1026,12 +1081,13 @@ void en_drop(struct en_state *st, int i, en_seg_fn seg, void *arg)
 /* The wave period of k alone with r resident blocks. */
 static double alone_period(const struct en_state *st, struct en_task *k, double r)
 {
-	double tc, tm, p0;
+	double tc, tm, p0, rho;
 
 	span(st, k, r);
 	wave_times(&st->p, k, r, k->sms, k->sms, k->u, 1, 1, &tc, &tm);
 	p0 = tc > tm ? tc : tm;
-	return period(&st->p, tc, tm, p0 > 0 ? r * k->bytes_b / p0 / st->p.bw : 0);
+	rho = p0 > 0 ? r * k->bytes_b / p0 / st->p.bw : 0;
+	return period(&st->p, tc, tm, rho, queueing(&st->p, rho));
 }
 
 /* A one-task state of its own for a question about one task alone. */
@@ -1090,7 +1146,7 @@ static int params_ok(const struct simgpu_model_params *p)
 			return 0;
 	return p->sms >= 1 && p->bw > 0 && p->sm_flops > 0 && p->sm_bw > 0 && p->sm_threads >= 32 &&
 	       p->sm_blocks >= 1 && p->sm_regs > 0 && p->sm_smem > 0 && p->pcie_h2d > 0 &&
-	       p->pcie_d2h > 0 && p->bw_knee < 1 && p->slice_s > 0;
+	       p->pcie_d2h > 0 && p->bw_sharp > 0 && p->bw_share <= 4 && p->slice_s > 0;
 }
 
 static int task_ok(const struct simgpu_model_task *t)

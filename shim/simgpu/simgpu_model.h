@@ -27,12 +27,19 @@
  *            same SMs share its issue slots (by compute intensity) and its
  *            L1/shared-memory/load-store path (by memory intensity), and
  *            memory-intense pairs evict each other from L1 (l1_gamma).
- *   bwq      DRAM queueing.  A kernel's memory time is stretched by
- *            L(rho) = 1 + bw_beta * ((rho - knee) / (1 - knee))^2 for
- *            knee < rho <= 1 and rho * (1 + bw_beta) past the peak, where
- *            rho is the demand of all running kernels over bw.  Off: past
- *            the peak every kernel that moves DRAM bytes slows by rho, the
- *            fluid model's uniform scale.
+ *   bwq      DRAM queueing.  Each SM keeps so many requests in flight, so
+ *            it pulls sm_bw while DRAM is idle and less as DRAM's queues
+ *            grow (Little's law).  Kernels pulling D in all get
+ *            D / L(D / bw), L(rho) = (1 + (rho (1 + bw_beta))^k)^(1/k),
+ *            k = bw_sharp: a soft minimum of the pull and what DRAM can
+ *            deliver, bw / (1 + bw_beta).  They share it in proportion to
+ *            their pulls to the power bw_share (water-filled: none above
+ *            its own pull); 1 would share by SMs, and the GPUs' memory-
+ *            bound pairs gave the smaller kernel more (0.83 fits both).
+ *            Fitted to an H100's and an H200's kernels (bench/RESULTS.md).
+ *            Off: a kernel's SMs pull at most bw, and past the peak every
+ *            kernel that moves DRAM bytes slows by rho = D / bw, the fluid
+ *            model's uniform scale.
  *   slice    No MPS (mps = 0): contexts (processes) are time-sliced.  Only
  *            one context's kernels progress at a time; a context keeps the
  *            device for slice_s while others wait, and each switch leaves
@@ -53,7 +60,7 @@
 extern "C" {
 #endif
 
-#define SIMGPU_MODEL_ABI 1
+#define SIMGPU_MODEL_ABI 2
 
 /* What simgpu exports: it is built with -fvisibility=hidden.  Here, not in
  * simgpu_impl.h, so that engine.c builds without the CUDA headers (the
@@ -94,8 +101,11 @@ struct simgpu_model_params {
 	                          to reach its peak (0: any warp does)           */
 	double l1_gamma;       /* SIMGPU_L1_GAMMA: extra slowdown of two memory-
 	                          intense kernels sharing SMs                    */
-	double bw_knee;        /* SIMGPU_BW_KNEE: load where queueing starts     */
-	double bw_beta;        /* SIMGPU_BW_BETA: memory-time stretch at the peak */
+	double bw_sharp;       /* SIMGPU_BW_SHARPNESS: how sharply the SMs' pull
+	                          meets DRAM's limit (the soft minimum's k)      */
+	double bw_beta;        /* SIMGPU_BW_BETA: DRAM delivers bw / (1 + beta)  */
+	double bw_share;       /* SIMGPU_BW_SHARE: kernels share DRAM in
+	                          proportion to their pull to this power         */
 	double slice_s;        /* SIMGPU_TIMESLICE_US, seconds                   */
 	double switch_s;       /* SIMGPU_CTX_SWITCH_US, seconds                  */
 	double pcie_h2d;       /* SIMGPU_PCIE_H2D_GBS, bytes/s                   */
