@@ -8,15 +8,17 @@ program's STATS line; and the device model shows C-Laius's class.
 The class test compares the modelled time of the app's main kernel
 (SIMGPU_REPORT modelled_us, SIMGPU_TIMESCALE=0) at SM quotas 20 and 100 %.
 On the default simgpu device (132 SMs of 500 GFLOP/s, 3350 GB/s, one SM
-pulls 76 GB/s) a quota of 20 % is 26 SMs, so
+pulling 101.3 GB/s with DRAM idle, simgpu_model.h bwq) a quota of 20 % is
+26 SMs, so
   - a compute-bound kernel that fills the device runs 132 / 26 = 5.08x
     longer at 20 % than at 100 %: we require >= 4.0 (LUD's last
     factorization steps have grids too small to fill 132 SMs; measured
     4.8 for lud, 5.1 for myocyte);
-  - a bandwidth-bound kernel gets 26 x 76 = 1980 of 3350 GB/s at 20 %:
-    1.69x, flat above the knee at ~44 SMs: we require <= 2.0.  And to show
-    that this is the bandwidth cap, not a grid too small to use more SMs,
-    it must still scale below the knee: t(10 %) / t(20 %) >= 1.8 (ideal 2).
+  - a bandwidth-bound kernel gets 2026 GB/s at 20 % and 2806 at 100 %:
+    1.39x (an H100 gave 1.43x): we require <= 2.0.  And to show that this
+    is DRAM's limit, not a grid too small to use more SMs, it must still
+    scale with few SMs: t(10 %) / t(20 %) >= 1.6 (1149 against 2026 GB/s
+    on 12 and 26 SMs, 1.76x; the H100 gave 1.72x; a grid-bound kernel 1).
 The fixed launch cost (SIMGPU_LAUNCH_US, the same at every quota) is set to
 0 here so that the ratios measure the kernels' work at test-sized inputs.
 """
@@ -151,9 +153,9 @@ def test_device_model_shows_the_class(app, simdir, tmp_path):
     if cls == "compute":
         assert ratio >= 4.0, f"{app}: t(20%)/t(100%) = {ratio:.2f}, want >= 4 (compute-bound)"
     else:
-        assert ratio <= 2.0, f"{app}: t(20%)/t(100%) = {ratio:.2f}, want <= 2 (bandwidth knee)"
+        assert ratio <= 2.0, f"{app}: t(20%)/t(100%) = {ratio:.2f}, want <= 2 (DRAM's limit)"
         t10 = modelled_us(app, 10, simdir, tmp_path)
-        assert t10 / t20 >= 1.8, f"{app}: t(10%)/t(20%) = {t10 / t20:.2f}: no scaling below the knee"
+        assert t10 / t20 >= 1.6, f"{app}: t(10%)/t(20%) = {t10 / t20:.2f}: no scaling with few SMs"
 
 
 def test_lavamd_cost_is_its_per_pair_traffic(simdir, tmp_path):
