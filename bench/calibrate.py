@@ -192,7 +192,7 @@ SPECS: dict[str, Spec] = {
     "l1_gamma": Spec("SIMGPU_L1_GAMMA", 1, 0, 4, False, KERNEL_CASES),
     "bw_sharp": Spec("SIMGPU_BW_SHARPNESS", 1, 0.5, 20, False, KERNEL_CASES),
     "bw_beta": Spec("SIMGPU_BW_BETA", 1, 0, 20, False, KERNEL_CASES),
-    "bw_share": Spec("SIMGPU_BW_SHARE", 1, 0, 4, False, KERNEL_CASES),
+    "bw_share": Spec("SIMGPU_BW_SHARE", 1, 0.05, 4, False, KERNEL_CASES),
     "slice_s": Spec("SIMGPU_TIMESLICE_US", 1e-6, 1e-5, 1.0, True, ("slice",)),
     "switch_s": Spec("SIMGPU_CTX_SWITCH_US", 1e-6, 1e-7, 0.1, True, ("slice",)),
     "pcie_h2d": Spec("SIMGPU_PCIE_H2D_GBS", 1e9, 1e8, 1e12, True, ("pcie:h2d",)),

@@ -52,7 +52,6 @@ sys.path.insert(0, str(ROOT))
 
 from controlplane import client  # noqa: E402
 from shim import paths  # noqa: E402
-from shim.devmodel import default_params  # noqa: E402
 from shim.rundir import ColocateError, ensure  # noqa: E402
 
 BIN = ROOT / "bench" / "bin"
@@ -128,13 +127,14 @@ def device_env(s: Setup, simdir: Path, mps: bool = True) -> dict[str, str]:
     """The simulated device every process of one measurement shares."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SIMGPU_", "COLOCATE_")) and k != "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"}
+    from shim.devmodel import default_params  # needs the build: not at import (--help)
     base = default_params()       # the compiled-in preset's rates, slowed down
     env.update(SIMGPU_DIR=str(simdir), SIMGPU_TIMING_ONLY="1", SIMGPU_TIMESCALE="1",
                SIMGPU_SM_GFLOPS=repr(base.sm_flops / 1e9 / s.slowdown),
                SIMGPU_BW_GBS=repr(base.bw / 1e9 / s.slowdown),
                SIMGPU_NAME=f"simgpu-slow{s.slowdown:g}-timing", COLOCATE_QUIET="1",
                SIMGPU_MODEL=s.model, SIMGPU_MODEL_OFF=s.model_off, SIMGPU_MPS="1" if mps else "0")
-    if s.model != "fluid":      # the fluid model derives its own (config.c)
+    if s.model != "fluid":      # as config.c derives it, spelled out; fluid derives its own
         env["SIMGPU_SM_BW_GBS"] = repr(base.sm_bw / 1e9 / s.slowdown)
     return env
 

@@ -10,8 +10,10 @@ and no more SMs than its blocks fill) takes
 
     launch + max(F / (s * sm_flops), B / min(s * sm_bw, bw))
 
-with simgpu's defaults (132 SMs, 500 GFLOP/s and 3 * bw / SMs bytes/s per SM,
-3350 GB/s, 3 us launch; SIMGPU_* variables override them as in config.c).
+with the fluid model's defaults (132 SMs, 500 GFLOP/s and 3 * bw / SMs bytes/s
+per SM, 3350 GB/s, 3 us launch, 25 GB/s PCIe; SIMGPU_* variables override them
+as in config.c).  The full model's DRAM curve (101.3 GB/s an SM, a soft limit)
+is not this module's: these samples are the fluid model's.
 Bandwidth is B over the kernel's run time; IPC is an invented instruction
 count (flops / 128 + bytes / 64 warp instructions) over the SMs' cycles at
 1.755 GHz, capped at 4: plausible in shape, not measured anywhere.  Each
@@ -47,7 +49,7 @@ QUOTAS = tuple(range(10, 101, 10))     # the pool's quota units (controller asks
 
 @dataclass(frozen=True)
 class Device:
-    """simgpu's device model parameters (shim/simgpu/config.c)."""
+    """simgpu's fluid-model parameters (shim/simgpu/config.c, SIMGPU_MODEL=fluid)."""
     sms: int = 132
     bw: float = 3350e9
     sm_flops: float = 500e9

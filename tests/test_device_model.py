@@ -281,15 +281,45 @@ def test_dram_shared_by_pull_to_the_power_bw_share():
     small, big = 26, 104
     pull = (small + big) * SM_BW
     total = pull / dram_stretch(pull / BW)
+    got = {}
     for share in (BW_SHARE, 1.0):
         p = defaults(mps=1, bw_share=share)
         nbytes = small * 8 * 1e6
         res = simulate(p, [kernel(blocks=small * 8, flops=0, bytes=nbytes, quota_sms=small, ctx=1),
                            kernel(blocks=big * 80, flops=0, bytes=big * 80 * 1e7, quota_sms=big, ctx=2)])
-        got = nbytes / (res[0][1] - res[0][0]) / total
+        got[share] = nbytes / (res[0][1] - res[0][0]) / total
         want = small ** share / (small ** share + big ** share)
-        assert got == pytest.approx(want, rel=0.01), (share, got, want)
-    assert want == pytest.approx(0.2)
+        assert got[share] == pytest.approx(want, rel=0.01), (share, got, want)
+    assert got[1.0] == pytest.approx(small / (small + big), rel=0.01)
+    assert got[BW_SHARE] > 1.15 * got[1.0], got
+
+
+def test_dram_never_delivers_more_than_its_limit_and_flops_never_speed_up():
+    """A kernel on all 132 SMs moving fixed bytes, its flops per byte from 0
+    to 30 (memory-bound to compute-bound): its bytes per second never pass
+    DRAM's limit, BW / (1 + beta), and more flops never make it faster --
+    alone, and beside a memory-bound co-runner whose share it takes.  (A
+    kernel whose compute outlasted its loads once kept its whole pull:
+    5900 GB/s at 11 flops a byte.)"""
+    if not SIMGPU.exists():
+        pytest.skip("simgpu not built")
+    p = defaults()
+    limit = BW / (1 + BW_BETA)
+    blocks, nbytes = 132 * 8 * 20, 132 * 8 * 20 * 4e5
+    prev = prev_pair = 0.0
+    for fb in [0.5 * i for i in range(61)]:
+        k = kernel(blocks=blocks, flops=fb * nbytes, bytes=nbytes)
+        (t0, t1), = simulate(p, [k])
+        assert nbytes / (t1 - t0) <= limit * 1.001, (fb, nbytes / (t1 - t0) / 1e9)
+        assert t1 - t0 >= prev * (1 - 1e-9), (fb, t1 - t0, prev)
+        prev = t1 - t0
+        other = kernel(blocks=blocks, flops=0, bytes=nbytes, ctx=2, quota_sms=66)
+        (a0, a1), (b0, b1) = simulate(p, [dict(k, quota_sms=66), other])
+        assert a1 - a0 >= prev_pair * (1 - 1e-9), (fb, a1 - a0, prev_pair)
+        prev_pair = a1 - a0
+        both = min(a1, b1) - max(a0, b0)                # while both run, DRAM is shared
+        assert both > 0 and 2 * nbytes / max(a1 - a0, b1 - b0) <= limit * 1.001, (fb, a1 - a0, b1 - b0)
+    assert prev > 1.2 * nbytes / limit                # the sweep reached compute-bound
 
 
 # ------------------------------------------------------------ 4. time slicing
@@ -399,6 +429,24 @@ def test_preset_file_is_the_compiled_in_default(dev):
     assert got["sat_warps"] == 24 and got["bw_sharp"] == 4
     assert model_params({**env, "SIMGPU_MODEL": "fluid"})["mech"] == 0
     assert model_params({**env, "SIMGPU_MODEL_OFF": "cores,pcie"})["mech"] == 0x1f & ~0x2 & ~0x10
+
+
+def test_sm_pull_keeps_the_fitted_share_of_bw_per_sm(dev):
+    """One SM's pull defaults to the H100's fitted 101.3 GB/s as a share of
+    BW / SMS, so another device size keeps DRAM's fitted curve; the fluid
+    model keeps its 3 BW / SMS even under a preset that sets the pull (the
+    H200's), and the environment overrides either."""
+    if not SIMGPU.exists():
+        pytest.skip("simgpu not built")
+    env = env_for(dev)
+    assert model_params(env)["sm_bw"] == pytest.approx(101.3e9)
+    small = model_params({**env, "SIMGPU_SMS": "4", "SIMGPU_BW_GBS": "400"})
+    assert small["sm_bw"] == pytest.approx(101.3e9 * 132 / 3350 * 400 / 4)
+    h200 = str(ROOT / "shim" / "simgpu" / "presets" / "h200.env")
+    assert model_params({**env, "SIMGPU_PRESET": h200})["sm_bw"] == pytest.approx(95.9e9)
+    fluid = {**env, "SIMGPU_PRESET": h200, "SIMGPU_MODEL": "fluid"}
+    assert model_params(fluid)["sm_bw"] == pytest.approx(3 * 4800e9 / 132)
+    assert model_params({**fluid, "SIMGPU_SM_BW_GBS": "50"})["sm_bw"] == pytest.approx(50e9)
 
 
 def simulate(p: Params, tasks: list[dict]) -> list[tuple[float, float]]:

@@ -212,8 +212,8 @@ def test_compute_bound_at_the_default_input(tmp_path):
     assert set(t20) == set(t100) == {PYRAMID}
     assert t100[PYRAMID] > 0
     # memory-bound: 1.39; compute-bound at 20 % and not at 100 %: 2.2 (the
-    # module docstring)
-    assert t20[PYRAMID] / t100[PYRAMID] >= 2.1, (t20, t100)
+    # module docstring; 2.25 with DRAM's soft limit); all-compute would be 5.08
+    assert 2.1 <= t20[PYRAMID] / t100[PYRAMID] <= 2.5, (t20, t100)
 
 
 def test_without_the_pyramid_it_is_memory_bound(tmp_path):

@@ -257,7 +257,7 @@ def dev_stages(stages: Sequence[Stage], params: Params) -> list[DevStage]:
 # device model rescaled to their datasheet figures: SM count, FP32 peak,
 # memory bandwidth (the 616 / 897 GB/s the paper itself uses as BW), memory
 # size, and PCIe 3.0 x16 at the 12.16 GB/s effective bandwidth §VI-A cites.
-# Everything else (block limits, the bandwidth knee, time slices) stays the
+# Everything else (block limits, DRAM's curve and shares, time slices) stays the
 # H100 calibration: these are spec-scaled models, not measured 2080Ti/V100s.
 # name: (SMs, FP32 TFLOP/s, memory GB/s, memory GB, PCIe GB/s; None = preset)
 DEVICES: dict[str, tuple[int, float, float, float, float | None]] = {

@@ -29,22 +29,27 @@
  *   C      = sm_flops u (x + (m - x) / s_c)      compute rate
  *   M      = sm_bw    u (x + (m - x) / s_m)      memory rate its SMs pull
  *   t_c    = R flops_b / C,  t_m = R bytes_b / M  (min(M, bw) without bwq)
- *   P0     = max(t_c, t_m), its DRAM pull D_k = R bytes_b / P0
- *   rho    = sum D_k / bw
- *   period = max(t_c, t_m S_k)      with bwq; without, P0 max(1, rho)
- *            for kernels that move DRAM bytes (the fluid model's scale)
+ *   P0     = max(t_c, t_m), rho = sum_k R bytes_b / P0 / bw
+ *   period = max(t_c, t_m S_k)      with bwq (S_k: dram_stretch); without,
+ *            P0 max(1, rho) for kernels that move DRAM bytes (the fluid
+ *            model's uniform scale)
  *
  * where c and mu (compute and memory intensity) are a block's compute and
  * memory times on one SM over the larger of the two.  A cohort's remaining
  * work falls by 1 / period per second.
  *
- * With bwq, the kernels pulling D = sum D_k get D / L(rho) in all,
+ * With bwq, the kernels pulling D = sum D_k get D / L(D / bw) in all,
  * L(rho) = (1 + (rho (1 + bw_beta))^k)^(1/k), k = bw_sharp: a soft minimum
- * of the pull and what DRAM delivers, bw / (1 + bw_beta).  D_k is uncapped
- * (each SM keeps so many requests in flight, Little's law: a kernel on 120
- * SMs keeps more in flight than one on 40, though either alone would
- * saturate DRAM), and the kernels share in proportion to D_k^bw_share
- * (dram_stretch); a kernel's stretch S_k is its pull over its share.
+ * of the pull and what DRAM delivers, bw / (1 + bw_beta).  A kernel's pull
+ * is what it keeps in flight over DRAM's idle latency (Little's law), so it
+ * is uncapped (a kernel on 120 SMs keeps more in flight than one on 40,
+ * though either alone would saturate DRAM): R bytes_b / t_m while memory
+ * time is what it waits on; a kernel whose compute hides the grown latency
+ * (t_m S_k < t_c) takes R bytes_b / t_c and keeps that times S_k in flight.
+ * They share in proportion to D_k^bw_share; S_k is a kernel's pull over its
+ * share, DRAM's latency as it sees it (dram_stretch).  So no kernel gets
+ * more than DRAM delivers, a compute-bound kernel slows only once its
+ * stretched loads outlast its compute, and more flops never speed one up.
  *
  * Approximations, on purpose: co-residence is counted, not placed (how many
  * of a kernel's SMs host others' blocks, each kernel taking empty SMs
@@ -631,59 +636,111 @@ static void dispatch(struct en_state *st, const int *idx, int n)
  * H200's memory-bound kernel alone on 12..132 SMs, bench/RESULTS.md). */
 static double queueing(const struct simgpu_model_params *p, double rho)
 {
-	double x = rho * (1 + p->bw_beta);
+	double x = rho * (1 + p->bw_beta), k = p->bw_sharp;
 
 	if (x <= 0)
 		return 1;
-	return pow(1 + pow(x, p->bw_sharp), 1 / p->bw_sharp);
+	if (x > 1)      /* the same, without overflowing x^k */
+		return x * pow(1 + pow(x, -k), 1 / k);
+	return pow(1 + pow(x, k), 1 / k);
 }
 
 /*
- * DRAM shared by n kernels pulling d[a] bytes/s (bwq on): all together
- * get what one kernel pulling the sum would (queueing()), split in
- * proportion to d^bw_share, no kernel above its own pull (water-filled).
- * bw_share = 1 shares in proportion to the pull, and so to the SMs; below
- * 1 a kernel on few SMs keeps more than its SMs' share, as the H100's and
- * H200's memory-bound pairs did.  s[a]: each kernel's memory-time stretch.
+ * DRAM shared by n kernels (bwq on).  Kernel a moves b bytes a wave in
+ * compute time tc and memory time tm (its SMs' pull with DRAM idle, dm =
+ * b / tm).  Each SM keeps so many requests in flight; as DRAM fills, their
+ * latency grows by the kernel's stretch s, and (Little's law) what the
+ * kernel pulls is what it keeps in flight over the idle latency:
+ *
+ *   memory-bound  (tm s >= tc): pulls e = dm, gets dm / s
+ *   compute-bound (tm s <  tc): gets dc = b / tc (its compute hides the
+ *                               latency), so it keeps e = dc s in flight
+ *
+ * All together get what one kernel pulling the sum would (queueing()),
+ * split in proportion to e^bw_share (bw_share = 1: in proportion to the
+ * pull, and so to the SMs; below 1 a kernel on few SMs keeps more than its
+ * SMs' share, as the H100's and H200's memory-bound pairs did), none above
+ * its own pull: s = max(1, e^(1 - bw_share) lam) for one lam common to all.
+ * A compute-bound kernel's e grows with its s, so lam is found by
+ * bisection: the kernels' takings, which fall as lam rises, equal what
+ * DRAM delivers to their pull, which rises with it.  Taken on the side of
+ * the larger lam: no kernel gets more than DRAM delivers.
  */
-static void dram_stretch(const struct simgpu_model_params *p, const double *d, double *s, int n)
+static double dram_take(const struct simgpu_model_params *p, double tc, double tm, double b,
+			double lam, double *e, double *s)
 {
-	double sum = 0, left, wsum, w[n > 0 ? n : 1];
-	int a, open = 0, moved = 1;
+	double g = p->bw_share, sc;
+
+	if (tc > 0) {                     /* compute-bound at this lam? */
+		sc = pow(pow(b / tc, 1 - g) * lam, 1 / g);
+		sc = sc > 1 ? sc : 1;
+		if (tm * sc < tc) {
+			*s = sc;
+			*e = b / tc * sc;
+			return b / tc;
+		}
+	}
+	*s = pow(b / tm, 1 - g) * lam;
+	*s = *s > 1 ? *s : 1;
+	*e = b / tm;
+	return *e / *s;
+}
+
+/* The kernels' takings minus what DRAM delivers to their pull, at lam. */
+static double dram_excess(const struct simgpu_model_params *p, const double *tc, const double *tm,
+			  const double *b, double *s, int n, double lam)
+{
+	double got = 0, pull = 0, e;
+	int a;
+
+	for (a = 0; a < n; a++)
+		if (b[a] > 0 && tm[a] > 0) {
+			got += dram_take(p, tc[a], tm[a], b[a], lam, &e, &s[a]);
+			pull += e;
+		} else {
+			s[a] = 1;
+		}
+	return pull > 0 ? got - pull / queueing(p, pull / p->bw) : 0;
+}
+
+static void dram_stretch(const struct simgpu_model_params *p, const double *tc, const double *tm,
+			 const double *b, double *s, int n)
+{
+	double lo = 1, hi = 1, mid;
+	int a, i, any = 0;
 
 	for (a = 0; a < n; a++) {
 		s[a] = 1;
-		w[a] = d[a] > 0 ? pow(d[a], p->bw_share) : 0;
-		sum += d[a] > 0 ? d[a] : 0;
-		open += d[a] > 0;
+		any |= b[a] > 0 && tm[a] > 0;
 	}
-	if (sum <= 0)
+	if (!any)
 		return;
-	left = sum / queueing(p, sum / p->bw);
-	while (open > 0 && moved) {       /* satisfied kernels leave */
-		moved = 0;
-		wsum = 0;
-		for (a = 0; a < n; a++)
-			wsum += w[a];
-		for (a = 0; a < n; a++)
-			if (w[a] > 0 && left * w[a] / wsum >= d[a]) {
-				left -= d[a];
-				w[a] = 0;
-				open--;
-				moved = 1;
-			}
+	/* bracket: excess(lo) > 0 >= excess(hi); at lam -> 0 every s is 1
+	 * and the pull exceeds what DRAM delivers (queueing() > 1) */
+	if (dram_excess(p, tc, tm, b, s, n, hi) > 0)
+		for (i = 0; i < 400 && dram_excess(p, tc, tm, b, s, n, hi) > 0; i++) {
+			lo = hi;
+			hi *= 4;
+		}
+	else
+		for (i = 0; i < 400 && dram_excess(p, tc, tm, b, s, n, lo) <= 0; i++) {
+			hi = lo;
+			lo /= 4;
+		}
+	for (i = 0; i < 200 && hi > lo * (1 + 1e-13); i++) {
+		mid = sqrt(lo * hi);
+		if (dram_excess(p, tc, tm, b, s, n, mid) > 0)
+			lo = mid;
+		else
+			hi = mid;
 	}
-	wsum = 0;
-	for (a = 0; a < n; a++)
-		wsum += w[a];
-	for (a = 0; a < n; a++)
-		if (w[a] > 0)
-			s[a] = left > 0 ? d[a] * wsum / (left * w[a]) : 1e30;
+	dram_excess(p, tc, tm, b, s, n, hi);
 }
 
 /* Wave period from compute and memory times: with bwq the memory time
- * stretched by s (its DRAM share, dram_stretch); without, P0 max(1, rho)
- * for a kernel that moves DRAM bytes (the fluid model's uniform scale). */
+ * stretched by s (DRAM's latency under load, dram_stretch); without,
+ * max(t_c, t_m) max(1, rho) for a kernel that moves DRAM bytes (the fluid
+ * model's uniform scale). */
 static double period(const struct simgpu_model_params *p, double t_c, double t_m, double rho,
 		     double s)
 {
@@ -787,7 +844,7 @@ static void rates(struct en_state *st, const int *idx, int n)
 {
 	const struct simgpu_model_params *p = &st->p;
 	double tot_sms = 0, held_sms = 0, sh_w = 0, sh_uc = 0, sh_um = 0, sh_mu = 0, dsum = 0, rho;
-	double tc[n > 0 ? n : 1], tm[n > 0 ? n : 1], dem[n > 0 ? n : 1], str[n > 0 ? n : 1];
+	double tc[n > 0 ? n : 1], tm[n > 0 ? n : 1], wb[n > 0 ? n : 1], str[n > 0 ? n : 1];
 	int a, ncopy[3] = { 0, 0, 0 };
 	uint32_t i;
 
@@ -842,7 +899,8 @@ static void rates(struct en_state *st, const int *idx, int n)
 		struct en_task *k = &st->t[idx[a]];
 		double r = resident(k), sh = k->sms - k->excl, s_c = 1, s_m = 1, w, p0;
 
-		tc[a] = tm[a] = dem[a] = 0;
+		tc[a] = tm[a] = wb[a] = 0;
+		str[a] = 1;
 		if (k->rate < 0)
 			continue;
 		w = sh_w - sh;
@@ -858,11 +916,13 @@ static void rates(struct en_state *st, const int *idx, int n)
 		}
 		wave_times(p, k, r, k->sms, k->excl, k->u, s_c, s_m, &tc[a], &tm[a]);
 		p0 = tc[a] > tm[a] ? tc[a] : tm[a];
+		wb[a] = r * k->bytes_b;
 		if (p0 > 0)
-			dsum += dem[a] = r * k->bytes_b / p0;
+			dsum += wb[a] / p0;
 	}
 	rho = dsum / p->bw;
-	dram_stretch(p, dem, str, n);
+	if (has(st, SIMGPU_M_BWQ))
+		dram_stretch(p, tc, tm, wb, str, n);
 	for (a = 0; a < n; a++) {
 		struct en_task *k = &st->t[idx[a]];
 		double per;
@@ -1081,13 +1141,15 @@ void en_drop(struct en_state *st, int i, en_seg_fn seg, void *arg)
 /* The wave period of k alone with r resident blocks. */
 static double alone_period(const struct en_state *st, struct en_task *k, double r)
 {
-	double tc, tm, p0, rho;
+	double tc, tm, p0, rho, b = r * k->bytes_b, s = 1;
 
 	span(st, k, r);
 	wave_times(&st->p, k, r, k->sms, k->sms, k->u, 1, 1, &tc, &tm);
 	p0 = tc > tm ? tc : tm;
-	rho = p0 > 0 ? r * k->bytes_b / p0 / st->p.bw : 0;
-	return period(&st->p, tc, tm, rho, queueing(&st->p, rho));
+	rho = p0 > 0 ? b / p0 / st->p.bw : 0;
+	if (st->p.mech & SIMGPU_M_BWQ)
+		dram_stretch(&st->p, &tc, &tm, &b, &s, 1);
+	return period(&st->p, tc, tm, rho, s);
 }
 
 /* A one-task state of its own for a question about one task alone. */
@@ -1146,7 +1208,7 @@ static int params_ok(const struct simgpu_model_params *p)
 			return 0;
 	return p->sms >= 1 && p->bw > 0 && p->sm_flops > 0 && p->sm_bw > 0 && p->sm_threads >= 32 &&
 	       p->sm_blocks >= 1 && p->sm_regs > 0 && p->sm_smem > 0 && p->pcie_h2d > 0 &&
-	       p->pcie_d2h > 0 && p->bw_sharp > 0 && p->bw_share <= 4 && p->slice_s > 0;
+	       p->pcie_d2h > 0 && p->bw_sharp >= 0.1 && p->bw_share >= 0.05 && p->bw_share <= 4 && p->slice_s > 0;
 }
 
 static int task_ok(const struct simgpu_model_task *t)

@@ -37,7 +37,7 @@
 #include "simgpu_impl.h"
 
 #define DEV_MAGIC   0x73696d6764657630ULL   /* "simgdev0" */
-#define DEV_VERSION 6     /* 6: en_task.held an int */
+#define DEV_VERSION 7     /* 7: model params ABI 2 (bw_sharp, bw_share) */
 #define MAX_RUN     512
 #define MAX_USERS   256
 /* Time slicing: a context whose next kernel is already queued keeps the

@@ -33,9 +33,12 @@
  *            D / L(D / bw), L(rho) = (1 + (rho (1 + bw_beta))^k)^(1/k),
  *            k = bw_sharp: a soft minimum of the pull and what DRAM can
  *            deliver, bw / (1 + bw_beta).  They share it in proportion to
- *            their pulls to the power bw_share (water-filled: none above
- *            its own pull); 1 would share by SMs, and the GPUs' memory-
- *            bound pairs gave the smaller kernel more (0.83 fits both).
+ *            their pulls to the power bw_share (none above its own pull);
+ *            1 would share by SMs, and the GPUs' memory-bound pairs gave
+ *            the smaller kernel more (0.83 fits both).  The grown latency
+ *            stretches a kernel's memory time; a kernel whose compute
+ *            outlasts it does not slow (its pull is what it keeps in
+ *            flight: its take times the stretch).
  *            Fitted to an H100's and an H200's kernels (bench/RESULTS.md).
  *            Off: a kernel's SMs pull at most bw, and past the peak every
  *            kernel that moves DRAM bytes slows by rho = D / bw, the fluid

@@ -18,9 +18,10 @@
  *   --accum global: + 64 bytes (read and write of the particle's 4 sums;
  *     counted as useful bytes, though the 32-byte stride between particles
  *     moves whole sectors): 2.3 flops per byte, below even one SM's balance
- *     (500 GFLOP/s over 76 GB/s = 6.6), so the kernel is bandwidth-bound and
- *     its time stops falling once the quota's SMs saturate the device's
- *     bandwidth (~44 of 132 SMs): memory-intensive.
+ *     (500 GFLOP/s over its 101.3 GB/s pull = 4.9), so the kernel is
+ *     bandwidth-bound and its time falls ever more slowly once the quota's
+ *     SMs pull more than DRAM delivers (28 of 132 SMs pull 3350 / 1.179
+ *     GB/s, DRAM's limit): memory-intensive.
  *   --accum reg: 64 bytes per particle and neighbour box instead, i.e.
  *     64 / P per pair: compute-bound.
  * Per neighbour box the block also loads 40 P bytes (positions, charges)

@@ -20,9 +20,10 @@
  *
  * With that, lud_internal does 34 wavefronts per warp (2 tile stores, 2 x 16
  * reads) and 32 flops per thread against 16 bytes: ~19 flops per byte, at
- * the device's balance point (132 x 500 GFLOP/s over 3350 GB/s = 19.7), so
- * its time keeps falling as the SM quota grows: compute-intensive, as
- * C-Laius classifies LUD.  lud_diagonal (one block) and lud_perimeter (32
+ * the device's balance point (132 x 500 GFLOP/s over 3350 GB/s = 19.7;
+ * 23 over what DRAM delivers, 3350 / 1.179), so its time keeps falling as
+ * the SM quota grows, if less than pure compute's near 100 %, where DRAM
+ * starts to bind: compute-intensive, as C-Laius classifies LUD.  lud_diagonal (one block) and lud_perimeter (32
  * threads per block) use few SMs whatever the quota.
  */
 #if defined(__clang__)
