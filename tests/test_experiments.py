@@ -107,6 +107,20 @@ def test_unknown_app_is_a_clear_error(tmp_path):
     assert r.returncode == 2 and "unknown app(s) nope" in r.stderr
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--policies", "mps-even,total=100"], "total=100 is an option, not a policy"),
+    (["--policies", "claius,nope"], "unknown policy 'nope'"),
+    (["--policy", "claius,granularity"], "policy option 'granularity' is not key=value"),
+])
+def test_bad_policy_is_a_clear_error(tmp_path, args, says):
+    """A policy with options given to --policies (split on its commas), an
+    unknown name, a malformed option: usage errors, not tracebacks."""
+    r = subprocess.run([sys.executable, "-m", "controlplane.cli", "experiment", "claius-pairs", *args,
+                        "--out", str(tmp_path)], cwd=ROOT, env=clean_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_multiqos_and_datacenter_quick(data_dir, tmp_path):
     j = experiment(data_dir, tmp_path / "mq", "claius-multiqos", "--quick")
     assert len(j["rows"]) == 3 * 2                       # 3 service pairs x (claius, static-optimal)
