@@ -320,6 +320,15 @@ def test_dram_never_delivers_more_than_its_limit_and_flops_never_speed_up():
         both = min(a1, b1) - max(a0, b0)                # while both run, DRAM is shared
         assert both > 0 and 2 * nbytes / max(a1 - a0, b1 - b0) <= limit * 1.001, (fb, a1 - a0, b1 - b0)
     assert prev > 1.2 * nbytes / limit                # the sweep reached compute-bound
+    # at 30 flops a byte on 66 SMs the kernel needs 1.1 TB/s: its compute
+    # hides DRAM's latency beside the memory-bound co-runner, which it slows
+    # only by what it takes (a model charging it its SMs' whole pull would
+    # halve DRAM between them: 1404 GB/s each)
+    k = kernel(blocks=blocks, flops=30 * nbytes, bytes=nbytes, quota_sms=66)
+    (s0, s1), = simulate(p, [k])
+    (a0, a1), (b0, b1) = simulate(p, [k, kernel(blocks=blocks, flops=0, bytes=nbytes, ctx=2, quota_sms=66)])
+    assert a1 - a0 == pytest.approx(s1 - s0, rel=1e-3), (a1 - a0, s1 - s0)
+    assert b1 < a1 and nbytes / (b1 - b0) > 1.1 * 1404e9, nbytes / (b1 - b0) / 1e9
 
 
 # ------------------------------------------------------------ 4. time slicing
@@ -431,22 +440,25 @@ def test_preset_file_is_the_compiled_in_default(dev):
     assert model_params({**env, "SIMGPU_MODEL_OFF": "cores,pcie"})["mech"] == 0x1f & ~0x2 & ~0x10
 
 
-def test_sm_pull_keeps_the_fitted_share_of_bw_per_sm(dev):
-    """One SM's pull defaults to the H100's fitted 101.3 GB/s as a share of
-    BW / SMS, so another device size keeps DRAM's fitted curve; the fluid
-    model keeps its 3 BW / SMS even under a preset that sets the pull (the
-    H200's), and the environment overrides either."""
+def test_fluid_model_keeps_its_rates_under_a_preset(dev):
+    """One SM's pull is the SM's (101.3 GB/s whatever the device's size;
+    the H200's preset sets its own); the fluid model keeps its 3 BW / SMS
+    and 25 GB/s PCIe under a preset that sets them (the H200's), and the
+    environment overrides either model."""
     if not SIMGPU.exists():
         pytest.skip("simgpu not built")
     env = env_for(dev)
     assert model_params(env)["sm_bw"] == pytest.approx(101.3e9)
-    small = model_params({**env, "SIMGPU_SMS": "4", "SIMGPU_BW_GBS": "400"})
-    assert small["sm_bw"] == pytest.approx(101.3e9 * 132 / 3350 * 400 / 4)
+    assert model_params({**env, "SIMGPU_SMS": "4", "SIMGPU_BW_GBS": "400"})["sm_bw"] == pytest.approx(101.3e9)
     h200 = str(ROOT / "shim" / "simgpu" / "presets" / "h200.env")
-    assert model_params({**env, "SIMGPU_PRESET": h200})["sm_bw"] == pytest.approx(95.9e9)
+    got = model_params({**env, "SIMGPU_PRESET": h200})
+    assert got["sm_bw"] == pytest.approx(95.9e9) and got["pcie_h2d"] == pytest.approx(55.2e9)
     fluid = {**env, "SIMGPU_PRESET": h200, "SIMGPU_MODEL": "fluid"}
-    assert model_params(fluid)["sm_bw"] == pytest.approx(3 * 4800e9 / 132)
-    assert model_params({**fluid, "SIMGPU_SM_BW_GBS": "50"})["sm_bw"] == pytest.approx(50e9)
+    got = model_params(fluid)
+    assert got["sm_bw"] == pytest.approx(3 * 4800e9 / 132)
+    assert got["pcie_h2d"] == got["pcie_d2h"] == pytest.approx(25e9)
+    got = model_params({**fluid, "SIMGPU_SM_BW_GBS": "50", "SIMGPU_PCIE_D2H_GBS": "12"})
+    assert got["sm_bw"] == pytest.approx(50e9) and got["pcie_d2h"] == pytest.approx(12e9)
 
 
 def simulate(p: Params, tasks: list[dict]) -> list[tuple[float, float]]:

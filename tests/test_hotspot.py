@@ -6,11 +6,11 @@ input as compute-bound (C-Laius's class for hotspot).
 
 Classification, for the device pinned in conftest.PINNED_DEVICE (132 SMs at 500 GFLOP/s,
 3350 GB/s; launch overhead 0; see tests/test_rodinia_mem.py): a memory-bound
-kernel takes 1.39x longer at quota 20 % than at 100 % (2026 against 2806
+kernel takes 1.39x longer at quota 20 % than at 100 % (2026 against 2808
 GB/s), a compute-bound one that fills the device 5.08x.  A kernel of F
 operations and B bytes is compute-bound at 20 % when F/B > 13 000 / 2026 =
-6.4, memory-bound at 100 % while F/B < 66 000 / 2806 = 23.5, and between the
-two gives t(20)/t(100) = (F/B) * 2806 / 13 000: 2.1 needs F/B >= 9.7 and a
+6.4, memory-bound at 100 % while F/B < 66 000 / 2808 = 23.5, and between the
+two gives t(20)/t(100) = (F/B) * 2808 / 13 000: 2.1 needs F/B >= 9.7 and a
 grid of at least 2.1 * 26 = 55 SMs.  The default input (512 x 512, pyramid
 2) has F/B = 10.3 (2.2x) and 1849 blocks.
 """
@@ -212,7 +212,7 @@ def test_compute_bound_at_the_default_input(tmp_path):
     assert set(t20) == set(t100) == {PYRAMID}
     assert t100[PYRAMID] > 0
     # memory-bound: 1.39; compute-bound at 20 % and not at 100 %: 2.2 (the
-    # module docstring; 2.25 with DRAM's soft limit); all-compute would be 5.08
+    # module docstring; 2.23 with DRAM's soft limit); all-compute would be 5.08
     assert 2.1 <= t20[PYRAMID] / t100[PYRAMID] <= 2.5, (t20, t100)
 
 

@@ -14,7 +14,7 @@ pulling 101.3 GB/s with DRAM idle, simgpu_model.h bwq) a quota of 20 % is
     longer at 20 % than at 100 %: we require >= 4.0 (LUD's last
     factorization steps have grids too small to fill 132 SMs; measured
     4.8 for lud, 5.1 for myocyte);
-  - a bandwidth-bound kernel gets 2026 GB/s at 20 % and 2806 at 100 %:
+  - a bandwidth-bound kernel gets 2026 GB/s at 20 % and 2808 at 100 %:
     1.39x (an H100 gave 1.43x): we require <= 2.0.  And to show that this
     is DRAM's limit, not a grid too small to use more SMs, it must still
     scale with few SMs: t(10 %) / t(20 %) >= 1.6 (1149 against 2026 GB/s
@@ -162,7 +162,7 @@ def test_device_model_shows_the_class(app, simdir, tmp_path):
 def test_lavamd_cost_is_its_per_pair_traffic(simdir, tmp_path):
     # --accum global reads and writes a particle's 4 double sums per pair:
     # at 100 % the kernel takes that traffic's time at what DRAM delivers to
-    # 132 SMs' pull, 3350 / 1.179 GB/s softened (2806 GB/s, conftest's
+    # 132 SMs' pull, 3350 / 1.179 GB/s softened (2808 GB/s, conftest's
     # PINNED_DEVICE), plus ~2 % for staging the boxes; a B^3 grid has
     # (3B - 2)^3 (home, neighbour) box pairs of P^2 particle pairs each
     b, p = 12, 32

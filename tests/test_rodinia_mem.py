@@ -11,7 +11,7 @@ ratio towards 1:
 
   * a compute-bound kernel that fills the device takes 132 / 26 = 5.08x
     longer at quota 20 % (26 SMs) than at 100 %;
-  * a memory-bound one gets 2026 GB/s at 20 %, 2687 at 50 % and 2806 at
+  * a memory-bound one gets 2026 GB/s at 20 %, 2688 at 50 % and 2808 at
     100 % (simgpu_model.h, bwq): 1.39x and 1.04x (the H100 gave 1.43x and
     1.04x, bench/calib/h100-2026-11-27.jsonl).
 

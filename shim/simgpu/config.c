@@ -9,9 +9,8 @@
  *   SIMGPU_MEM_GIB=80         device memory capacity
  *   SIMGPU_BW_GBS=3350        device memory bandwidth
  *   SIMGPU_SM_GFLOPS=500      compute rate of one SM
- *   SIMGPU_SM_BW_GBS=101.3    bandwidth one SM pulls with DRAM idle; by
- *                             default 3.99 BW/SMS, the H100's fitted share
- *                             (the fluid model: 3 BW/SMS)
+ *   SIMGPU_SM_BW_GBS=101.3    bandwidth one SM pulls with DRAM idle (the
+ *                             fluid model: 3*BW/SMS)
  *   SIMGPU_LAUNCH_US=3        fixed cost of one kernel
  *   SIMGPU_PCIE_H2D_GBS=54.8, SIMGPU_PCIE_D2H_GBS=55.1   copy rates
  *                             (SIMGPU_PCIE_GBS sets both; fluid model: 25)
@@ -227,8 +226,21 @@ static unsigned mech_off(const char *v)
 	return off;
 }
 
-/* One SM's pull on an H100 (132 SMs, 3350 GB/s), GB/s: bench/RESULTS.md. */
+/* One SM's pull with DRAM idle on an H100, GB/s: bench/RESULTS.md. */
 #define SM_BW_FITTED 101.3
+
+/* A rate the fluid model keeps as it was (fluid_def) unless the environment
+ * sets it, whatever a preset file says; the full model reads it as any
+ * other setting. */
+static double model_num(int fluid, const char *name, double fluid_def, double def, double lo,
+			double hi)
+{
+	const char *v = getenv(name);
+
+	if (fluid && !(v && *v))
+		return fluid_def;
+	return env_num(name, fluid ? fluid_def : def, lo, hi);
+}
 
 /* The device model's parameters (simgpu_model.h): preset, file, environment. */
 static void read_model(struct sg_config *c)
@@ -236,7 +248,7 @@ static void read_model(struct sg_config *c)
 	struct simgpu_model_params *m = &c->mp;
 	const char *v = setting("SIMGPU_MODEL");
 	int fluid = v && !strcmp(v, "fluid");
-	double pcie, sm_bw;
+	double pcie;
 
 	if (v && strcmp(v, "fluid") && strcmp(v, "full"))
 		fprintf(stderr, "simgpu: ignoring SIMGPU_MODEL=%s (want full or fluid)\n", v);
@@ -248,15 +260,13 @@ static void read_model(struct sg_config *c)
 	m->bw = c->bw;
 	m->sm_flops = c->sm_flops;
 	/* one SM's pull, fitted to the H100's memory-bound kernel alone on 12..132
-	 * SMs (101.3 GB/s, bench/RESULTS.md), kept as that share of BW / SMS so
-	 * that a device of other SMS or BW keeps the fitted curve; the fluid
-	 * model keeps its 3 BW / SMS (a third of the SMs saturate DRAM) and its
-	 * results, whatever a preset file says (the environment still rules) */
-	sm_bw = (fluid ? 3.0 : SM_BW_FITTED * 132 / 3350) * c->bw / c->sms / 1e9;
-	v = getenv("SIMGPU_SM_BW_GBS");
-	if (!fluid || (v && *v))
-		sm_bw = env_num("SIMGPU_SM_BW_GBS", sm_bw, 1e-6, 1e9);
-	c->sm_bw = sm_bw * 1e9;
+	 * SMs (101.3 GB/s, bench/RESULTS.md): an SM's requests in flight over
+	 * DRAM's idle latency, so a property of the SM, not of DRAM (the H200's
+	 * same SM gave 95.9 with 43 % more bandwidth); the fluid model keeps its
+	 * 3 BW / SMS (a third of the SMs saturate DRAM) and its results, whatever
+	 * a preset file says (the environment still rules) */
+	c->sm_bw = model_num(fluid, "SIMGPU_SM_BW_GBS", 3.0 * c->bw / c->sms / 1e9, SM_BW_FITTED,
+			     1e-6, 1e9) * 1e9;
 	m->sm_bw = c->sm_bw;
 	m->sm_threads = env_num("SIMGPU_SM_THREADS", 2048, 32, 1 << 20);
 	m->sm_blocks = env_num("SIMGPU_SM_BLOCKS", 32, 1, 1 << 20);
@@ -276,8 +286,10 @@ static void read_model(struct sg_config *c)
 	m->switch_s = env_num("SIMGPU_CTX_SWITCH_US", 150, 0, 1e9) * 1e-6;
 	/* the fluid model copied at 25 GB/s both ways: keep its results */
 	pcie = env_num("SIMGPU_PCIE_GBS", fluid ? 25 : 0, 0, 1e9);
-	m->pcie_h2d = env_num("SIMGPU_PCIE_H2D_GBS", pcie > 0 ? pcie : 54.8, 1e-6, 1e9) * 1e9;
-	m->pcie_d2h = env_num("SIMGPU_PCIE_D2H_GBS", pcie > 0 ? pcie : 55.1, 1e-6, 1e9) * 1e9;
+	m->pcie_h2d = model_num(fluid, "SIMGPU_PCIE_H2D_GBS", pcie > 0 ? pcie : 25,
+				pcie > 0 ? pcie : 54.8, 1e-6, 1e9) * 1e9;
+	m->pcie_d2h = model_num(fluid, "SIMGPU_PCIE_D2H_GBS", pcie > 0 ? pcie : 25,
+				pcie > 0 ? pcie : 55.1, 1e-6, 1e9) * 1e9;
 }
 
 static void read_config(void)

@@ -46,10 +46,14 @@
  * though either alone would saturate DRAM): R bytes_b / t_m while memory
  * time is what it waits on; a kernel whose compute hides the grown latency
  * (t_m S_k < t_c) takes R bytes_b / t_c and keeps that times S_k in flight.
- * They share in proportion to D_k^bw_share; S_k is a kernel's pull over its
- * share, DRAM's latency as it sees it (dram_stretch).  So no kernel gets
- * more than DRAM delivers, a compute-bound kernel slows only once its
- * stretched loads outlast its compute, and more flops never speed one up.
+ * They share in proportion to their pulls to the power bw_share; S_k is a
+ * kernel's pull over its share, DRAM's latency as it sees it
+ * (dram_stretch).  So no kernel gets more than DRAM delivers, a compute-
+ * bound kernel slows only once its stretched loads outlast its compute,
+ * and more flops of its own never speed one up.  A co-runner's change can
+ * move a kernel a few per cent either way: the soft minimum's shortfall
+ * falls on the largest pulls, and a kernel whose compute hides its stretch
+ * absorbs its part of it for free.
  *
  * Approximations, on purpose: co-residence is counted, not placed (how many
  * of a kernel's SMs host others' blocks, each kernel taking empty SMs
@@ -703,32 +707,78 @@ static double dram_excess(const struct simgpu_model_params *p, const double *tc,
 	return pull > 0 ? got - pull / queueing(p, pull / p->bw) : 0;
 }
 
-static void dram_stretch(const struct simgpu_model_params *p, const double *tc, const double *tm,
-			 const double *b, double *s, int n)
+/* The same when no kernel's compute can hide the latency (each is memory-
+ * bound already at s = 1, so its pull is fixed): water-filled in closed
+ * form, kernels whose share covers their pull leaving with s = 1. */
+static void dram_fill(const struct simgpu_model_params *p, const double *d, double *s, int n)
 {
-	double lo = 1, hi = 1, mid;
-	int a, i, any = 0;
+	double sum = 0, left, wsum, w[n > 0 ? n : 1];
+	int a, open = 0, moved = 1;
 
 	for (a = 0; a < n; a++) {
 		s[a] = 1;
-		any |= b[a] > 0 && tm[a] > 0;
+		w[a] = d[a] > 0 ? pow(d[a], p->bw_share) : 0;
+		sum += d[a] > 0 ? d[a] : 0;
+		open += d[a] > 0;
 	}
-	if (!any)
+	if (sum <= 0)
 		return;
-	/* bracket: excess(lo) > 0 >= excess(hi); at lam -> 0 every s is 1
-	 * and the pull exceeds what DRAM delivers (queueing() > 1) */
-	if (dram_excess(p, tc, tm, b, s, n, hi) > 0)
-		for (i = 0; i < 400 && dram_excess(p, tc, tm, b, s, n, hi) > 0; i++) {
+	left = sum / queueing(p, sum / p->bw);
+	while (open > 1 && moved) {
+		moved = 0;
+		wsum = 0;
+		for (a = 0; a < n; a++)
+			wsum += w[a];
+		for (a = 0; a < n; a++)
+			if (w[a] > 0 && left * w[a] / wsum >= d[a]) {
+				left -= d[a];
+				w[a] = 0;
+				open--;
+				moved = 1;
+			}
+	}
+	wsum = 0;
+	for (a = 0; a < n; a++)
+		wsum += w[a];
+	for (a = 0; a < n; a++)
+		if (w[a] > 0)
+			s[a] = left > 0 ? d[a] * wsum / (left * w[a]) : 1e30;
+}
+
+static void dram_stretch(const struct simgpu_model_params *p, const double *tc, const double *tm,
+			 const double *b, double *s, int n)
+{
+	double lo = 1, hi = 1, mid, least = 0, d[n > 0 ? n : 1];
+	int a, i, hides = 0;
+
+	for (a = 0; a < n; a++) {
+		s[a] = 1;
+		d[a] = b[a] > 0 && tm[a] > 0 ? b[a] / tm[a] : 0;
+		hides |= d[a] > 0 && tc[a] > tm[a];
+		least += d[a] > 0 ? b[a] / (tc[a] > tm[a] ? tc[a] : tm[a]) : 0;
+	}
+	/* no DRAM traffic, or so little that DRAM answers it at once: s = 1
+	 * for all is the solution (the pull at s = 1 is the least there is) */
+	if (least <= 0 || queueing(p, least / p->bw) <= 1)
+		return;
+	if (!hides) {
+		dram_fill(p, d, s, n);
+		return;
+	}
+	/* bracket: excess(lo) > 0 >= excess(hi); as lam -> 0 every s is 1 and
+	 * the pull exceeds what DRAM delivers (queueing() > 1) */
+	if (dram_excess(p, tc, tm, b, s, n, 1) > 0)
+		for (i = 0; i < 200 && dram_excess(p, tc, tm, b, s, n, hi) > 0; i++) {
 			lo = hi;
 			hi *= 4;
 		}
 	else
-		for (i = 0; i < 400 && dram_excess(p, tc, tm, b, s, n, lo) <= 0; i++) {
+		do {
 			hi = lo;
 			lo /= 4;
-		}
-	for (i = 0; i < 200 && hi > lo * (1 + 1e-13); i++) {
-		mid = sqrt(lo * hi);
+		} while (lo > 1e-300 && dram_excess(p, tc, tm, b, s, n, lo) <= 0);
+	for (i = 0; i < 100 && hi > lo * (1 + 1e-12); i++) {
+		mid = sqrt(lo) * sqrt(hi);
 		if (dram_excess(p, tc, tm, b, s, n, mid) > 0)
 			lo = mid;
 		else
