@@ -134,7 +134,7 @@ def device_env(s: Setup, simdir: Path, mps: bool = True) -> dict[str, str]:
                SIMGPU_BW_GBS=repr(base.bw / 1e9 / s.slowdown),
                SIMGPU_NAME=f"simgpu-slow{s.slowdown:g}-timing", COLOCATE_QUIET="1",
                SIMGPU_MODEL=s.model, SIMGPU_MODEL_OFF=s.model_off, SIMGPU_MPS="1" if mps else "0")
-    if s.model != "fluid":      # as config.c derives it, spelled out; fluid derives its own
+    if s.model != "fluid":      # one SM's pull slowed with the rest; fluid derives its own (config.c)
         env["SIMGPU_SM_BW_GBS"] = repr(base.sm_bw / 1e9 / s.slowdown)
     return env
 

@@ -648,7 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     pols = [p for p in a.policies.split(",") if p] if a.policies is not None else list(default_pols)
     if a.policies and a.name == "claius-granularity":
         pols = a.policies.split(";")
-    opt = [p for p in pols if "=" in p.split(",")[0]] if a.name != "claius-granularity" else []
+    # --policies is split on commas: an option there lost its policy
+    opt = [p for p in pols if "=" in p] if a.policies and a.name != "claius-granularity" else []
     if opt:
         ap.error(f"--policies {a.policies!r}: {', '.join(opt)} is an option, not a policy; "
                  f"give a policy with options as --policy 'NAME,key=value' (e.g. --policy 'mps-even,total=100')")
@@ -656,13 +657,14 @@ def main(argv: list[str] | None = None) -> int:
     if not pols:
         ap.error("no policy: --policies NAMES or --policy SPEC")
     from controlplane.policies.base import parse_policy_spec, policy_names
+    known = policy_names()
     for spec in pols:
         try:
             name = parse_policy_spec(spec)[0]
         except ValueError as e:
             ap.error(str(e))
-        if name not in policy_names():
-            ap.error(f"unknown policy {name!r} (in {spec!r}): one of {', '.join(policy_names())}")
+        if name not in known:
+            ap.error(f"unknown policy {name!r} (in {spec!r}): one of {', '.join(known)}")
     bad = [s for s in svcs if s not in SERVICES] + [b for b in batch if b not in BATCH]
     if bad:
         ap.error(f"unknown app(s) {', '.join(bad)}: services {', '.join(SERVICES)}; batch {', '.join(BATCH)}")

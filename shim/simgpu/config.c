@@ -248,7 +248,7 @@ static void read_model(struct sg_config *c)
 	struct simgpu_model_params *m = &c->mp;
 	const char *v = setting("SIMGPU_MODEL");
 	int fluid = v && !strcmp(v, "fluid");
-	double pcie;
+	double pcie, fluid_pcie;
 
 	if (v && strcmp(v, "fluid") && strcmp(v, "full"))
 		fprintf(stderr, "simgpu: ignoring SIMGPU_MODEL=%s (want full or fluid)\n", v);
@@ -286,10 +286,11 @@ static void read_model(struct sg_config *c)
 	m->switch_s = env_num("SIMGPU_CTX_SWITCH_US", 150, 0, 1e9) * 1e-6;
 	/* the fluid model copied at 25 GB/s both ways: keep its results */
 	pcie = env_num("SIMGPU_PCIE_GBS", fluid ? 25 : 0, 0, 1e9);
-	m->pcie_h2d = model_num(fluid, "SIMGPU_PCIE_H2D_GBS", pcie > 0 ? pcie : 25,
-				pcie > 0 ? pcie : 54.8, 1e-6, 1e9) * 1e9;
-	m->pcie_d2h = model_num(fluid, "SIMGPU_PCIE_D2H_GBS", pcie > 0 ? pcie : 25,
-				pcie > 0 ? pcie : 55.1, 1e-6, 1e9) * 1e9;
+	fluid_pcie = pcie > 0 ? pcie : 25;
+	m->pcie_h2d = model_num(fluid, "SIMGPU_PCIE_H2D_GBS", fluid_pcie, pcie > 0 ? pcie : 54.8,
+				1e-6, 1e9) * 1e9;
+	m->pcie_d2h = model_num(fluid, "SIMGPU_PCIE_D2H_GBS", fluid_pcie, pcie > 0 ? pcie : 55.1,
+				1e-6, 1e9) * 1e9;
 }
 
 static void read_config(void)

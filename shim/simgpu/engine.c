@@ -768,9 +768,11 @@ static void dram_stretch(const struct simgpu_model_params *p, const double *tc, 
 	/* bracket: excess(lo) > 0 >= excess(hi); as lam -> 0 every s is 1 and
 	 * the pull exceeds what DRAM delivers (queueing() > 1) */
 	if (dram_excess(p, tc, tm, b, s, n, 1) > 0)
-		for (i = 0; i < 200 && dram_excess(p, tc, tm, b, s, n, hi) > 0; i++) {
+		for (i = 0; i < 200; i++) {
 			lo = hi;
 			hi *= 4;
+			if (dram_excess(p, tc, tm, b, s, n, hi) <= 0)
+				break;
 		}
 	else
 		do {
@@ -1197,7 +1199,7 @@ static double alone_period(const struct en_state *st, struct en_task *k, double 
 	wave_times(&st->p, k, r, k->sms, k->sms, k->u, 1, 1, &tc, &tm);
 	p0 = tc > tm ? tc : tm;
 	rho = p0 > 0 ? b / p0 / st->p.bw : 0;
-	if (st->p.mech & SIMGPU_M_BWQ)
+	if (has(st, SIMGPU_M_BWQ))
 		dram_stretch(&st->p, &tc, &tm, &b, &s, 1);
 	return period(&st->p, tc, tm, rho, s);
 }
