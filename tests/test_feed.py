@@ -60,10 +60,14 @@ class Running:
 
 
 def app_env(rundir: Path, tmp: Path, **extra: str) -> dict[str, str]:
-    """As `colocate run` sets it up (launcher.app_env), on a private simgpu."""
+    """As `colocate run` sets it up (launcher.app_env), on a private simgpu.
+    Registration may wait 10 s, not the shim's default 1 s: on two cores
+    under the parallel suite a controller once took longer than 1 s to answer,
+    the app ran natively (as it should) and the test never saw it."""
     env = clean_env(LD_PRELOAD=str(paths.LIBCOLOCATE), LD_LIBRARY_PATH=str(paths.SIMGPU_DIR),
                     SIMGPU_DIR=str(tmp / "sim"), SIMGPU_TIMESCALE="0",
-                    COLOCATE_RUNTIME_DIR=str(rundir), **extra)
+                    COLOCATE_RUNTIME_DIR=str(rundir), COLOCATE_CONNECT_TIMEOUT_MS="10000")
+    env.update(extra)
     lib = libzmq_path()
     if lib:
         env["COLOCATE_LIBZMQ"] = lib
