@@ -13,7 +13,10 @@ software path alone), on this machine's cores.
            64-SM partition, forwarded to the 100 % worker
   latency  fwdprobe: N x (launch; cudaDeviceSynchronize), median and p99 per
            iteration, the same three ways
-  switch   fwdprobe --interval-us 50 while the route flips every 50 ms:
+  switch   fwdprobe back to back (--switch-interval-us, default 0; a pause
+           adds the wait for the app's next launch to every figure) while
+           the route flips every 50 ms, written by a C loop
+           (ControlBlock.flip_routes) that stamps each write's end:
            partition  between 10 % (16 SMs) and 90 % (120 SMs); for each
                       flip, time from the control-block write to the first
                       probe kernel that ran at the new SM count (simgpu's
@@ -311,9 +314,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=5000, help="latency iterations (default 5000)")
     ap.add_argument("--flips", type=int, default=100, help="route changes to time per kind (default 100)")
-    ap.add_argument("--switch-interval-us", type=int, default=50,
-                    help="pause of the switch probe between launch+sync iterations (default 50, "
-                         "as bench/forwarding.py)")
+    ap.add_argument("--switch-interval-us", type=int, default=0,
+                    help="pause of the switch probe between launch+sync iterations, us (default 0: "
+                         "back to back, so the app always has a launch coming and the figure is the "
+                         "route's; a pause adds the wait for the app's next launch, half an iteration "
+                         "on average, which no route can shorten; bench/forwarding.py pauses 50)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--device", choices=("sim", "cuda"), default="sim",
                     help="sim (default) or cuda: a GPU with green contexts, local and partitions only "
@@ -397,7 +402,8 @@ def report(res: dict, n: int) -> None:
           f"launch's, medians): {own:+.1f} us; the rest of the figure below is the wait for the "
           f"app's next launch (the probe pauses {sw['partition']['interval_us']} us between "
           f"iterations) and simgpu's stream threads; the flipper's control-block write took "
-          f"{sw['partition']['write_us_p50']:.1f} us (p50), timed from its end")
+          f"{sw['partition']['write_us_p50']:.1f} us (p50), timed from its end (stamped in C, "
+          f"ControlBlock.flip_routes)")
     hw = res["host_wake_p50"]
     other = "-" if hw["other_cpu_us"] is None else f"{hw['other_cpu_us']:.1f}"
     print(f"this machine runs a thread that slept 50 ms {hw['same_cpu_us']:.1f} us after its wake-up on the "
@@ -409,10 +415,12 @@ def report(res: dict, n: int) -> None:
           f"its launch call -> kernel against a steady one: {dc_own:+.1f} us")
     for name, v, tgt, unit in (("added issue cost of a launch on a partition", added,
                                 TARGETS["added_issue_ns"], "ns"),
-                               ("route change -> first kernel on the new partition, median", switch,
-                                TARGETS["switch_us"], "us"),
-                               ("the same on simgpu's device clock", dc["to_first_kernel_us"]["p50"],
-                                TARGETS["switch_us"], "us")):
+                               ("route change -> first kernel on the new partition, median, when "
+                                "simgpu's stream thread ran it (with that thread's wake-up, which a "
+                                "GPU has not)", switch, TARGETS["switch_us"], "us"),
+                               ("the same on simgpu's device clock (the kernel's modelled start, as "
+                                "%globaltimer on a GPU: the figure the target is for)",
+                                dc["to_first_kernel_us"]["p50"], TARGETS["switch_us"], "us")):
         print(f"{name}: {v:,.1f} {unit} (target <= {tgt:,.0f} {unit}: {'met' if v <= tgt else 'MISSED'})")
 
 

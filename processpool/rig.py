@@ -23,24 +23,11 @@ import zmq
 
 from processpool.mps import Mps
 from shim import paths
-from shim.ctlblock import ControlBlock, is_partition
+from shim.ctlblock import ControlBlock, is_partition, stop_flag
 from shim.launcher import libzmq_path
 
 BIN = Path(__file__).resolve().parent.parent / "bench" / "bin"
 WORKER = paths.LIB_DIR / "colocate-worker"
-
-
-def warm_sleep(seconds: float, touch, stop: threading.Event, warm: float = 0.0002) -> None:
-    """Sleep (until stop is set at the latest), then spend the last `warm` s
-    calling touch(): a thread that wakes from a long sleep runs its next few
-    microseconds on a cold CPU (after a 50 ms sleep here, one control-block
-    write took 43 us, against 1.4 us in a loop), and the route flips are timed
-    around that write."""
-    end = time.monotonic() + seconds
-    if seconds > warm and stop.wait(seconds - warm):
-        return
-    while not stop.is_set() and time.monotonic() < end:
-        touch()
 
 
 class Rig:
@@ -156,34 +143,32 @@ class Rig:
         before its registration is answered, so before its first launch; one
         app at a time), or a list cycled every `period` s while it runs;
         flips, if given, collects (monotonic ns before the write, route,
-        monotonic ns after it) of each change.  Returns stdout, stderr,
-        final counters."""
+        monotonic ns just after its publishing store) of each change
+        (ControlBlock.flip_routes).  Returns stdout, stderr, final
+        counters."""
         if isinstance(routes, int):
             self.route_at_register = routes
         p = self.app(prog, *args, **env)
         slot = self.last_slot = self.slot_of(p)
         flipper = None
         if routes and not isinstance(routes, int):
-            stop = threading.Event()
-
-            def flip():
-                k = 0
-                while p.poll() is None and not stop.is_set():
-                    r = routes[k % len(routes)]
-                    t = time.monotonic_ns()
-                    self.cb.set_route(slot, r, 50)
-                    if flips is not None:
-                        flips.append((t, r, time.monotonic_ns()))
-                    k += 1
-                    warm_sleep(period, lambda: self.cb.control(slot), stop)
-            flipper = threading.Thread(target=flip, daemon=True)
+            stop = stop_flag()
+            made: list[tuple[int, int, int]] = []
+            # the flipper writes from C (ControlBlock.flip_routes), with the
+            # write's end stamped there: on two cores a Python thread waking
+            # for each write and going back to sleep after it delayed the
+            # app's next launch by 10-20 us, which the switch figures counted
+            flipper = threading.Thread(target=lambda: made.extend(self.cb.flip_routes(
+                slot, list(routes), 50, period, stop, int(timeout / period) + 2)), daemon=True)
             flipper.start()
         try:
             out, err = p.communicate(timeout=timeout)
         finally:
             if flipper is not None:     # done with the control block before the caller may close it
-                stop.set()
+                stop[0] = 1
                 flipper.join()
+                if flips is not None:
+                    flips.extend(made)
         if p.returncode != 0:
             raise RuntimeError(f"{prog} exited {p.returncode}:\n{out}\n{err}")
         return out, err, self.cb.counters(slot)

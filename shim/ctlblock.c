@@ -131,18 +131,60 @@ void cb_release_slot(struct cb_block *cb, uint32_t idx)
 	__atomic_store_n(&cb->slots[idx].k.state, CB_SLOT_FREE, __ATOMIC_RELEASE);
 }
 
-void cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route,
-		  uint32_t quota_pct)
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route,
+		      uint32_t quota_pct)
 {
 	struct cb_control *k;
 
 	if (idx >= CB_MAX_SLOTS)
-		return;
+		return 0;
 	k = &cb->slots[idx].k;
 	__atomic_store_n(&k->quota_pct, quota_pct, __ATOMIC_RELAXED);
 	__atomic_store_n(&k->route, route, __ATOMIC_RELAXED);
 	/* the epoch publishes the pair: readers load it with acquire */
 	__atomic_fetch_add(&k->route_epoch, 1, __ATOMIC_RELEASE);
+	/* when the app could first see it, read here rather than by a caller
+	 * whose own return path (an interpreter woken on a cold CPU) may take
+	 * microseconds: benchmarks time a route change from this */
+	return mono_ns();
+}
+
+/*
+ * A benchmark's route flipper (processpool/rig.py).  In C so that nothing of
+ * ours runs between a write and the app's next launch: on two cores, an
+ * interpreter going back to sleep after its write delayed the app's next
+ * launch by 10-20 us, which the switch figure then counted.
+ */
+int cb_flip_routes(struct cb_block *cb, uint32_t idx, const uint32_t *routes,
+		   uint32_t nroutes, uint32_t quota_pct, uint64_t period_ns,
+		   const int *stop, uint64_t *stamps, uint32_t max)
+{
+	struct timespec next;
+	uint64_t at;
+	uint32_t k;
+
+	if (idx >= CB_MAX_SLOTS || nroutes == 0 || period_ns == 0)
+		return -1;
+	at = mono_ns();
+	for (k = 0; k < max && !__atomic_load_n(stop, __ATOMIC_ACQUIRE); k++) {
+		stamps[2 * k] = mono_ns();
+		stamps[2 * k + 1] = cb_set_route(cb, idx, routes[k % nroutes], quota_pct);
+		at += period_ns;	/* absolute deadlines: no drift */
+		next.tv_sec = (time_t)(at / 1000000000u);
+		next.tv_nsec = (long)(at % 1000000000u);
+		while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL) == EINTR)
+			;
+	}
+	return (int)k;
 }
 
 uint64_t cb_load64(const uint64_t *p)

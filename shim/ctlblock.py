@@ -80,6 +80,11 @@ CONTROL64 = ("route_epoch", "d2d_bytes", "registered_ns",
              "held_ns")                # held_ns: in the control line, written by the app
 
 
+def stop_flag():
+    """A flag ControlBlock.flip_routes polls: set it with flag[0] = 1."""
+    return ffi.new("int *")
+
+
 class ControlBlockFull(RuntimeError):
     pass
 
@@ -136,9 +141,29 @@ class ControlBlock:
         self._slot(slot)
         lib.cb_release_slot(self._cb, slot)
 
-    def set_route(self, slot: int, route: int, quota_pct: int) -> None:
+    def set_route(self, slot: int, route: int, quota_pct: int) -> int:
+        """Publish (route, quota_pct) under a new route epoch.  Returns
+        time.monotonic_ns() just after the publishing store, read in C: what
+        a benchmark times a route change from."""
         self._slot(slot)
-        lib.cb_set_route(self._cb, slot, route, quota_pct)
+        return int(lib.cb_set_route(self._cb, slot, route, quota_pct))
+
+    def flip_routes(self, slot: int, routes: list[int], quota_pct: int, period_s: float,
+                    stop, max_writes: int) -> list[tuple[int, int, int]]:
+        """A benchmark's flipper: publish routes[k % len(routes)] every
+        period_s (absolute deadlines) until stop[0] (from stop_flag()) is set
+        or max_writes are made, in C with the GIL released (cb_flip_routes:
+        nothing of ours runs between a write and the app's next launch).
+        Returns (monotonic ns before, route, ns just after the publishing
+        store) per write."""
+        self._slot(slot)
+        if not routes or period_s <= 0 or max_writes <= 0:
+            raise ValueError("flip_routes needs routes, a period > 0 and max_writes > 0")
+        rs = ffi.new("uint32_t[]", routes)
+        stamps = ffi.new("uint64_t[]", 2 * max_writes)
+        n = lib.cb_flip_routes(self._cb, slot, rs, len(routes), quota_pct, int(period_s * 1e9),
+                               stop, stamps, max_writes)
+        return [(stamps[2 * k], routes[k % len(routes)], stamps[2 * k + 1]) for k in range(max(n, 0))]
 
     # --- readers
     def counters(self, slot: int) -> dict[str, int]:

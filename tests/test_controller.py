@@ -392,6 +392,36 @@ def test_control_block_wrapper(tmp_path):
         ControlBlock(tmp_path / "bad")
 
 
+def test_route_writes_are_stamped_when_published_and_the_flipper_cycles_and_stops(tmp_path):
+    """set_route returns the clock just after the epoch's store (what the
+    switch benchmarks time from); flip_routes cycles its routes, one epoch
+    per write, on its period, and ends when its stop flag is set."""
+    import threading
+
+    from shim.ctlblock import stop_flag
+    with ControlBlock.create(tmp_path / "cb") as cb:
+        s = cb.claim(1)
+        t0 = time.monotonic_ns()
+        t1 = cb.set_route(s, 2, 40)
+        assert t0 <= t1 <= time.monotonic_ns()
+        assert (cb.control(s)["route"], cb.control(s)["quota_pct"], cb.control(s)["route_epoch"]) == (2, 40, 1)
+        made = cb.flip_routes(s, [3, 4], 25, 0.001, stop_flag(), 5)      # 5 writes, then it returns
+        assert [r for _b, r, _e in made] == [3, 4, 3, 4, 3]
+        assert all(b <= e for b, _r, e in made) and cb.control(s)["route_epoch"] == 6
+        assert all(b2 - b1 >= 900_000 for (b1, _, _), (b2, _, _) in zip(made, made[1:]))   # its period
+        assert (cb.control(s)["route"], cb.control(s)["quota_pct"]) == (3, 25)
+        stop, out = stop_flag(), []
+        th = threading.Thread(target=lambda: out.extend(cb.flip_routes(s, [5], 25, 0.002, stop, 10**6)))
+        th.start()
+        time.sleep(0.05)
+        stop[0] = 1
+        th.join(5)
+        assert not th.is_alive() and 1 <= len(out) < 10**6
+        assert cb.control(s)["route_epoch"] == 6 + len(out)
+        with pytest.raises(ValueError):
+            cb.flip_routes(s, [], 25, 0.001, stop_flag(), 5)
+
+
 @pytest.mark.serial      # modelled or wall time that other tests' load would move
 def test_batch_throughput_normalised_to_solo(tmp_path, sleeper):
     """serve --solo: a batch app's launch rate over the recent window while

@@ -191,8 +191,17 @@ uint64_t cb_size(void);
 /* Controller side helpers (also used by tests through cffi). */
 int  cb_claim_slot(struct cb_block *cb, uint32_t pid);  /* -1 when full */
 void cb_release_slot(struct cb_block *cb, uint32_t idx);
-void cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route,
-		  uint32_t quota_pct);
+/* Returns CLOCK_MONOTONIC ns just after the route is published (0: bad
+ * index or no clock). */
+uint64_t cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route,
+		      uint32_t quota_pct);
+/* Benchmarks: publish routes[k % nroutes] every period_ns until *stop is set
+ * or max writes are made; stamps[2k], [2k + 1]: CLOCK_MONOTONIC ns before
+ * write k and just after its publishing store.  Returns the writes made, -1
+ * on bad arguments. */
+int cb_flip_routes(struct cb_block *cb, uint32_t idx, const uint32_t *routes,
+		   uint32_t nroutes, uint32_t quota_pct, uint64_t period_ns,
+		   const int *stop, uint64_t *stamps, uint32_t max);
 
 /* Relaxed atomic readers, so that Python sees whole 64-bit values. */
 uint64_t cb_load64(const uint64_t *p);
