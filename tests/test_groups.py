@@ -124,7 +124,13 @@ def test_contending_services_take_longer_together(tmp):
     try:
         ms = [G.Member(i, 0, sv.n_ops, sv.sizes[0]) for i, sv in enumerate(svs)]
         solo = [G.issue(svs, [m], 10 + 10 * i, G.TIMESCALE) for i, m in enumerate(ms)]
-        both = G.issue(svs, ms, 100, G.TIMESCALE)
+        # issued together: on two loaded cores one member's first launch
+        # once came 5 us (modelled) after the other's, and the overlap, so
+        # the slowdown, shrank below the margin; such a sample is re-taken
+        for _ in range(5):
+            both = G.issue(svs, ms, 100, G.TIMESCALE)
+            if max(both.offset_us) < 3.0:
+                break
         G.solo_table(svs, G.TIMESCALE)
     finally:
         G.stop(svs)
