@@ -374,9 +374,9 @@ for s in "$@"; do
 	greenapp) step greenapp 120 greenapp ;;
 	calib) step calib 580 calib ;;
 	apis) step apis 240 apis ;;
-	parts) step parts 180 sh -c "$PY bench/partitions.py --device $DEV --flips 100 >$OUT/partitions.json &&
+	parts) step parts 180 sh -c "$PY bench/partitions.py --device $DEV --flips 100 --switch-interval-us 50 >$OUT/partitions.json &&
 		$PY bench/partitions.py --device $DEV --flips 100 --switch-interval-us 0 >$OUT/partitions_b2b.json" ;;
-	partsim) step partsim 150 sh -c "$PY bench/partitions.py --device sim --flips 100 --json >$OUT/partsim.json &&
+	partsim) step partsim 150 sh -c "$PY bench/partitions.py --device sim --flips 100 --switch-interval-us 50 --json >$OUT/partsim.json &&
 		$PY bench/partitions.py --device sim --flips 100 --switch-interval-us 0 --json >$OUT/partsim_b2b.json" ;;
 	handoff) step handoff 150 $PY bench/handoff.py --device "$DEV" --out "$OUT/handoff" ;;
 	green) step green 240 green ;;

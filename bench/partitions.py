@@ -174,7 +174,7 @@ def noop_control(rig: Rig, route: int, flips_wanted: int, period: float, interva
     the shim acts on at the next launch, as for a real change), timed to the
     first kernel launched after the write.  What it measures is what any
     route write costs the probe here -- the wait for its next launch, the
-    flipper's write disturbing a machine with few cores, the shim's route
+    flipper waking for its write on a machine with few cores, the shim's route
     check -- and a real switch's figure less this one is what moving to
     another partition adds.  done: which probe record field is "the kernel"
     (3: when it ran, simgpu's twin; 2: when the host saw it done, a GPU);
@@ -398,10 +398,11 @@ def report(res: dict, n: int) -> None:
     print(f"a switch of partition against rewriting the same route (control, same run), both timed "
           f"to the first kernel launched after the write: "
           f"{sw['partition']['as_control_us']['p50'] - no['to_first_kernel_us']['p50']:+.1f} us at the median")
+    iv = sw["partition"]["interval_us"]
+    cadence = f"the probe pauses {iv} us between iterations" if iv else "the probe launches back to back"
     print(f"a route change's own cost on a partition (its launch call -> kernel, less a steady "
           f"launch's, medians): {own:+.1f} us; the rest of the figure below is the wait for the "
-          f"app's next launch (the probe pauses {sw['partition']['interval_us']} us between "
-          f"iterations) and simgpu's stream threads; the flipper's control-block write took "
+          f"app's next launch ({cadence}) and simgpu's stream threads; the flipper's control-block write took "
           f"{sw['partition']['write_us_p50']:.1f} us (p50), timed from its end (stamped in C, "
           f"ControlBlock.flip_routes)")
     hw = res["host_wake_p50"]

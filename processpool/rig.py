@@ -154,12 +154,19 @@ class Rig:
         if routes and not isinstance(routes, int):
             stop = stop_flag()
             made: list[tuple[int, int, int]] = []
+            failed: list[BaseException] = []
+
             # the flipper writes from C (ControlBlock.flip_routes), with the
             # write's end stamped there: on two cores a Python thread waking
             # for each write and going back to sleep after it delayed the
             # app's next launch by 10-20 us, which the switch figures counted
-            flipper = threading.Thread(target=lambda: made.extend(self.cb.flip_routes(
-                slot, list(routes), 50, period, stop, int(timeout / period) + 2)), daemon=True)
+            def flip() -> None:
+                try:
+                    made.extend(self.cb.flip_routes(slot, list(routes), 50, period, stop,
+                                                    int(timeout / period) + 2))
+                except BaseException as e:      # raised in run(), not lost with the thread
+                    failed.append(e)
+            flipper = threading.Thread(target=flip, daemon=True)
             flipper.start()
         try:
             out, err = p.communicate(timeout=timeout)
@@ -169,6 +176,8 @@ class Rig:
                 flipper.join()
                 if flips is not None:
                     flips.extend(made)
+        if flipper is not None and failed:
+            raise RuntimeError(f"the route flipper failed: {failed[0]}") from failed[0]
         if p.returncode != 0:
             raise RuntimeError(f"{prog} exited {p.returncode}:\n{out}\n{err}")
         return out, err, self.cb.counters(slot)

@@ -159,10 +159,10 @@ uint64_t cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route,
 }
 
 /*
- * A benchmark's route flipper (processpool/rig.py).  In C so that nothing of
- * ours runs between a write and the app's next launch: on two cores, an
- * interpreter going back to sleep after its write delayed the app's next
- * launch by 10-20 us, which the switch figure then counted.
+ * A benchmark's route flipper (processpool/rig.py).  In C so that after a
+ * write the flipper only goes back to sleep (one syscall): on two cores, an
+ * interpreter doing so after its write delayed the app's next launch by
+ * 10-20 us, which the switch figure then counted.
  */
 int cb_flip_routes(struct cb_block *cb, uint32_t idx, const uint32_t *routes,
 		   uint32_t nroutes, uint32_t quota_pct, uint64_t period_ns,
@@ -172,13 +172,17 @@ int cb_flip_routes(struct cb_block *cb, uint32_t idx, const uint32_t *routes,
 	uint64_t at;
 	uint32_t k;
 
-	if (idx >= CB_MAX_SLOTS || nroutes == 0 || period_ns == 0)
+	if (idx >= CB_MAX_SLOTS || nroutes == 0 || period_ns == 0 || max > INT32_MAX / 2)
 		return -1;
-	at = mono_ns();
 	for (k = 0; k < max && !__atomic_load_n(stop, __ATOMIC_ACQUIRE); k++) {
-		stamps[2 * k] = mono_ns();
-		stamps[2 * k + 1] = cb_set_route(cb, idx, routes[k % nroutes], quota_pct);
-		at += period_ns;	/* absolute deadlines: no drift */
+		at = mono_ns();
+		if (at == 0)
+			return -1;
+		stamps[2 * (size_t)k] = at;
+		stamps[2 * (size_t)k + 1] = cb_set_route(cb, idx, routes[k % nroutes], quota_pct);
+		/* one period from this write's start, never less: a write made late
+		 * does not pull the next one closer (no burst after a stall) */
+		at += period_ns;
 		next.tv_sec = (time_t)(at / 1000000000u);
 		next.tv_nsec = (long)(at % 1000000000u);
 		while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL) == EINTR)

@@ -150,20 +150,22 @@ class ControlBlock:
 
     def flip_routes(self, slot: int, routes: list[int], quota_pct: int, period_s: float,
                     stop, max_writes: int) -> list[tuple[int, int, int]]:
-        """A benchmark's flipper: publish routes[k % len(routes)] every
-        period_s (absolute deadlines) until stop[0] (from stop_flag()) is set
-        or max_writes are made, in C with the GIL released (cb_flip_routes:
-        nothing of ours runs between a write and the app's next launch).
+        """A benchmark's flipper: publish routes[k % len(routes)], each write
+        period_s after the last began, until stop[0] (from stop_flag()) is
+        set (seen within a period) or max_writes are made, in C with the GIL
+        released (cb_flip_routes: after a write it only goes back to sleep).
         Returns (monotonic ns before, route, ns just after the publishing
         store) per write."""
         self._slot(slot)
-        if not routes or period_s <= 0 or max_writes <= 0:
-            raise ValueError("flip_routes needs routes, a period > 0 and max_writes > 0")
+        if not routes or period_s <= 0 or not 0 < max_writes <= 1 << 30:
+            raise ValueError("flip_routes needs routes, a period > 0 and 0 < max_writes <= 2**30")
         rs = ffi.new("uint32_t[]", routes)
         stamps = ffi.new("uint64_t[]", 2 * max_writes)
         n = lib.cb_flip_routes(self._cb, slot, rs, len(routes), quota_pct, int(period_s * 1e9),
                                stop, stamps, max_writes)
-        return [(stamps[2 * k], routes[k % len(routes)], stamps[2 * k + 1]) for k in range(max(n, 0))]
+        if n < 0:
+            raise OSError("cb_flip_routes refused its arguments or found no monotonic clock")
+        return [(stamps[2 * k], routes[k % len(routes)], stamps[2 * k + 1]) for k in range(n)]
 
     # --- readers
     def counters(self, slot: int) -> dict[str, int]:

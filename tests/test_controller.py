@@ -408,18 +408,21 @@ def test_route_writes_are_stamped_when_published_and_the_flipper_cycles_and_stop
         made = cb.flip_routes(s, [3, 4], 25, 0.001, stop_flag(), 5)      # 5 writes, then it returns
         assert [r for _b, r, _e in made] == [3, 4, 3, 4, 3]
         assert all(b <= e for b, _r, e in made) and cb.control(s)["route_epoch"] == 6
-        assert all(b2 - b1 >= 900_000 for (b1, _, _), (b2, _, _) in zip(made, made[1:]))   # its period
+        # each write a period after the last began, never sooner (no burst after a stall)
+        assert all(b2 - b1 >= 1_000_000 for (b1, _, _), (b2, _, _) in zip(made, made[1:]))
         assert (cb.control(s)["route"], cb.control(s)["quota_pct"]) == (3, 25)
         stop, out = stop_flag(), []
         th = threading.Thread(target=lambda: out.extend(cb.flip_routes(s, [5], 25, 0.002, stop, 10**6)))
         th.start()
-        time.sleep(0.05)
+        assert wait_for(lambda: cb.control(s)["route_epoch"] > 6, timeout=10)   # it runs, GIL released
         stop[0] = 1
         th.join(5)
         assert not th.is_alive() and 1 <= len(out) < 10**6
         assert cb.control(s)["route_epoch"] == 6 + len(out)
         with pytest.raises(ValueError):
             cb.flip_routes(s, [], 25, 0.001, stop_flag(), 5)
+        with pytest.raises(ValueError):
+            cb.flip_routes(s, [1], 25, 0.001, stop_flag(), 2**31)   # refused before its buffer is made
 
 
 @pytest.mark.serial      # modelled or wall time that other tests' load would move

@@ -195,10 +195,11 @@ void cb_release_slot(struct cb_block *cb, uint32_t idx);
  * index or no clock). */
 uint64_t cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route,
 		      uint32_t quota_pct);
-/* Benchmarks: publish routes[k % nroutes] every period_ns until *stop is set
- * or max writes are made; stamps[2k], [2k + 1]: CLOCK_MONOTONIC ns before
- * write k and just after its publishing store.  Returns the writes made, -1
- * on bad arguments. */
+/* Benchmarks: publish routes[k % nroutes], each write period_ns after the
+ * last one began, until *stop is set (seen within a period) or max writes
+ * are made; stamps[2k], [2k + 1]: CLOCK_MONOTONIC ns before write k and just
+ * after its publishing store.  Returns the writes made, -1 on bad arguments
+ * or no clock. */
 int cb_flip_routes(struct cb_block *cb, uint32_t idx, const uint32_t *routes,
 		   uint32_t nroutes, uint32_t quota_pct, uint64_t period_ns,
 		   const int *stop, uint64_t *stamps, uint32_t max);
