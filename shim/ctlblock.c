@@ -21,11 +21,13 @@ uint64_t cb_size(void)
 	return sizeof(struct cb_block);
 }
 
-static uint64_t now_realtime_ns(void)
+/* ns on the clock `id`, 0 if it cannot be read */
+static uint64_t clock_ns(clockid_t id)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_REALTIME, &ts);
+	if (clock_gettime(id, &ts) != 0)
+		return 0;
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
@@ -51,7 +53,7 @@ static struct cb_block *create_block(const char *path)
 	cb->hdr.nslots = CB_MAX_SLOTS;
 	cb->hdr.slot_size = sizeof(struct cb_slot);
 	cb->hdr.controller_pid = (uint32_t)getpid();
-	cb->hdr.generation = now_realtime_ns();
+	cb->hdr.generation = clock_ns(CLOCK_REALTIME);
 	cb->hdr.created_ns = cb->hdr.generation;
 	/* magic last: a reader that sees it sees a complete header */
 	__atomic_store_n(&cb->hdr.magic, CB_MAGIC, __ATOMIC_RELEASE);
@@ -116,7 +118,7 @@ int cb_claim_slot(struct cb_block *cb, uint32_t pid)
 		s->k.route_epoch = 0;
 		s->k.d2d_bytes = 0;
 		s->k.held_ns = 0;
-		s->k.registered_ns = now_realtime_ns();
+		s->k.registered_ns = clock_ns(CLOCK_REALTIME);
 		__atomic_thread_fence(__ATOMIC_RELEASE);
 		return (int)i;
 	}
@@ -129,15 +131,6 @@ void cb_release_slot(struct cb_block *cb, uint32_t idx)
 		return;
 	cb->slots[idx].k.pid = 0;
 	__atomic_store_n(&cb->slots[idx].k.state, CB_SLOT_FREE, __ATOMIC_RELEASE);
-}
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-		return 0;
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 uint64_t cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route,
@@ -155,7 +148,7 @@ uint64_t cb_set_route(struct cb_block *cb, uint32_t idx, uint32_t route,
 	/* when the app could first see it, read here rather than by a caller
 	 * whose own return path (an interpreter woken on a cold CPU) may take
 	 * microseconds: benchmarks time a route change from this */
-	return mono_ns();
+	return clock_ns(CLOCK_MONOTONIC);
 }
 
 /*
@@ -175,7 +168,7 @@ int cb_flip_routes(struct cb_block *cb, uint32_t idx, const uint32_t *routes,
 	if (idx >= CB_MAX_SLOTS || nroutes == 0 || period_ns == 0 || max > INT32_MAX / 2)
 		return -1;
 	for (k = 0; k < max && !__atomic_load_n(stop, __ATOMIC_ACQUIRE); k++) {
-		at = mono_ns();
+		at = clock_ns(CLOCK_MONOTONIC);
 		if (at == 0)
 			return -1;
 		stamps[2 * (size_t)k] = at;
