@@ -200,22 +200,57 @@ class Device:
         self._bufs(new)
 
     def add(self, kind: int, blocks: float, threads: float, regs: float, smem: float, flops: float,
-            bytes: float, quota_sms: float, ctx: int, t: float, follow: bool = False) -> int:
+            bytes: float, quota_sms: float, ctx: int, t: float, follow: bool = False,
+            lead: float | None = None) -> int:
         """Admit a task at device time t (the device is advanced to t first:
         tasks due before it finish first); its entry.  A kernel is blocks of
         threads, regs per thread (0: the preset's default), smem bytes per
         block, flops and bytes in all, on at most quota_sms SMs; a copy
-        (H2D, D2H) is bytes alone.  ctx is its process (time slicing)."""
+        (H2D, D2H) is bytes alone.  ctx is its process (time slicing).
+        lead: its stream's next task is already queued and starts lead after
+        its end, so when it ends the device handles no event past that until
+        keep(task_id(entry)) (the live device's waits, model.c)."""
         if not t >= self.now:
             raise ValueError(f"task at {t} s: the device is at {self.now} s already")
+        if t > self.barrier():
+            raise ValueError(f"task at {t} s: the device waits for a queued task due at "
+                             f"{self.barrier()} s (keep() it first)")
         _fill(self._task, kind, blocks, threads, regs, smem, flops, bytes, quota_sms)
         self.advance(t)
         i = lib.en_add(self._st, self._task, ctx, t, ffi.NULL, ffi.NULL)
         while i < 0:
             self._grow()
             i = lib.en_add(self._st, self._task, ctx, t, ffi.NULL, ffi.NULL)
-        lib.dm_task(self._st, i).follow = 1 if follow else 0
+        e = lib.dm_task(self._st, i)
+        e.follow = 1 if follow else 0
+        e.queued = 0 if lead is None else 1
+        e.lead = 0.0 if lead is None else lead
         return int(i)
+
+    def task_id(self, i: int) -> int:
+        """The engine's id of entry i's task (what keep() names)."""
+        return int(self._entry(i).id)
+
+    def barrier(self, mine: int = 0) -> float:
+        """Device time past which no event is handled yet: the earliest wait
+        for a queued task (but that of the task queued after task `mine`);
+        inf when none."""
+        return float(lib.en_barrier(self._st, mine))
+
+    def expect(self, ctx: int, t: float) -> int:
+        """A wait for a task due at t that no task's end announces; its token
+        for keep(), 0 when t is past or the wait table is full."""
+        return int(lib.en_expect(self._st, ctx, t))
+
+    def keep(self, after: int) -> None:
+        """The task queued after task `after` (or expect()'s token) joins:
+        its wait ends.  Then add() it."""
+        lib.en_keep(self._st, after)
+
+    def lapse(self, before: float, ctx: int = 0) -> int:
+        """Give up the waits due before `before`, or all of context ctx's
+        (ctx != 0); how many."""
+        return int(lib.en_lapse(self._st, before, ctx))
 
     def advance(self, t: float) -> None:
         """Handle every event up to device time t."""
@@ -269,6 +304,9 @@ class Device:
             t = self.next_event()
             if math.isinf(t):
                 raise RuntimeError(f"task {i} never finishes (no event pending)")
+            if t > self.barrier():
+                raise RuntimeError(f"task {i} waits for a queued task due at {self.barrier()} s "
+                                   f"(keep() or lapse() it)")
             self.advance(t)
         return self.times(i)
 

@@ -131,6 +131,48 @@ def test_advance_to_next_collects_what_finished():
     assert dev.add(dm.KERNEL, 1, 32, 0, 0, 1e3, 0, 132, 1, dev.now) == 0, "entries are free again"
 
 
+def test_a_queued_task_holds_the_device_until_it_joins():
+    """The live device's waits (model.c): when a task whose stream has its
+    next task queued ends, no event past that task's start is handled until
+    it joins, so it starts exactly then however late its executor comes;
+    without the wait, the device has moved on and the task starts late."""
+    def run(lead: float | None) -> tuple[float, float]:
+        dev = dm.Device(dm.default_params(mps=True))
+        a = dev.add(dm.KERNEL, 66, 256, 0, 0, 5e8, 0, 66, 1, 0.0, lead=lead)
+        b = dev.add(dm.KERNEL, 66, 256, 0, 0, 5e9, 0, 66, 2, 0.0)   # a co-runner, 10x as long
+        a_end = dev.run_until_done(a)[1]
+        due = a_end + 3e-6
+        dev.advance(due + 1e-3)        # other executors come first: 1 ms of device time
+        assert (dev.now <= due) == (lead is not None), (dev.now, due)
+        if lead is not None:
+            assert dev.barrier() == due and not dev.finished(b)
+            with pytest.raises(ValueError, match="waits for a queued task"):
+                dev.add(dm.KERNEL, 1, 32, 0, 0, 1e3, 0, 132, 2, due + 1e-6)
+            dev.keep(dev.task_id(a))
+            assert dev.barrier() == math.inf
+        a2 = dev.add(dm.KERNEL, 66, 256, 0, 0, 5e8, 0, 66, 1, max(due, dev.now))
+        return dev.run_until_done(a2)[0], due
+
+    start, due = run(3e-6)
+    assert start == due, "the queued task starts when its stream lets it"
+    late, _ = run(None)
+    assert late > due + 1e-4, "without the wait it started where the device had got to"
+
+
+def test_a_wait_lapses_and_expect_gives_tokens_only_for_the_future():
+    dev = dm.Device(dm.default_params(mps=True))
+    dev.add(dm.KERNEL, 132, 256, 0, 0, 5e8, 0, 132, 1, 0.0)
+    tok = dev.expect(7, 1e-6)
+    assert tok > 0 and dev.barrier() == 1e-6 and dev.barrier(mine=tok) == math.inf
+    dev.advance(1.0)
+    assert dev.now <= 1e-6 and dev.next_event() > 1e-6, "held at the expected task's start"
+    assert dev.lapse(0.5e-6) == 0 and dev.lapse(2e-6) == 1, "only waits due before the time"
+    dev.advance(1.0)
+    assert dev.now > 1e-6 and dev.expect(7, dev.now / 2) == 0, "no wait in the past"
+    dev.expect(7, 2.0), dev.expect(8, 3.0)
+    assert dev.lapse(-math.inf, ctx=7) == 1 and dev.barrier() == 3.0, "a context's waits go"
+
+
 # ---------------------------------------------------------------- the live device
 
 LIVE_CASES = [   # flops, bytes, blocks, threads, dynamic smem, MPS percentage

@@ -118,15 +118,19 @@ def test_bad_ranges_are_refused_and_the_service_keeps_serving(tmp):
 
 def test_contending_services_take_longer_together(tmp):
     """Two services' full forward passes issued together on one simulated
-    device: the group outlasts either alone (simgpu models the contention)."""
-    tg = [target("dig", ["16"]), target("face", ["2"])]
+    device: each outlasts its run alone (simgpu models the contention).
+    Two face services at batch 16 fill the SMs together; smaller pairs (dig
+    16 with face 2) fit side by side and are not slowed at all in the
+    model: their old "slowdown" was the twins' CPU time (predictors.groups'
+    module doc)."""
+    tg = [target("face", ["16"]), target("face", ["16"])]
     svs = G.start(tg, tmp, 100, G.TIMESCALE)
     try:
         ms = [G.Member(i, 0, sv.n_ops, sv.sizes[0]) for i, sv in enumerate(svs)]
         solo = [G.issue(svs, [m], 10 + 10 * i, G.TIMESCALE) for i, m in enumerate(ms)]
         # issued together: on two loaded cores one member's first launch
         # once came 5 us (modelled) after the other's, and the overlap, so
-        # the slowdown, shrank below the margin; such a sample is re-taken
+        # the slowdown, shrank; such a sample is re-taken
         for _ in range(5):
             both = G.issue(svs, ms, 100, G.TIMESCALE)
             if max(both.offset_us) < 3.0:
@@ -140,10 +144,31 @@ def test_contending_services_take_longer_together(tmp):
     for sv, a in zip(svs, alone):
         assert sv.solo_us(sv.sizes[0], 0, sv.n_ops) == pytest.approx(a, rel=0.03)
     assert all(r.offset_us == [0.0] for r in solo)
-    assert both.latency_us > max(alone) * 1.02, (alone, both)
-    # both share the SMs: each is slowed by the other
-    assert all(d > a * 1.02 for d, a in zip(both.device_us, alone)), (alone, both)
+    assert alone[0] == pytest.approx(alone[1], rel=0.01), "one service, two processes"
+    # both share the SMs: each is slowed by the other (7-12 % in 20 samples,
+    # idle or beside two busy loops)
+    assert both.latency_us > max(alone) * 1.04, (alone, both)
+    assert all(d > a * 1.03 for d, a in zip(both.device_us, alone)), (alone, both)
     assert both.latency_us >= max(both.device_us)
+
+
+def test_services_that_fit_side_by_side_are_not_slowed_whatever_the_host_does(tmp):
+    """dig 16 and face 2 fit on the device together: in the model neither is
+    slowed.  Before simgpu waited for a stream's queued kernels, the twins'
+    CPU time pushed kernels late whenever the other service's events came
+    first, so the pair seemed 4 % (idle) to 18 % (loaded host) slower."""
+    tg = [target("dig", ["16"]), target("face", ["2"])]
+    svs = G.start(tg, tmp, 100, G.TIMESCALE)
+    try:
+        ms = [G.Member(i, 0, sv.n_ops, sv.sizes[0]) for i, sv in enumerate(svs)]
+        alone = [G.issue(svs, [m], 10 + 10 * i, G.TIMESCALE).latency_us for i, m in enumerate(ms)]
+        tries = [G.issue(svs, ms, 100 + k, G.TIMESCALE) for k in range(6)]
+    finally:
+        G.stop(svs)
+    both = [r for r in tries if max(r.offset_us) < 3.0]     # issued together (see above)
+    assert both, f"never issued together in 6 tries: {tries}"
+    for r in both:
+        assert r.latency_us < max(alone) * 1.02, (alone, r)
 
 
 def test_sampler_rows_are_what_was_issued(tmp, monkeypatch):

@@ -1117,6 +1117,12 @@ static void retire(struct en_state *st, en_seg_fn seg, void *arg)
 			if (k->follow && k->kind == SIMGPU_T_KERNEL && st->has_active &&
 			    k->ctx == st->active_ctx && t + st->hold_s > st->hold_until)
 				st->hold_until = t + st->hold_s;
+			if (k->queued && st->nwaits < EN_WAITS) {
+				st->waits[st->nwaits].after = k->id;
+				st->waits[st->nwaits].ctx = k->ctx;
+				st->waits[st->nwaits].t = t + k->lead;
+				st->nwaits++;
+			}
 			k->state = EN_DONE;
 			k->t_end = t;
 			k->rate = 0;
@@ -1134,7 +1140,7 @@ void en_advance(struct en_state *st, double now, en_seg_fn seg, void *arg)
 	for (guard = 0;; guard++) {
 		double tn = en_next_event(st);
 
-		if (!(tn <= now) || isinf(tn))
+		if (!(tn <= now) || isinf(tn) || tn > en_barrier(st, 0))
 			break;
 		if (guard == 1000000) {
 			st->stalled = 1;        /* a bug or absurd parameters: stop */
@@ -1174,6 +1180,75 @@ int en_add(struct en_state *st, const struct simgpu_model_task *d, int32_t ctx, 
 		st->hold_until = 0;     /* the kernel it was held for came */
 	settle(st, seg, arg);
 	return (int)i;
+}
+
+double en_barrier(const struct en_state *st, uint64_t mine)
+{
+	double b = INFINITY;
+	uint32_t i;
+
+	for (i = 0; i < st->nwaits; i++)
+		if (st->waits[i].t < b && st->waits[i].after != mine)
+			b = st->waits[i].t;
+	return b;
+}
+
+static void unwait(struct en_state *st, uint32_t i)
+{
+	st->waits[i] = st->waits[--st->nwaits];
+}
+
+uint64_t en_expect(struct en_state *st, int32_t ctx, double t)
+{
+	if (!(t >= st->t_ref) || st->nwaits >= EN_WAITS)
+		return 0;
+	st->waits[st->nwaits].after = ++st->next_id; /* no task has this id */
+	st->waits[st->nwaits].ctx = ctx;
+	st->waits[st->nwaits].t = t;
+	st->nwaits++;
+	return st->next_id;
+}
+
+int en_due(struct en_state *st, uint64_t after, double t)
+{
+	uint32_t i;
+
+	for (i = 0; i < st->nwaits; i++) {
+		if (st->waits[i].after == after && st->waits[i].t < t) {
+			st->waits[i].t = t;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+void en_keep(struct en_state *st, uint64_t after)
+{
+	uint32_t i;
+
+	for (i = 0; i < st->nwaits; i++) {
+		if (st->waits[i].after == after) {
+			unwait(st, i);
+			st->kept++;
+			return;
+		}
+	}
+}
+
+uint32_t en_lapse(struct en_state *st, double t, int32_t ctx)
+{
+	uint32_t i, n = 0;
+
+	for (i = 0; i < st->nwaits;) {
+		if (st->waits[i].t < t || (ctx && st->waits[i].ctx == ctx)) {
+			unwait(st, i);
+			n++;
+		} else {
+			i++;
+		}
+	}
+	st->lapsed += n;
+	return n;
 }
 
 void en_drop(struct en_state *st, int i, en_seg_fn seg, void *arg)

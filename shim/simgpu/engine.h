@@ -21,6 +21,7 @@
 
 #define EN_COHORTS 4
 #define EN_CTXS    64     /* contexts remembered for round robin */
+#define EN_WAITS   64     /* queued work the device may wait for at once */
 
 enum { EN_FREE = 0, EN_RUN = 1, EN_DONE = 2 };
 
@@ -48,6 +49,10 @@ struct en_task {
 	double   t_seg;                /* executing since (trace), -1: not    */
 	uint32_t follow;               /* its stream has a kernel queued: its
 	                                  context stays for hold_s after it    */
+	uint32_t queued;               /* the live device knows its stream's
+	                                  next kernel is queued, due lead after
+	                                  its end: a wait (en_state.waits)     */
+	double   lead;
 	/* scratch of en_rates */
 	double   sms, excl, u;
 	int      held;                 /* 1: its client is limited below the
@@ -73,6 +78,18 @@ struct en_state {
 	                            the executor's wake-up, in device time)  */
 	double   hold_until;
 	uint32_t stalled;        /* en_advance hit its event guard            */
+	/* A stream's queued kernel joins only when its executor brings it, which
+	 * on a loaded host (or after a slow twin) comes after other processes'
+	 * events have been handled.  So when a task with `queued` ends, no event
+	 * past its successor's start is handled until that kernel joins
+	 * (en_keep) or the live device stops waiting for it (en_lapse). */
+	struct {
+		uint64_t after;  /* the finished task's id (or en_expect's)  */
+		int32_t  ctx;
+		double   t;      /* its successor's start                  */
+	} waits[EN_WAITS];
+	uint32_t nwaits;
+	uint64_t kept, lapsed;   /* waits ended by the work, given up        */
 	struct {
 		int32_t ctx;
 		uint32_t used;
@@ -95,6 +112,23 @@ int    en_add(struct en_state *st, const struct simgpu_model_task *d, int32_t ct
 void   en_advance(struct en_state *st, double now, en_seg_fn seg, void *arg);
 /* Earliest pending event (INFINITY when none). */
 double en_next_event(const struct en_state *st);
+/* Device time past which no event may be handled yet: the earliest wait's
+ * but that of the kernel queued after task `mine` (0: none), which is
+ * about to join (INFINITY when none). */
+double en_barrier(const struct en_state *st, uint64_t mine);
+/* A wait for a task due at t that no task's end announces (the host
+ * enqueued it on an idle stream, or it follows work the device does not
+ * model): its token for en_due/en_keep, 0 when t is past or no room. */
+uint64_t en_expect(struct en_state *st, int32_t ctx, double t);
+/* The kernel queued after task `after` is here: it starts at t, later
+ * than its wait said when it was enqueued late (the wait moves there:
+ * 1, which may let others join), */
+int    en_due(struct en_state *st, uint64_t after, double t);
+/* ... and joins: its wait, if any, ends. */
+void   en_keep(struct en_state *st, uint64_t after);
+/* Give up the waits due before t, or all of context ctx's (ctx != 0: it
+ * exited); how many. */
+uint32_t en_lapse(struct en_state *st, double t, int32_t ctx);
 /* Drop task i (its process died, or it was collected): frees capacity. */
 void   en_drop(struct en_state *st, int i, en_seg_fn seg, void *arg);
 /* SMs a kernel's whole grid spans at its quota (blocks breadth-first; the

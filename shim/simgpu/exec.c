@@ -122,6 +122,25 @@ static void log_launch(const struct sg_op *op, const struct sg_work *w, double s
 		sg_log("SIMGPU_LAUNCH_LOG: %s", strerror(errno));
 }
 
+/* What the device model must know of op's stream after op: the next
+ * operation, if already queued, starts right after it (model.c's waits). */
+static void successor(struct sg_stream *s, struct sg_op *op, struct sg_work *w)
+{
+	w->wait = op->wait;
+	w->queued = sg_cfg.timescale > 0 && sg_stream_next_start(s, op, &w->lead) != NULL;
+}
+
+/* Work the device model does not time (memsets, device copies, records,
+ * waits) ends at end: the device waits for the queued operation after it. */
+static void expect_next(struct sg_stream *s, struct sg_op *op, double end)
+{
+	struct sg_op *n;
+	double lead;
+
+	if (sg_cfg.timescale > 0 && (n = sg_stream_next_start(s, op, &lead)) && !n->wait)
+		n->wait = sg_model_expect(end + lead);
+}
+
 static double exec_kernel(struct sg_stream *s, struct sg_op *op, double t0)
 {
 	struct sg_kernel *k = op->u.kern.k;
@@ -157,6 +176,7 @@ static double exec_kernel(struct sg_stream *s, struct sg_op *op, double t0)
 	w.t.quota_sms = sg_cap_sms(op->u.kern.sms);
 	/* only a time-sliced device asks whether its context stays busy */
 	w.follow = sg_cfg.timescale > 0 && !sg_cfg.mp.mps && sg_stream_kernel_follows(s, op);
+	successor(s, op, &w);
 	if (op->consumed) {
 		/* the launcher lent us its argument pointers: release it */
 		atomic_store(op->consumed, 1);
@@ -199,7 +219,7 @@ static void call_memset(void *arg)
 	memset(c->dst, c->val, c->n);
 }
 
-static double exec_copy(struct sg_op *op, double t0)
+static double exec_copy(struct sg_stream *s, struct sg_op *op, double t0)
 {
 	struct copy_call c = { op->u.copy.dst, op->u.copy.src, op->u.copy.n, 0 };
 	struct sg_work w;
@@ -217,11 +237,13 @@ static double exec_copy(struct sg_op *op, double t0)
 		memset(&w, 0, sizeof(w));
 		w.t.kind = op->u.copy.dir == SG_H2D ? SIMGPU_T_H2D : SIMGPU_T_D2H;
 		w.t.bytes = (double)c.n;
+		successor(s, op, &w);
 		if (sg_cfg.timescale > 0)
 			return sg_model_run(&w, t0);
 		return t0 + sg_model_solo(&w);
 	case SG_D2D:
 		end = t0 + (double)c.n / sg_cfg.bw;
+		expect_next(s, op, end);
 		break;
 	default:
 		return t0;
@@ -230,7 +252,7 @@ static double exec_copy(struct sg_op *op, double t0)
 	return end;
 }
 
-static double exec_memset(struct sg_op *op, double t0)
+static double exec_memset(struct sg_stream *s, struct sg_op *op, double t0)
 {
 	struct copy_call c = { op->u.set.dst, NULL, op->u.set.n, op->u.set.val };
 	double end;
@@ -240,6 +262,7 @@ static double exec_memset(struct sg_op *op, double t0)
 		sg_async_error(cudaErrorIllegalAddress, 1);
 	}
 	end = t0 + (double)c.n / sg_cfg.bw;
+	expect_next(s, op, end);
 	sg_sleep_until(end);
 	return end;
 }
@@ -257,13 +280,15 @@ double sg_exec_op(struct sg_stream *s, struct sg_op *op, double t0)
 	case SG_OP_KERNEL:
 		return exec_kernel(s, op, t0);
 	case SG_OP_COPY:
-		return exec_copy(op, t0);
+		return exec_copy(s, op, t0);
 	case SG_OP_MEMSET:
-		return exec_memset(op, t0);
+		return exec_memset(s, op, t0);
 	case SG_OP_RECORD:
 		sg_event_complete(op->u.rec.ev, op->u.rec.gen, t0);
+		expect_next(s, op, t0);
 		return t0;
 	case SG_OP_WAIT:
+		expect_next(s, op, t0);
 		return t0;
 	case SG_OP_HOST:
 		op->u.host.fn(op->u.host.data);
@@ -273,6 +298,7 @@ double sg_exec_op(struct sg_stream *s, struct sg_op *op, double t0)
 		return host_end(t0);
 	case SG_OP_FREE:
 		sg_arena_free(op->u.free.ptr);
+		expect_next(s, op, t0);
 		return t0;
 	}
 	(void)s;

@@ -12,6 +12,21 @@
  * the shared state until the device's next event; every change wakes it to
  * look again.  Entries of dead processes are reclaimed.
  *
+ * A stream's kernel that is queued behind the one ending joins when its
+ * executor brings it, after that executor has woken and run the kernel's
+ * twin on the CPU: milliseconds of wall time on a loaded host, several
+ * device microseconds at the sampler's timescale 1000.  Other processes'
+ * events handled meanwhile would push it late (a task joins no earlier
+ * than the last event), so that the host's speed and load showed in
+ * modelled co-run times.  Instead the device waits: no event past the
+ * queued kernel's start is handled until it joins (engine.h, waits), or
+ * for at most wait_s of device time past that start ($SIMGPU_WAIT_US of
+ * the device's first process, default 50: 50 ms of wall time at timescale
+ * 1000, 50 us at 1); a kernel later than that joins at the last event, as
+ * any late task does.  The same holds for work on an idle stream (from its
+ * enqueue) and work after what the model does not time (memsets, device
+ * copies, records: from their end).
+ *
  * $SIMGPU_DEVICE_TRACE=FILE appends one JSON line per stretch of a kernel's
  * execution, written by whichever process handled the event that ended it:
  *   {"pid","id" (the launch log's model id),"t0_us","t1_us"}
@@ -37,7 +52,7 @@
 #include "simgpu_impl.h"
 
 #define DEV_MAGIC   0x73696d6764657630ULL   /* "simgdev0" */
-#define DEV_VERSION 7     /* 7: model params ABI 2 (bw_sharp, bw_share) */
+#define DEV_VERSION 8     /* 8: waits for queued work; 7: model params ABI 2 */
 #define MAX_RUN     512
 #define MAX_USERS   256
 /* Time slicing: a context whose next kernel is already queued keeps the
@@ -52,6 +67,7 @@ struct devstate {
 	uint32_t        size;
 	double          epoch;      /* CLOCK_MONOTONIC s of device time 0 */
 	double          timescale;  /* of the processes using it          */
+	double          wait_s;     /* for queued work (header)           */
 	pthread_mutex_t lock;
 	atomic_uint     seq;        /* futex: bumped at every change      */
 	atomic_uint     nwait;
@@ -127,14 +143,29 @@ static void bump(void)
 		futex(&dev->seq, FUTEX_WAKE, INT_MAX, NULL, 0);
 }
 
-/* Handle every event up to device time t; wake waiters if any happened. */
+/* Handle every event up to device time t, or to the earliest queued
+ * kernel's start (model.c's header); wake waiters if any happened. */
 static void advance(double t)
 {
 	uint64_t ev = dev->en.events;
+	uint32_t lapsed = en_lapse(&dev->en, sg_dev_now() - dev->wait_s, 0);
 
+	if (lapsed)
+		sg_log("gave up waiting for %u queued task(s) after %g us of device time", lapsed,
+		       dev->wait_s * 1e6);
 	en_advance(&dev->en, t, trace_seg, NULL);
-	if (dev->en.events != ev)
+	if (dev->en.events != ev || lapsed)
 		bump();
+}
+
+/* When to look at the device again: its next event, or, where a queued
+ * kernel holds events back, when the device stops waiting for it (its
+ * joining wakes us sooner). */
+static double next_look(void)
+{
+	double tn = en_next_event(&dev->en), b = en_barrier(&dev->en, 0);
+
+	return tn > b ? b + dev->wait_s : tn;
 }
 
 static int pid_dead(int pid)
@@ -154,6 +185,14 @@ static void reclaim_dead(void)
 			en_drop(&dev->en, (int)i, NULL, NULL);
 			changed = 1;
 		}
+	}
+	for (i = 0; i < dev->en.nwaits;) {
+		int32_t ctx = dev->en.waits[i].ctx;
+
+		if (ctx != getpid() && pid_dead(ctx) && en_lapse(&dev->en, -INFINITY, ctx))
+			changed = 1; /* it moved another wait into slot i */
+		else
+			i++;
 	}
 	if (changed)
 		bump();
@@ -195,6 +234,7 @@ static void start_time(struct devstate *d)
 	d->en.hold_s = HOLD_WALL_S / sg_cfg.timescale;
 	d->epoch = sg_mono();
 	d->timescale = sg_cfg.timescale;
+	d->wait_s = sg_cfg.wait_s;
 }
 
 static void init_state(struct devstate *d, int shared)
@@ -347,9 +387,45 @@ __attribute__((destructor)) static void model_exit(void)
 			changed = 1;
 		}
 	}
+	if (en_lapse(&dev->en, -INFINITY, getpid()))
+		changed = 1;
 	if (changed)
 		bump();
 	pthread_mutex_unlock(&dev->lock);
+}
+
+/* Sleep until the device changes (seq moves from v) or wall time wall. */
+static void wait_change(unsigned v, double wall)
+{
+	if (wall - sg_mono() <= sg_cfg.wake_margin_s) {
+		/* too close to sleep through: poll for it or a change */
+		unlock_dev();
+		while (atomic_load(&dev->seq) == v && sg_mono() < wall)
+			sg_poll_yield();
+		return;
+	}
+	atomic_fetch_add(&dev->nwait, 1);
+	unlock_dev();
+	futex_wait_until(&dev->seq, v, wall - sg_cfg.wake_margin_s);
+	atomic_fetch_sub(&dev->nwait, 1);
+}
+
+/* The task this executor thread last ran, when its stream's next work was
+ * queued behind it: the device may be waiting for that work. */
+static __thread uint64_t queued_after;
+
+/* A wait for work due at device time t (engine.h, en_expect): its token
+ * for the work's sg_work.wait, 0 for none. */
+uint64_t sg_model_expect(double t)
+{
+	uint64_t tok;
+
+	if (sg_cfg.timescale <= 0 || !dev || queued_after)
+		return 0; /* queued_after: a task's end has it waited for */
+	lock_dev();
+	tok = en_expect(&dev->en, getpid(), t);
+	unlock_dev();
+	return tok;
 }
 
 /*
@@ -362,14 +438,46 @@ double sg_model_run(struct sg_work *w, double t)
 	double solo = sg_model_solo(w), now;
 	uint64_t id;
 	int i;
+	uint64_t mine = queued_after;
 
+	queued_after = 0;
 	w->start = t;
 	w->id = 0;
-	if (solo <= 0)
-		return t;
 	if (sg_cfg.timescale <= 0 || !dev)
 		goto alone;
 	lock_dev();
+	if (w->wait) {
+		/* enqueued on an idle stream or after unmodelled work: the device
+		 * waits for it under this token (sg_model_expect) */
+		if (mine)
+			en_keep(&dev->en, mine);
+		mine = w->wait;
+	}
+	if (solo <= 0) {
+		en_keep(&dev->en, mine); /* nothing to wait for */
+		bump();
+		unlock_dev();
+		return t;
+	}
+	/* the task the device may be waiting for joins at t (its wait moves
+	 * there if the host enqueued it late), once every other one due
+	 * before t has joined; until then its own wait holds the device at t.
+	 * Two cannot wait for each other: the earlier goes first. */
+	if (en_due(&dev->en, mine, t))
+		bump();
+	for (;;) {
+		unsigned v;
+
+		if (!(t > en_barrier(&dev->en, mine)))
+			break;
+		advance(t); /* and gives up overdue waits */
+		if (!(t > en_barrier(&dev->en, mine)))
+			break;
+		v = atomic_load(&dev->seq);
+		wait_change(v, sg_wall_of(next_look()));
+		lock_dev();
+	}
+	en_keep(&dev->en, mine);
 	advance(t);
 	if (t < dev->en.t_ref)
 		t = dev->en.t_ref;
@@ -381,18 +489,21 @@ double sg_model_run(struct sg_work *w, double t)
 		i = en_add(&dev->en, &w->t, getpid(), t, trace_seg, NULL);
 	}
 	if (i < 0) {
+		bump(); /* its wait ended */
 		unlock_dev();
 		goto alone;
 	}
 	id = dev->en.t[i].id;
 	dev->en.t[i].follow = (uint32_t)w->follow;
+	dev->en.t[i].queued = (uint32_t)w->queued;
+	dev->en.t[i].lead = w->lead;
 	w->id = id;
 	bump();
 	unlock_dev();
 
 	for (;;) {
 		struct en_task *e = &dev->en.t[i];
-		double tn, wall;
+		double tn;
 		unsigned v;
 
 		lock_dev();
@@ -407,26 +518,17 @@ double sg_model_run(struct sg_work *w, double t)
 			double tf = e->t_end;
 
 			w->start = e->t_start >= 0 ? e->t_start : t;
+			if (e->queued)
+				queued_after = id;
 			en_drop(&dev->en, i, trace_seg, NULL);
 			unlock_dev();
 			return tf;
 		}
-		tn = en_next_event(&dev->en);
+		tn = next_look();
 		if (!(tn < now + 0.05 / sg_cfg.timescale))
 			tn = now + 0.05 / sg_cfg.timescale;   /* look again in 50 ms */
 		v = atomic_load(&dev->seq);
-		wall = sg_wall_of(tn);
-		if (wall - sg_mono() <= sg_cfg.wake_margin_s) {
-			/* too close to sleep through: poll for it or a change */
-			unlock_dev();
-			while (atomic_load(&dev->seq) == v && sg_mono() < wall)
-				sg_poll_yield();
-			continue;
-		}
-		atomic_fetch_add(&dev->nwait, 1);
-		unlock_dev();
-		futex_wait_until(&dev->seq, v, wall - sg_cfg.wake_margin_s);
-		atomic_fetch_sub(&dev->nwait, 1);
+		wait_change(v, sg_wall_of(tn));
 	}
 alone:
 	sg_sleep_until(t + solo);

@@ -72,6 +72,7 @@ struct sg_config {
 	double sm_bw;            /* SIMGPU_SM_BW_GBS, bytes/s one SM can pull   */
 	double launch_s;         /* SIMGPU_LAUNCH_US, seconds                   */
 	double wake_margin_s;    /* SIMGPU_WAKE_MARGIN_US, seconds              */
+	double wait_s;           /* SIMGPU_WAIT_US, device seconds (model.c)    */
 	double timescale;        /* SIMGPU_TIMESCALE: wall s per device s       */
 	double flops_per_thread; /* SIMGPU_DEFAULT_FLOPS_PER_THREAD             */
 	double bytes_per_thread; /* SIMGPU_DEFAULT_BYTES_PER_THREAD             */
@@ -249,6 +250,7 @@ struct sg_op {
 	int            kind;
 	int            ndeps;
 	double         enq_t;           /* device time at enqueue */
+	uint64_t       wait;            /* the device's wait for it (model.c) */
 	struct sg_dep *deps;            /* dep_buf or heap */
 	struct sg_dep  dep_buf[2];
 	atomic_int    *consumed;        /* launcher waits: arguments borrowed */
@@ -304,6 +306,7 @@ double   sg_stream_time_of(struct sg_stream *s, uint64_t seq);
 cudaStream_t sg_stream_handle(struct sg_stream *s);
 void     sg_sync_all(void);
 int      sg_stream_kernel_follows(struct sg_stream *s, struct sg_op *op);
+struct sg_op *sg_stream_next_start(struct sg_stream *s, struct sg_op *op, double *lead);
 /* green contexts (the driver's): a user stream's SM limit and owner */
 int      sg_stream_set_green(struct sg_stream *s, void *green, unsigned sms);
 unsigned sg_stream_sms(const struct sg_stream *s);
@@ -324,6 +327,9 @@ void sg_event_complete(struct sg_event *ev, uint64_t gen, double t);
 struct sg_work {
 	struct simgpu_model_task t;   /* shape, work, quota, kind            */
 	int      follow;              /* a kernel of its stream is queued    */
+	int      queued;              /* modelled work queued right behind   */
+	double   lead;                /* ... starts this long after it ends  */
+	uint64_t wait;                /* the device's wait for it (op->wait) */
 	double   start;               /* out: its first block dispatched     */
 	uint64_t id;                  /* out: the model's id (device trace)  */
 };
@@ -331,6 +337,7 @@ struct sg_work {
 void   sg_model_open(void);
 double sg_model_solo(const struct sg_work *w);       /* seconds alone    */
 double sg_model_run(struct sg_work *w, double t_start);
+uint64_t sg_model_expect(double t);                  /* en_expect        */
 double sg_model_sms(const struct sg_work *w);        /* SMs it can span  */
 
 /* ------------------------------------------------------------------ fatbin.c */

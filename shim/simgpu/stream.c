@@ -418,6 +418,41 @@ int sg_stream_kernel_follows(struct sg_stream *s, struct sg_op *op)
 	return 0;
 }
 
+/* Whether op is work the device model times that starts as soon as its
+ * stream lets it (no dependencies): a kernel, lead (its launch overhead)
+ * after that, or a copy over PCIe. */
+static int starts_in_model(const struct sg_op *op, double *lead)
+{
+	if (op->ndeps)
+		return 0;
+	if (op->kind == SG_OP_KERNEL) {
+		*lead = sg_cfg.launch_s;
+		return 1;
+	}
+	*lead = 0;
+	return op->kind == SG_OP_COPY && (op->u.copy.dir == SG_H2D || op->u.copy.dir == SG_D2H);
+}
+
+/*
+ * The next operation of op's stream, past event records, when it is
+ * already queued and starts_in_model(): it starts *lead after op ends,
+ * whatever the host does (model.c's waits).  NULL otherwise.
+ */
+struct sg_op *sg_stream_next_start(struct sg_stream *s, struct sg_op *op, double *lead)
+{
+	struct sg_op *n = atomic_load_explicit(&op->next, memory_order_acquire);
+	int i;
+
+	for (i = 0; n && i < 8; i++) {
+		if (n != &s->stub) {
+			if (n->kind != SG_OP_RECORD)
+				return starts_in_model(n, lead) ? n : NULL;
+		}
+		n = atomic_load_explicit(&n->next, memory_order_acquire);
+	}
+	return NULL;
+}
+
 static void run_one(struct sg_stream *s, struct sg_op *op)
 {
 	double t0 = op->enq_t > s->clock ? op->enq_t : s->clock, end;
@@ -565,6 +600,14 @@ uint64_t sg_enqueue(struct sg_stream *s, struct sg_op *op)
 		run_one(s, op);
 		pthread_mutex_unlock(&s->inline_mu);
 		return seq;
+	}
+	if (sg_cfg.timescale > 0 && atomic_load(&s->done) == atomic_load(&s->enq)) {
+		double lead;
+
+		/* an idle stream: it starts at enq_t (+ lead) however late its
+		 * executor wakes; the device waits for it (model.c) */
+		if (starts_in_model(op, &lead))
+			op->wait = sg_model_expect(op->enq_t + lead);
 	}
 	seq = atomic_fetch_add(&s->enq, 1) + 1;
 	q_push(s, op);
