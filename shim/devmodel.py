@@ -242,15 +242,21 @@ class Device:
         for keep(), 0 when t is past or the wait table is full."""
         return int(lib.en_expect(self._st, ctx, t))
 
-    def keep(self, after: int) -> None:
+    def keep(self, after: int) -> bool:
         """The task queued after task `after` (or expect()'s token) joins:
-        its wait ends.  Then add() it."""
-        lib.en_keep(self._st, after)
+        its wait ends (whether there was one).  Then add() it."""
+        return bool(lib.en_keep(self._st, after))
 
-    def lapse(self, before: float, ctx: int = 0) -> int:
-        """Give up the waits due before `before`, or all of context ctx's
-        (ctx != 0); how many."""
-        return int(lib.en_lapse(self._st, before, ctx))
+    def stamp(self, now: float, window: float) -> None:
+        """Deadlines for the waits that have none: window after their start
+        or after now, whichever is later (the live device does this after
+        every advance, with $SIMGPU_WAIT_US)."""
+        lib.en_stamp(self._st, now, window)
+
+    def lapse(self, now: float, ctx: int = 0) -> int:
+        """Give up the waits whose deadline (stamp()) is before now, or all
+        of context ctx's (ctx != 0); how many."""
+        return int(lib.en_lapse(self._st, now, ctx))
 
     def advance(self, t: float) -> None:
         """Handle every event up to device time t."""
@@ -294,6 +300,9 @@ class Device:
         t = self.next_event()
         if math.isinf(t):
             return t, self.collect()
+        if t > self.barrier():
+            raise RuntimeError(f"the next event, at {t} s, waits for a queued task due at "
+                               f"{self.barrier()} s (keep() or lapse() it)")
         self.advance(t)
         return t, self.collect()
 

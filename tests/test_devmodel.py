@@ -159,18 +159,37 @@ def test_a_queued_task_holds_the_device_until_it_joins():
     assert late > due + 1e-4, "without the wait it started where the device had got to"
 
 
-def test_a_wait_lapses_and_expect_gives_tokens_only_for_the_future():
+def test_a_wait_lapses_after_its_deadline_and_expect_gives_tokens_only_for_the_future():
     dev = dm.Device(dm.default_params(mps=True))
     dev.add(dm.KERNEL, 132, 256, 0, 0, 5e8, 0, 132, 1, 0.0)
     tok = dev.expect(7, 1e-6)
     assert tok > 0 and dev.barrier() == 1e-6 and dev.barrier(mine=tok) == math.inf
     dev.advance(1.0)
-    assert dev.now <= 1e-6 and dev.next_event() > 1e-6, "held at the expected task's start"
-    assert dev.lapse(0.5e-6) == 0 and dev.lapse(2e-6) == 1, "only waits due before the time"
+    assert dev.now <= 1e-6 < dev.next_event(), "held at the expected task's start"
+    with pytest.raises(RuntimeError, match="waits for a queued task"):
+        dev.advance_to_next()
+    assert dev.lapse(1.0) == 0, "no deadline until stamped"
+    dev.stamp(now=5e-6, window=2e-6)      # stamped late: the deadline counts from then
+    assert dev.lapse(6.9e-6) == 0 and dev.lapse(7.1e-6) == 1
     dev.advance(1.0)
     assert dev.now > 1e-6 and dev.expect(7, dev.now / 2) == 0, "no wait in the past"
-    dev.expect(7, 2.0), dev.expect(8, 3.0)
+    a, b = dev.expect(7, 2.0), dev.expect(8, 3.0)
     assert dev.lapse(-math.inf, ctx=7) == 1 and dev.barrier() == 3.0, "a context's waits go"
+    assert not dev.keep(a) and dev.keep(b) and not dev.keep(b)
+
+
+def test_a_time_sliced_context_is_held_until_its_queued_kernel_starts():
+    """Without MPS a context whose next kernel is queued keeps the device for
+    hold_s; where the launch overhead (lead) is longer, past that kernel's
+    known start, so another context does not take the device in between."""
+    lead = 5e-6
+    dev = dm.Device(dm.default_params(mps=False), hold_s=1e-6)
+    a = dev.add(dm.KERNEL, 66, 256, 0, 0, 5e8, 0, 132, 1, 0.0, follow=True, lead=lead)
+    dev.add(dm.KERNEL, 66, 256, 0, 0, 5e8, 0, 132, 2, 0.0)      # ctx 2 waits its turn
+    a_end = dev.run_until_done(a)[1]
+    assert dev.keep(dev.task_id(a))
+    a2 = dev.add(dm.KERNEL, 66, 256, 0, 0, 5e8, 0, 132, 1, a_end + lead)
+    assert dev.run_until_done(a2)[0] == pytest.approx(a_end + lead, abs=1e-12)
 
 
 # ---------------------------------------------------------------- the live device

@@ -34,13 +34,16 @@
  *   SIMGPU_WAKE_MARGIN_US=60  a wait for a modelled time sleeps until this
  *                             long before it and polls the rest (0: sleeps
  *                             throughout, waking by the host's latency late)
- *   SIMGPU_WAIT_US=50         how long (device time) the device waits for a
+ *   SIMGPU_WAIT_US            how long (device time) the device waits for a
  *                             stream's queued work whose executor is late
- *                             (model.c); the first process of a device
- *                             sets it.  Large at a large timescale: the
- *                             twins' CPU time then never shows in
- *                             modelled time, at the cost of every process
- *                             waiting for the slowest (in wall time)
+ *                             (model.c; set by the process that starts the
+ *                             device's time).  Default: 10 s of wall time
+ *                             (1e7 / timescale) at a timescale of 10 or
+ *                             more, where the twins' CPU time then never
+ *                             shows in modelled time; 0 (off) below, where
+ *                             a wait would hold every other process for a
+ *                             late one's wake-up or twin, in wall time,
+ *                             which a host that syncs sees
  *   SIMGPU_DEFAULT_FLOPS_PER_THREAD=16, SIMGPU_DEFAULT_BYTES_PER_THREAD=8
  *   SIMGPU_NAME               device name
  *   SIMGPU_DIR                shared state (default /dev/shm/simgpu-$UID)
@@ -316,8 +319,11 @@ static void read_config(void)
 	c->sm_flops = env_num("SIMGPU_SM_GFLOPS", 500, 1e-6, 1e12) * 1e9;
 	c->launch_s = env_num("SIMGPU_LAUNCH_US", 3, 0, 1e9) * 1e-6;
 	c->wake_margin_s = env_num("SIMGPU_WAKE_MARGIN_US", 60, 0, 1e6) * 1e-6;
-	c->wait_s = env_num("SIMGPU_WAIT_US", 50, 0, 1e9) * 1e-6;
 	c->timescale = env_num("SIMGPU_TIMESCALE", 1.0, 0, 1e6);
+	/* default: 10 s of wall time where device time runs 10x slower or
+	 * more; off nearer real time (config's header) */
+	c->wait_s = env_num("SIMGPU_WAIT_US", c->timescale >= 10 ? 1e7 / c->timescale : 0, 0,
+			    1e9) * 1e-6;
 	c->flops_per_thread = env_num("SIMGPU_DEFAULT_FLOPS_PER_THREAD", 16, 0, 1e15);
 	c->bytes_per_thread = env_num("SIMGPU_DEFAULT_BYTES_PER_THREAD", 8, 0, 1e15);
 	read_model(c);

@@ -1094,6 +1094,19 @@ double en_next_event(const struct en_state *st)
 	return tn;
 }
 
+/* A wait (engine.h): its deadline is set by en_stamp. */
+static int add_wait(struct en_state *st, uint64_t after, int32_t ctx, double t)
+{
+	if (st->nwaits >= EN_WAITS)
+		return 0;
+	st->waits[st->nwaits].after = after;
+	st->waits[st->nwaits].ctx = ctx;
+	st->waits[st->nwaits].t = t;
+	st->waits[st->nwaits].until = INFINITY;
+	st->nwaits++;
+	return 1;
+}
+
 /* Retire what is done at t_ref: cohorts, copies, whole kernels. */
 static void retire(struct en_state *st, en_seg_fn seg, void *arg)
 {
@@ -1115,14 +1128,16 @@ static void retire(struct en_state *st, en_seg_fn seg, void *arg)
 		}
 		if (k->ncoh == 0 && k->undisp <= 0) {
 			if (k->follow && k->kind == SIMGPU_T_KERNEL && st->has_active &&
-			    k->ctx == st->active_ctx && t + st->hold_s > st->hold_until)
-				st->hold_until = t + st->hold_s;
-			if (k->queued && st->nwaits < EN_WAITS) {
-				st->waits[st->nwaits].after = k->id;
-				st->waits[st->nwaits].ctx = k->ctx;
-				st->waits[st->nwaits].t = t + k->lead;
-				st->nwaits++;
+			    k->ctx == st->active_ctx) {
+				/* a queued kernel's start is known (the live device waits
+				 * for it): held till then, and hold_s more as before */
+				double h = k->queued ? k->lead + st->hold_s : st->hold_s;
+
+				if (t + h > st->hold_until)
+					st->hold_until = t + h;
 			}
+			if (k->queued)
+				add_wait(st, k->id, k->ctx, t + k->lead);
 			k->state = EN_DONE;
 			k->t_end = t;
 			k->rate = 0;
@@ -1200,13 +1215,9 @@ static void unwait(struct en_state *st, uint32_t i)
 
 uint64_t en_expect(struct en_state *st, int32_t ctx, double t)
 {
-	if (!(t >= st->t_ref) || st->nwaits >= EN_WAITS)
+	if (!(t >= st->t_ref) || !add_wait(st, st->next_id + 1, ctx, t))
 		return 0;
-	st->waits[st->nwaits].after = ++st->next_id; /* no task has this id */
-	st->waits[st->nwaits].ctx = ctx;
-	st->waits[st->nwaits].t = t;
-	st->nwaits++;
-	return st->next_id;
+	return ++st->next_id;   /* no task has this id */
 }
 
 int en_due(struct en_state *st, uint64_t after, double t)
@@ -1222,25 +1233,35 @@ int en_due(struct en_state *st, uint64_t after, double t)
 	return 0;
 }
 
-void en_keep(struct en_state *st, uint64_t after)
+int en_keep(struct en_state *st, uint64_t after)
 {
 	uint32_t i;
 
-	for (i = 0; i < st->nwaits; i++) {
+	for (i = 0; after && i < st->nwaits; i++) {
 		if (st->waits[i].after == after) {
 			unwait(st, i);
 			st->kept++;
-			return;
+			return 1;
 		}
 	}
+	return 0;
 }
 
-uint32_t en_lapse(struct en_state *st, double t, int32_t ctx)
+void en_stamp(struct en_state *st, double now, double window)
+{
+	uint32_t i;
+
+	for (i = 0; i < st->nwaits; i++)
+		if (isinf(st->waits[i].until))
+			st->waits[i].until = (st->waits[i].t > now ? st->waits[i].t : now) + window;
+}
+
+uint32_t en_lapse(struct en_state *st, double now, int32_t ctx)
 {
 	uint32_t i, n = 0;
 
 	for (i = 0; i < st->nwaits;) {
-		if (st->waits[i].t < t || (ctx && st->waits[i].ctx == ctx)) {
+		if (st->waits[i].until < now || (ctx && st->waits[i].ctx == ctx)) {
 			unwait(st, i);
 			n++;
 		} else {

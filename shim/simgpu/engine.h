@@ -50,8 +50,8 @@ struct en_task {
 	uint32_t follow;               /* its stream has a kernel queued: its
 	                                  context stays for hold_s after it    */
 	uint32_t queued;               /* the live device knows its stream's
-	                                  next kernel is queued, due lead after
-	                                  its end: a wait (en_state.waits)     */
+	                                  next modelled work is queued, due
+	                                  lead after its end: a wait (waits)   */
 	double   lead;
 	/* scratch of en_rates */
 	double   sms, excl, u;
@@ -78,15 +78,17 @@ struct en_state {
 	                            the executor's wake-up, in device time)  */
 	double   hold_until;
 	uint32_t stalled;        /* en_advance hit its event guard            */
-	/* A stream's queued kernel joins only when its executor brings it, which
+	/* A stream's queued work joins only when its executor brings it, which
 	 * on a loaded host (or after a slow twin) comes after other processes'
 	 * events have been handled.  So when a task with `queued` ends, no event
-	 * past its successor's start is handled until that kernel joins
-	 * (en_keep) or the live device stops waiting for it (en_lapse). */
+	 * past its successor's start is handled until that work joins (en_keep)
+	 * or the live device stops waiting for it (en_stamp, en_lapse). */
 	struct {
 		uint64_t after;  /* the finished task's id (or en_expect's)  */
 		int32_t  ctx;
 		double   t;      /* its successor's start                  */
+		double   until;  /* given up after (en_stamp; INFINITY: not
+		                    stamped yet)                            */
 	} waits[EN_WAITS];
 	uint32_t nwaits;
 	uint64_t kept, lapsed;   /* waits ended by the work, given up        */
@@ -120,15 +122,18 @@ double en_barrier(const struct en_state *st, uint64_t mine);
  * enqueued it on an idle stream, or it follows work the device does not
  * model): its token for en_due/en_keep, 0 when t is past or no room. */
 uint64_t en_expect(struct en_state *st, int32_t ctx, double t);
-/* The kernel queued after task `after` is here: it starts at t, later
- * than its wait said when it was enqueued late (the wait moves there:
- * 1, which may let others join), */
+/* The work queued after task `after` is here: it starts at t, later than
+ * its wait said when it was enqueued late (the wait moves there: 1, which
+ * may let others join); */
 int    en_due(struct en_state *st, uint64_t after, double t);
-/* ... and joins: its wait, if any, ends. */
-void   en_keep(struct en_state *st, uint64_t after);
-/* Give up the waits due before t, or all of context ctx's (ctx != 0: it
- * exited); how many. */
-uint32_t en_lapse(struct en_state *st, double t, int32_t ctx);
+/* ... and joins: its wait, if any, ends (1). */
+int    en_keep(struct en_state *st, uint64_t after);
+/* Deadlines for the waits that have none: window past their start, or
+ * past now if that is later (a wait made while events were caught up). */
+void   en_stamp(struct en_state *st, double now, double window);
+/* Give up the waits whose deadline is before now, or all of context ctx's
+ * (ctx != 0: it exited); how many. */
+uint32_t en_lapse(struct en_state *st, double now, int32_t ctx);
 /* Drop task i (its process died, or it was collected): frees capacity. */
 void   en_drop(struct en_state *st, int i, en_seg_fn seg, void *arg);
 /* SMs a kernel's whole grid spans at its quota (blocks breadth-first; the

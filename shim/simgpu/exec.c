@@ -122,12 +122,20 @@ static void log_launch(const struct sg_op *op, const struct sg_work *w, double s
 		sg_log("SIMGPU_LAUNCH_LOG: %s", strerror(errno));
 }
 
-/* What the device model must know of op's stream after op: the next
- * operation, if already queued, starts right after it (model.c's waits). */
-static void successor(struct sg_stream *s, struct sg_op *op, struct sg_work *w)
+/* What the device model must know of op, which starts at device time
+ * start, before its executor brings it there (a twin, a copy), and of its
+ * stream after it: the next operation, if already queued, starts right
+ * after it (model.c's waits). */
+static void successor(struct sg_stream *s, struct sg_op *op, struct sg_work *w, double start)
 {
-	w->wait = op->wait;
-	w->queued = sg_cfg.timescale > 0 && sg_stream_next_start(s, op, &w->lead) != NULL;
+	if (!sg_model_waits())
+		return;
+	/* the device waits for op itself from now (no wait yet: its stream was
+	 * idle, or its predecessor's end did not know it was queued) */
+	w->wait = op->wait ? op->wait : sg_model_expect(start);
+	w->s = s;
+	w->op = op;
+	w->queued = sg_stream_next_start(s, op, &w->lead) != NULL;
 }
 
 /* Work the device model does not time (memsets, device copies, records,
@@ -137,7 +145,7 @@ static void expect_next(struct sg_stream *s, struct sg_op *op, double end)
 	struct sg_op *n;
 	double lead;
 
-	if (sg_cfg.timescale > 0 && (n = sg_stream_next_start(s, op, &lead)) && !n->wait)
+	if (sg_model_waits() && (n = sg_stream_next_start(s, op, &lead)) && !n->wait)
 		n->wait = sg_model_expect(end + lead);
 }
 
@@ -154,6 +162,7 @@ static double exec_kernel(struct sg_stream *s, struct sg_op *op, double t0)
 	memset(&w, 0, sizeof(w));
 
 	tj = t0 + sg_cfg.launch_s;
+	successor(s, op, &w, tj);
 	twin_start = tj;
 	if (k->twin && !sg_cfg.timing_only && sg_protected_call(call_twin, &c) < 0) {
 		sg_log("kernel %s faulted: illegal address", k->name);
@@ -176,7 +185,6 @@ static double exec_kernel(struct sg_stream *s, struct sg_op *op, double t0)
 	w.t.quota_sms = sg_cap_sms(op->u.kern.sms);
 	/* only a time-sliced device asks whether its context stays busy */
 	w.follow = sg_cfg.timescale > 0 && !sg_cfg.mp.mps && sg_stream_kernel_follows(s, op);
-	successor(s, op, &w);
 	if (op->consumed) {
 		/* the launcher lent us its argument pointers: release it */
 		atomic_store(op->consumed, 1);
@@ -225,6 +233,9 @@ static double exec_copy(struct sg_stream *s, struct sg_op *op, double t0)
 	struct sg_work w;
 	double end;
 
+	memset(&w, 0, sizeof(w));
+	if (op->u.copy.dir == SG_H2D || op->u.copy.dir == SG_D2H)
+		successor(s, op, &w, t0);
 	if (c.n && sg_protected_call(call_memcpy, &c) < 0) {
 		sg_log("copy of %zu bytes faulted", c.n);
 		sg_async_error(cudaErrorIllegalAddress, 1);
@@ -234,10 +245,8 @@ static double exec_copy(struct sg_stream *s, struct sg_op *op, double t0)
 	case SG_H2D:
 	case SG_D2H:
 		/* PCIe, per direction, shared with every process's copies */
-		memset(&w, 0, sizeof(w));
 		w.t.kind = op->u.copy.dir == SG_H2D ? SIMGPU_T_H2D : SIMGPU_T_D2H;
 		w.t.bytes = (double)c.n;
-		successor(s, op, &w);
 		if (sg_cfg.timescale > 0)
 			return sg_model_run(&w, t0);
 		return t0 + sg_model_solo(&w);

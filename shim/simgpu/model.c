@@ -23,9 +23,11 @@
  * for at most wait_s of device time past that start ($SIMGPU_WAIT_US of
  * the device's first process, default 50: 50 ms of wall time at timescale
  * 1000, 50 us at 1); a kernel later than that joins at the last event, as
- * any late task does.  The same holds for work on an idle stream (from its
- * enqueue) and work after what the model does not time (memsets, device
- * copies, records: from their end).
+ * any late task does.  The same holds from the moment an executor picks up
+ * modelled work no predecessor announced (its stream was idle, or it was
+ * enqueued while its predecessor ran: exec.c, successor()), and for work
+ * after what the model does not time (memsets, device copies, records,
+ * from their end).  Only an idle executor's own wake-up is not covered.
  *
  * $SIMGPU_DEVICE_TRACE=FILE appends one JSON line per stretch of a kernel's
  * execution, written by whichever process handled the event that ended it:
@@ -148,14 +150,21 @@ static void bump(void)
 static void advance(double t)
 {
 	uint64_t ev = dev->en.events;
-	uint32_t lapsed = en_lapse(&dev->en, sg_dev_now() - dev->wait_s, 0);
+	double now = sg_dev_now();
+	uint32_t lapsed = en_lapse(&dev->en, now, 0);
 
 	if (lapsed)
 		sg_log("gave up waiting for %u queued task(s) after %g us of device time", lapsed,
 		       dev->wait_s * 1e6);
 	en_advance(&dev->en, t, trace_seg, NULL);
+	en_stamp(&dev->en, now, dev->wait_s);
 	if (dev->en.events != ev || lapsed)
 		bump();
+}
+
+static int pid_dead(int pid)
+{
+	return pid > 0 && kill(pid, 0) < 0 && errno == ESRCH;
 }
 
 /* When to look at the device again: its next event, or, where a queued
@@ -163,14 +172,31 @@ static void advance(double t)
  * joining wakes us sooner). */
 static double next_look(void)
 {
-	double tn = en_next_event(&dev->en), b = en_barrier(&dev->en, 0);
+	double tn = en_next_event(&dev->en), until = INFINITY;
+	uint32_t i;
 
-	return tn > b ? b + dev->wait_s : tn;
+	if (!(tn > en_barrier(&dev->en, 0)))
+		return tn;
+	for (i = 0; i < dev->en.nwaits; i++)
+		if (dev->en.waits[i].until < until)
+			until = dev->en.waits[i].until;
+	return until;
 }
 
-static int pid_dead(int pid)
+/* Held by a wait: drop those of processes that died (killed, their exit
+ * handler never ran) rather than wait them out. */
+static void reap_waits(void)
 {
-	return pid > 0 && kill(pid, 0) < 0 && errno == ESRCH;
+	uint32_t i;
+
+	for (i = 0; i < dev->en.nwaits;) {
+		int32_t ctx = dev->en.waits[i].ctx;
+
+		if (ctx != getpid() && pid_dead(ctx) && en_lapse(&dev->en, -INFINITY, ctx))
+			bump(); /* it moved another wait into slot i */
+		else
+			i++;
+	}
 }
 
 static void reclaim_dead(void)
@@ -186,14 +212,7 @@ static void reclaim_dead(void)
 			changed = 1;
 		}
 	}
-	for (i = 0; i < dev->en.nwaits;) {
-		int32_t ctx = dev->en.waits[i].ctx;
-
-		if (ctx != getpid() && pid_dead(ctx) && en_lapse(&dev->en, -INFINITY, ctx))
-			changed = 1; /* it moved another wait into slot i */
-		else
-			i++;
-	}
+	reap_waits();
 	if (changed)
 		bump();
 }
@@ -420,12 +439,18 @@ uint64_t sg_model_expect(double t)
 {
 	uint64_t tok;
 
-	if (sg_cfg.timescale <= 0 || !dev || queued_after)
+	if (!sg_model_waits() || queued_after)
 		return 0; /* queued_after: a task's end has it waited for */
 	lock_dev();
 	tok = en_expect(&dev->en, getpid(), t);
+	en_stamp(&dev->en, sg_dev_now(), dev->wait_s);
 	unlock_dev();
 	return tok;
+}
+
+int sg_model_waits(void)
+{
+	return sg_cfg.timescale > 0 && dev && dev->wait_s > 0;
 }
 
 /*
@@ -449,13 +474,13 @@ double sg_model_run(struct sg_work *w, double t)
 	if (w->wait) {
 		/* enqueued on an idle stream or after unmodelled work: the device
 		 * waits for it under this token (sg_model_expect) */
-		if (mine)
-			en_keep(&dev->en, mine);
+		if (en_keep(&dev->en, mine))
+			bump();
 		mine = w->wait;
 	}
 	if (solo <= 0) {
-		en_keep(&dev->en, mine); /* nothing to wait for */
-		bump();
+		if (en_keep(&dev->en, mine)) /* nothing to wait for */
+			bump();
 		unlock_dev();
 		return t;
 	}
@@ -473,11 +498,12 @@ double sg_model_run(struct sg_work *w, double t)
 		advance(t); /* and gives up overdue waits */
 		if (!(t > en_barrier(&dev->en, mine)))
 			break;
+		reap_waits();
 		v = atomic_load(&dev->seq);
 		wait_change(v, sg_wall_of(next_look()));
 		lock_dev();
 	}
-	en_keep(&dev->en, mine);
+	en_keep(&dev->en, mine); /* en_add below wakes the others */
 	advance(t);
 	if (t < dev->en.t_ref)
 		t = dev->en.t_ref;
@@ -495,7 +521,7 @@ double sg_model_run(struct sg_work *w, double t)
 	}
 	id = dev->en.t[i].id;
 	dev->en.t[i].follow = (uint32_t)w->follow;
-	dev->en.t[i].queued = (uint32_t)w->queued;
+	dev->en.t[i].queued = w->queued && dev->wait_s > 0;
 	dev->en.t[i].lead = w->lead;
 	w->id = id;
 	bump();
@@ -524,7 +550,14 @@ double sg_model_run(struct sg_work *w, double t)
 			unlock_dev();
 			return tf;
 		}
+		if (!e->queued && w->s && dev->wait_s > 0 && sg_stream_next_start(w->s, w->op, &w->lead)) {
+			/* enqueued while it ran: its start is known now */
+			e->queued = 1;
+			e->lead = w->lead;
+		}
 		tn = next_look();
+		if (tn > en_next_event(&dev->en))
+			reap_waits();   /* held by a wait */
 		if (!(tn < now + 0.05 / sg_cfg.timescale))
 			tn = now + 0.05 / sg_cfg.timescale;   /* look again in 50 ms */
 		v = atomic_load(&dev->seq);

@@ -330,6 +330,8 @@ struct sg_work {
 	int      queued;              /* modelled work queued right behind   */
 	double   lead;                /* ... starts this long after it ends  */
 	uint64_t wait;                /* the device's wait for it (op->wait) */
+	struct sg_stream *s;          /* its stream and op: is work queued   */
+	struct sg_op     *op;         /* behind it by now? (model.c)         */
 	double   start;               /* out: its first block dispatched     */
 	uint64_t id;                  /* out: the model's id (device trace)  */
 };
@@ -338,6 +340,7 @@ void   sg_model_open(void);
 double sg_model_solo(const struct sg_work *w);       /* seconds alone    */
 double sg_model_run(struct sg_work *w, double t_start);
 uint64_t sg_model_expect(double t);                  /* en_expect        */
+int    sg_model_waits(void);          /* the device waits for queued work */
 double sg_model_sms(const struct sg_work *w);        /* SMs it can span  */
 
 /* ------------------------------------------------------------------ fatbin.c */

@@ -601,14 +601,6 @@ uint64_t sg_enqueue(struct sg_stream *s, struct sg_op *op)
 		pthread_mutex_unlock(&s->inline_mu);
 		return seq;
 	}
-	if (sg_cfg.timescale > 0 && atomic_load(&s->done) == atomic_load(&s->enq)) {
-		double lead;
-
-		/* an idle stream: it starts at enq_t (+ lead) however late its
-		 * executor wakes; the device waits for it (model.c) */
-		if (starts_in_model(op, &lead))
-			op->wait = sg_model_expect(op->enq_t + lead);
-	}
 	seq = atomic_fetch_add(&s->enq, 1) + 1;
 	q_push(s, op);
 	atomic_thread_fence(memory_order_seq_cst);

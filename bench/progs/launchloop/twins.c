@@ -1,5 +1,22 @@
 /* Host twins of bench/progs/launchloop (simgpu; see shim/simgpu/simgpu_twin.h). */
+#include <stdlib.h>
+#include <time.h>
+
 #include "simgpu_twin.h"
+
+/* $LAUNCHLOOP_TWIN_MS: each twin call sleeps this long, a stand-in for a
+ * twin with real work (tests/test_simgpu_waits.py: a late executor). */
+static double twin_sleep_s(void)
+{
+	static double s = -1;
+
+	if (s < 0) {
+		const char *v = getenv("LAUNCHLOOP_TWIN_MS");
+
+		s = v && *v ? atof(v) * 1e-3 : 0;
+	}
+	return s;
+}
 
 /* __global__ void launchloop_tick(int *out, int value):
  *   thread 0 of every block stores value + blockIdx.x into out[0]
@@ -8,6 +25,13 @@ void simgpu_twin__Z15launchloop_tickPii(const simgpu_launch *l)
 {
 	int *out = SIMGPU_ARG(l, 0, int *);
 	int value = SIMGPU_ARG(l, 1, int);
+	double pause = twin_sleep_s();
+
+	if (pause > 0) {
+		struct timespec ts = { (time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9) };
+
+		nanosleep(&ts, NULL);
+	}
 	if (l->block.x == 0 || l->block.y == 0 || l->block.z == 0)
 		return;
 	/* threadIdx.x == 0 holds for block.y * block.z threads of each block;
