@@ -259,7 +259,8 @@ class Device:
         return int(lib.en_lapse(self._st, now, ctx))
 
     def advance(self, t: float) -> None:
-        """Handle every event up to device time t."""
+        """Handle every event up to device time t, or up to barrier() where a
+        wait for a queued task holds the device (then it stops there)."""
         lib.en_advance(self._st, t, ffi.NULL, ffi.NULL)
         if self._st.stalled:
             raise RuntimeError("device model stopped at its event guard (a bug in engine.c, "

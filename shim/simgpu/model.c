@@ -21,9 +21,9 @@
  * modelled co-run times.  Instead the device waits: no event past the
  * queued kernel's start is handled until it joins (engine.h, waits), or
  * for at most wait_s of device time past that start ($SIMGPU_WAIT_US of
- * the device's first process, default 50: 50 ms of wall time at timescale
- * 1000, 50 us at 1); a kernel later than that joins at the last event, as
- * any late task does.  The same holds from the moment an executor picks up
+ * the process that started the device's time; by default 10 s of wall
+ * time at a timescale of 10 or more, off below: config.c); a kernel later
+ * than that joins at the last event, as any late task does.  The same holds from the moment an executor picks up
  * modelled work no predecessor announced (its stream was idle, or it was
  * enqueued while its predecessor ran: exec.c, successor()), and for work
  * after what the model does not time (memsets, device copies, records,
@@ -164,7 +164,26 @@ static void advance(double t)
 
 static int pid_dead(int pid)
 {
-	return pid > 0 && kill(pid, 0) < 0 && errno == ESRCH;
+	char path[64], buf[256], *p;
+	ssize_t n;
+	int fd;
+
+	if (pid <= 0)
+		return 0;
+	if (kill(pid, 0) < 0)
+		return errno == ESRCH;
+	/* a zombie (killed, not reaped by its parent yet) runs nothing either */
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' && p[2] == 'Z';
 }
 
 /* When to look at the device again: its next event, or, where a queued
@@ -373,6 +392,9 @@ static void attach(struct devstate *d)
 	}
 	if (slot >= 0)
 		d->users[slot] = getpid();
+	if (d->wait_s != sg_cfg.wait_s)
+		sg_log("SIMGPU_WAIT_US: the device waits %g us (its first process's), not %g",
+		       d->wait_s * 1e6, sg_cfg.wait_s * 1e6);
 	pthread_mutex_unlock(&d->lock);
 }
 
@@ -470,6 +492,8 @@ double sg_model_run(struct sg_work *w, double t)
 	w->id = 0;
 	if (sg_cfg.timescale <= 0 || !dev)
 		goto alone;
+	if (solo <= 0 && !mine && !w->wait)
+		return t;
 	lock_dev();
 	if (w->wait) {
 		/* enqueued on an idle stream or after unmodelled work: the device
@@ -500,7 +524,10 @@ double sg_model_run(struct sg_work *w, double t)
 			break;
 		reap_waits();
 		v = atomic_load(&dev->seq);
-		wait_change(v, sg_wall_of(next_look()));
+		/* look again at least every 50 ms (wall): a holder that was
+		 * killed wakes no one */
+		now = sg_dev_now() + 0.05 / sg_cfg.timescale;
+		wait_change(v, sg_wall_of(next_look() < now ? next_look() : now));
 		lock_dev();
 	}
 	en_keep(&dev->en, mine); /* en_add below wakes the others */
@@ -521,6 +548,8 @@ double sg_model_run(struct sg_work *w, double t)
 	}
 	id = dev->en.t[i].id;
 	dev->en.t[i].follow = (uint32_t)w->follow;
+	if (w->s && dev->wait_s > 0)   /* the twin has run: look again */
+		w->queued = sg_stream_next_start(w->s, w->op, &w->lead) != NULL;
 	dev->en.t[i].queued = w->queued && dev->wait_s > 0;
 	dev->en.t[i].lead = w->lead;
 	w->id = id;
@@ -533,6 +562,12 @@ double sg_model_run(struct sg_work *w, double t)
 		unsigned v;
 
 		lock_dev();
+		if (e->id == id && e->state == EN_RUN && !e->queued && w->s && dev->wait_s > 0 &&
+		    sg_stream_next_start(w->s, w->op, &w->lead)) {
+			/* enqueued while it ran (before its end is handled below) */
+			e->queued = 1;
+			e->lead = w->lead;
+		}
 		now = sg_dev_now();
 		advance(now);
 		if (e->id != id || e->state == EN_FREE) {
@@ -549,11 +584,6 @@ double sg_model_run(struct sg_work *w, double t)
 			en_drop(&dev->en, i, trace_seg, NULL);
 			unlock_dev();
 			return tf;
-		}
-		if (!e->queued && w->s && dev->wait_s > 0 && sg_stream_next_start(w->s, w->op, &w->lead)) {
-			/* enqueued while it ran: its start is known now */
-			e->queued = 1;
-			e->lead = w->lead;
 		}
 		tn = next_look();
 		if (tn > en_next_event(&dev->en))
