@@ -301,8 +301,10 @@ def build_native() -> None:
               headers + sorted(WORKER_SRC.glob("*.h")), shared=False)
 
     # simgpu: the CPU test device, installed as libcudart.so.13 with its version node.
+    # (unixutil.c: its process probe, as libcolocate.so and the worker use it)
     sim_src = sorted((HERE / "simgpu").glob("*.c"))
     if sim_src:
+        sim_src.append(HERE / "unixutil.c")
         vs = _version_script(LIB / "simgpu.map", "libcudart.so.13", ["*"])
         out = LIB / "simgpu" / "libcudart.so.13"
         _link(out, sim_src, ["-Wl,-z,defs", f"-Wl,--version-script={vs}", "-Wl,-soname,libcudart.so.13",

@@ -52,6 +52,7 @@
 
 #include "engine.h"
 #include "simgpu_impl.h"
+#include "unixutil.h"
 
 #define DEV_MAGIC   0x73696d6764657630ULL   /* "simgdev0" */
 #define DEV_VERSION 8     /* 8: waits for queued work; 7: model params ABI 2 */
@@ -164,26 +165,8 @@ static void advance(double t)
 
 static int pid_dead(int pid)
 {
-	char path[64], buf[256], *p;
-	ssize_t n;
-	int fd;
-
-	if (pid <= 0)
-		return 0;
-	if (kill(pid, 0) < 0)
-		return errno == ESRCH;
 	/* a zombie (killed, not reaped by its parent yet) runs nothing either */
-	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = 0;
-	p = strrchr(buf, ')');
-	return p && p[1] == ' ' && p[2] == 'Z';
+	return pid > 0 && !colocate_pid_alive((uint32_t)pid);
 }
 
 /* When to look at the device again: its next event, or, where a queued
