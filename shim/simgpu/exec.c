@@ -123,9 +123,8 @@ static void log_launch(const struct sg_op *op, const struct sg_work *w, double s
 }
 
 /* What the device model must know of op, which starts at device time
- * start, before its executor brings it there (a twin, a copy), and of its
- * stream after it: the next operation, if already queued, starts right
- * after it (model.c's waits). */
+ * start, before its executor brings it there (a twin, a copy): the wait
+ * for it, and where to look for work queued behind it (model.c's waits). */
 static void successor(struct sg_stream *s, struct sg_op *op, struct sg_work *w, double start)
 {
 	if (!sg_model_waits())
@@ -135,7 +134,6 @@ static void successor(struct sg_stream *s, struct sg_op *op, struct sg_work *w, 
 	w->wait = op->wait ? op->wait : sg_model_expect(start);
 	w->s = s;
 	w->op = op;
-	w->queued = sg_stream_next_start(s, op, &w->lead) != NULL;
 }
 
 /* Work the device model does not time (memsets, device copies, records,

@@ -23,11 +23,12 @@
  * for at most wait_s of device time past that start ($SIMGPU_WAIT_US of
  * the process that started the device's time; by default 10 s of wall
  * time at a timescale of 10 or more, off below: config.c); a kernel later
- * than that joins at the last event, as any late task does.  The same holds from the moment an executor picks up
- * modelled work no predecessor announced (its stream was idle, or it was
- * enqueued while its predecessor ran: exec.c, successor()), and for work
- * after what the model does not time (memsets, device copies, records,
- * from their end).  Only an idle executor's own wake-up is not covered.
+ * than that joins at the last event, as any late task does.  The same
+ * holds from the moment an executor picks up modelled work no predecessor
+ * announced (its stream was idle, or it was enqueued while its
+ * predecessor ran: exec.c, successor()), and for work after what the model
+ * does not time (memsets, device copies, records, from their end).  Only
+ * an idle executor's own wake-up is not covered.
  *
  * $SIMGPU_DEVICE_TRACE=FILE appends one JSON line per stretch of a kernel's
  * execution, written by whichever process handled the event that ended it:
@@ -465,7 +466,7 @@ int sg_model_waits(void)
  */
 double sg_model_run(struct sg_work *w, double t)
 {
-	double solo = sg_model_solo(w), now;
+	double solo = sg_model_solo(w), now, lead = 0;
 	uint64_t id;
 	int i;
 	uint64_t mine = queued_after;
@@ -498,6 +499,7 @@ double sg_model_run(struct sg_work *w, double t)
 	if (en_due(&dev->en, mine, t))
 		bump();
 	for (;;) {
+		double tn;
 		unsigned v;
 
 		if (!(t > en_barrier(&dev->en, mine)))
@@ -510,7 +512,8 @@ double sg_model_run(struct sg_work *w, double t)
 		/* look again at least every 50 ms (wall): a holder that was
 		 * killed wakes no one */
 		now = sg_dev_now() + 0.05 / sg_cfg.timescale;
-		wait_change(v, sg_wall_of(next_look() < now ? next_look() : now));
+		tn = next_look();
+		wait_change(v, sg_wall_of(tn < now ? tn : now));
 		lock_dev();
 	}
 	en_keep(&dev->en, mine); /* en_add below wakes the others */
@@ -531,10 +534,9 @@ double sg_model_run(struct sg_work *w, double t)
 	}
 	id = dev->en.t[i].id;
 	dev->en.t[i].follow = (uint32_t)w->follow;
-	if (w->s && dev->wait_s > 0)   /* the twin has run: look again */
-		w->queued = sg_stream_next_start(w->s, w->op, &w->lead) != NULL;
-	dev->en.t[i].queued = w->queued && dev->wait_s > 0;
-	dev->en.t[i].lead = w->lead;
+	/* w->s: waits are on; the twin has run, so look for work behind it now */
+	dev->en.t[i].queued = w->s && sg_stream_next_start(w->s, w->op, &lead);
+	dev->en.t[i].lead = lead;
 	w->id = id;
 	bump();
 	unlock_dev();
@@ -545,11 +547,11 @@ double sg_model_run(struct sg_work *w, double t)
 		unsigned v;
 
 		lock_dev();
-		if (e->id == id && e->state == EN_RUN && !e->queued && w->s && dev->wait_s > 0 &&
-		    sg_stream_next_start(w->s, w->op, &w->lead)) {
+		if (e->id == id && e->state == EN_RUN && !e->queued && w->s &&
+		    sg_stream_next_start(w->s, w->op, &lead)) {
 			/* enqueued while it ran (before its end is handled below) */
 			e->queued = 1;
-			e->lead = w->lead;
+			e->lead = lead;
 		}
 		now = sg_dev_now();
 		advance(now);

@@ -327,11 +327,9 @@ void sg_event_complete(struct sg_event *ev, uint64_t gen, double t);
 struct sg_work {
 	struct simgpu_model_task t;   /* shape, work, quota, kind            */
 	int      follow;              /* a kernel of its stream is queued    */
-	int      queued;              /* modelled work queued right behind   */
-	double   lead;                /* ... starts this long after it ends  */
 	uint64_t wait;                /* the device's wait for it (op->wait) */
-	struct sg_stream *s;          /* its stream and op: is work queued   */
-	struct sg_op     *op;         /* behind it by now? (model.c)         */
+	struct sg_stream *s;          /* with waits on, its stream and op: is */
+	struct sg_op     *op;         /* work queued behind it? (model.c)    */
 	double   start;               /* out: its first block dispatched     */
 	uint64_t id;                  /* out: the model's id (device trace)  */
 };

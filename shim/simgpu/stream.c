@@ -397,25 +397,33 @@ void sg_sync_all(void)
 /* ---------------------------------------------------------------- executor */
 
 /*
- * Whether a kernel follows op in its stream, past event records and waits:
- * the device model keeps a time-sliced context whose next kernel is queued
- * already (its channel is not idle).  Consumer only: producers only append.
+ * The first operation queued after op in its stream past event records
+ * (and event waits, if past_waits), looking at most 8 ahead; NULL if none.
+ * Consumer only: producers only append.
  */
-int sg_stream_kernel_follows(struct sg_stream *s, struct sg_op *op)
+static struct sg_op *next_queued(struct sg_stream *s, struct sg_op *op, int past_waits)
 {
 	struct sg_op *n = atomic_load_explicit(&op->next, memory_order_acquire);
 	int i;
 
 	for (i = 0; n && i < 8; i++) {
-		if (n != &s->stub) {
-			if (n->kind == SG_OP_KERNEL)
-				return 1;
-			if (n->kind != SG_OP_RECORD && n->kind != SG_OP_WAIT)
-				return 0;
-		}
+		if (n != &s->stub && n->kind != SG_OP_RECORD && !(past_waits && n->kind == SG_OP_WAIT))
+			return n;
 		n = atomic_load_explicit(&n->next, memory_order_acquire);
 	}
-	return 0;
+	return NULL;
+}
+
+/*
+ * Whether a kernel follows op in its stream, past event records and waits:
+ * the device model keeps a time-sliced context whose next kernel is queued
+ * already (its channel is not idle).
+ */
+int sg_stream_kernel_follows(struct sg_stream *s, struct sg_op *op)
+{
+	struct sg_op *n = next_queued(s, op, 1);
+
+	return n && n->kind == SG_OP_KERNEL;
 }
 
 /* Whether op is work the device model times that starts as soon as its
@@ -440,17 +448,9 @@ static int starts_in_model(const struct sg_op *op, double *lead)
  */
 struct sg_op *sg_stream_next_start(struct sg_stream *s, struct sg_op *op, double *lead)
 {
-	struct sg_op *n = atomic_load_explicit(&op->next, memory_order_acquire);
-	int i;
+	struct sg_op *n = next_queued(s, op, 0);
 
-	for (i = 0; n && i < 8; i++) {
-		if (n != &s->stub) {
-			if (n->kind != SG_OP_RECORD)
-				return starts_in_model(n, lead) ? n : NULL;
-		}
-		n = atomic_load_explicit(&n->next, memory_order_acquire);
-	}
-	return NULL;
+	return n && starts_in_model(n, lead) ? n : NULL;
 }
 
 static void run_one(struct sg_stream *s, struct sg_op *op)
